@@ -1,0 +1,114 @@
+"""Connecting to the catalog, and transactions that lock correctly on SQLite and PostgreSQL.
+
+SQLite: pysqlite's own transaction handling is switched off and every write transaction starts with
+``BEGIN IMMEDIATE``, so two writers never both read and then both write (the lock is taken up front);
+readers use a deferred ``BEGIN`` and WAL lets them run beside a writer. PostgreSQL: READ COMMITTED with
+``SELECT ... FOR UPDATE`` and conditional updates where a decision depends on what was read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.orm import Session, sessionmaker
+
+from segrep.errors import SegrepError
+
+CATALOG_URL_ENV = "SEGREP_CATALOG_URL"
+_READONLY = "segrep_readonly"
+
+
+def resolve_url(explicit: str | None = None, config_url: str | None = None, data_dir: Path | None = None) -> str:
+    """Catalog URL: the explicit one, else ``SEGREP_CATALOG_URL``, else the definitions file's, else a SQLite
+    file ``catalog.db`` in the data directory."""
+    url = explicit or os.environ.get(CATALOG_URL_ENV) or config_url
+    if url:
+        return url
+    return f"sqlite:///{(data_dir or Path('data')).resolve() / 'catalog.db'}"
+
+
+def make_engine(url: str) -> Engine:
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise SegrepError(f"invalid catalog URL {url!r}: expected a SQLAlchemy URL such as sqlite:///path") from None
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(url, parsed.database)
+    if parsed.drivername == "postgresql":
+        url = parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    try:
+        return create_engine(url, pool_pre_ping=True)
+    except NoSuchModuleError:
+        raise SegrepError(f"unsupported catalog URL {parsed.drivername!r}: use sqlite or postgresql") from None
+
+
+def _sqlite_engine(url: str, database: str | None) -> Engine:
+    if database and database != ":memory:":
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": 60})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA busy_timeout=60000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READONLY) else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+class Catalog:
+    """A catalog connection. ``write()`` and ``read()`` give a Session inside one transaction."""
+
+    def __init__(self, url: str, engine: Engine | None = None) -> None:
+        self.url = url
+        self.engine = engine or make_engine(url)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._read_engine = self.engine.execution_options(**{_READONLY: True})
+        self._read_sessions = sessionmaker(self._read_engine, expire_on_commit=False)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """One write transaction: committed on success, rolled back on any exception."""
+        with self._sessions.begin() as session:
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._read_sessions.begin() as session:
+            yield session
+
+    def is_initialized(self) -> bool:
+        return inspect(self.engine).has_table("alembic_version")
+
+    def require_initialized(self) -> None:
+        from segrep.catalog.migrate import current_revision, head_revision
+
+        if not self.is_initialized():
+            raise SegrepError(f"catalog {self.safe_url} is not initialized: run `segrep init`")
+        if current_revision(self) != head_revision():
+            raise SegrepError(f"catalog {self.safe_url} is at an older schema: run `segrep init` to upgrade")
+
+    @property
+    def safe_url(self) -> str:
+        return make_url(self.url).render_as_string(hide_password=True)
+
+    def dispose(self) -> None:
+        self.engine.dispose()

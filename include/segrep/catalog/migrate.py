@@ -1,0 +1,41 @@
+"""Alembic migrations, run from code: ``segrep init`` upgrades to head and is safe to run again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from segrep.catalog.engine import Catalog
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def _config() -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    return cfg
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(_config()).get_current_head()
+    assert head is not None, "no migrations found"
+    return head
+
+
+def current_revision(catalog: Catalog) -> str | None:
+    with catalog.engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(catalog: Catalog, revision: str = "head") -> tuple[str | None, str]:
+    """Upgrade the catalog schema; return (revision before, revision after)."""
+    before = current_revision(catalog)
+    cfg = _config()
+    with catalog.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+    return before, current_revision(catalog) or ""

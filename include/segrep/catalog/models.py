@@ -1,0 +1,174 @@
+"""Catalog tables (DESIGN section 5) as SQLAlchemy 2.0 typed models.
+
+Times are stored as integer microseconds since the epoch (UTC), like row versions: exact, comparable with
+``_version`` for safe time, and identical on SQLite and PostgreSQL. Ids that grow without bound are 64-bit.
+A placement's role is not stored: the leader is ``partitions.leader_placement_id``, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, BigInteger, Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets BIGINT.
+BigId = BigInteger().with_variant(Integer, "sqlite")
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Site(Base):
+    __tablename__ = "sites"
+
+    site_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    uri: Mapped[str] = mapped_column(Text)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+
+
+class Table(Base):
+    __tablename__ = "tables"
+
+    table_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    columns: Mapped[dict[str, Any]] = mapped_column(JSON)  # {name: type}, in column order
+    primary_key: Mapped[list[Any]] = mapped_column(JSON)
+    partition_key: Mapped[str] = mapped_column(String(63))
+    schema_fingerprint: Mapped[str] = mapped_column(String(16))
+    created_us: Mapped[int] = mapped_column(BigInteger)
+
+
+class Partition(Base):
+    __tablename__ = "partitions"
+
+    partition_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    table_id: Mapped[int] = mapped_column(ForeignKey("tables.table_id"), index=True)
+    begin_key: Mapped[Any | None] = mapped_column(JSON, nullable=True)  # None: unbounded
+    end_key: Mapped[Any | None] = mapped_column(JSON, nullable=True)
+    state: Mapped[str] = mapped_column(String(16))
+    leader_placement_id: Mapped[int | None] = mapped_column(
+        ForeignKey("placements.placement_id", use_alter=True, name="fk_partitions_leader"), nullable=True
+    )
+    epoch: Mapped[int] = mapped_column(Integer, default=1)
+    last_version: Mapped[int] = mapped_column(BigInteger, default=0)  # the leader's hybrid logical clock
+    parent_partition_id: Mapped[int | None] = mapped_column(ForeignKey("partitions.partition_id"), nullable=True)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+
+
+class Placement(Base):
+    __tablename__ = "placements"
+
+    placement_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    partition_id: Mapped[int] = mapped_column(ForeignKey("partitions.partition_id"))
+    site_id: Mapped[int] = mapped_column(ForeignKey("sites.site_id"))
+    state: Mapped[str] = mapped_column(String(16))
+    root_segment_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    key_begin: Mapped[Any | None] = mapped_column(JSON, nullable=True)  # key-range restriction (split targets)
+    key_end: Mapped[Any | None] = mapped_column(JSON, nullable=True)
+    needs_bootstrap: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    removed_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (Index("ix_placements_partition_site", "partition_id", "site_id"),)
+
+
+class Segment(Base):
+    """One entry of a placement's segment list; ``entry_id`` orders the list (the seed's list order)."""
+
+    __tablename__ = "segments"
+
+    entry_id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    placement_id: Mapped[int] = mapped_column(ForeignKey("placements.placement_id"))
+    segment_id: Mapped[str] = mapped_column(String(32))
+    partition_id: Mapped[int] = mapped_column(ForeignKey("partitions.partition_id"), index=True)
+    base_segment_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    included_segment_ids: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    is_major: Mapped[bool] = mapped_column(Boolean, default=False)
+    row_count: Mapped[int] = mapped_column(BigInteger)
+    deleted_rows: Mapped[int] = mapped_column(BigInteger, default=0)
+    byte_size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    min_version: Mapped[int] = mapped_column(BigInteger)
+    max_version: Mapped[int] = mapped_column(BigInteger)
+    key_min: Mapped[Any | None] = mapped_column(JSON, nullable=True)
+    key_max: Mapped[Any | None] = mapped_column(JSON, nullable=True)
+    origin_site_id: Mapped[int] = mapped_column(Integer)
+    epoch: Mapped[int] = mapped_column(Integer)
+    schema_fingerprint: Mapped[str] = mapped_column(String(16))
+    relpath: Mapped[str] = mapped_column(Text)
+    committed_us: Mapped[int] = mapped_column(BigInteger, index=True)
+
+    __table_args__ = (UniqueConstraint("placement_id", "segment_id", name="uq_segments_placement_segment"),)
+
+
+class Ack(Base):
+    """Target placement ``target_placement_id`` holds ``segment_id`` (from the holder's list)."""
+
+    __tablename__ = "acks"
+
+    holder_placement_id: Mapped[int] = mapped_column(ForeignKey("placements.placement_id"), primary_key=True)
+    segment_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    target_placement_id: Mapped[int] = mapped_column(ForeignKey("placements.placement_id"), primary_key=True)
+    acked_us: Mapped[int] = mapped_column(BigInteger)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+
+    partition_id: Mapped[int] = mapped_column(ForeignKey("partitions.partition_id"), primary_key=True)
+    target_placement_id: Mapped[int] = mapped_column(ForeignKey("placements.placement_id"), primary_key=True)
+    segment_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    max_version: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_us: Mapped[int] = mapped_column(BigInteger)
+
+
+class Lease(Base):
+    """An in-flight receipt: the target is receiving this segment until ``expires_us`` (INFLIGHT)."""
+
+    __tablename__ = "leases"
+
+    lease_id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    target_placement_id: Mapped[int] = mapped_column(ForeignKey("placements.placement_id"))
+    segment_id: Mapped[str] = mapped_column(String(32))
+    holder: Mapped[str] = mapped_column(String(64))
+    expires_us: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (UniqueConstraint("target_placement_id", "segment_id", name="uq_leases_target_segment"),)
+
+
+class SafeTime(Base):
+    __tablename__ = "safe_times"
+
+    table_id: Mapped[int] = mapped_column(ForeignKey("tables.table_id"), primary_key=True)
+    site_id: Mapped[int] = mapped_column(ForeignKey("sites.site_id"), primary_key=True)
+    safe_time_us: Mapped[int] = mapped_column(BigInteger)
+    updated_us: Mapped[int] = mapped_column(BigInteger)
+
+
+class Round(Base):
+    __tablename__ = "rounds"
+
+    round_id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    table_id: Mapped[int] = mapped_column(ForeignKey("tables.table_id"), index=True)
+    interval_start_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    interval_end_us: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16))
+    started_us: Mapped[int] = mapped_column(BigInteger)
+    finished_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class Split(Base):
+    __tablename__ = "splits"
+
+    split_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    table_id: Mapped[int] = mapped_column(ForeignKey("tables.table_id"))
+    parent_partition_id: Mapped[int] = mapped_column(ForeignKey("partitions.partition_id"))
+    split_keys: Mapped[list[Any]] = mapped_column(JSON)
+    is_async: Mapped[bool] = mapped_column(Boolean, default=False)
+    state: Mapped[str] = mapped_column(String(16))
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    finished_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

@@ -1,0 +1,134 @@
+"""Catalog look-ups shared by the writer, reader, CLI and workflows (set-based, one round trip each)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from segrep import keys
+from segrep import schema as sch
+from segrep.catalog import models as m
+from segrep.chain import Chain, SegmentRef
+from segrep.errors import NotFoundError
+from segrep.names import check_name
+from segrep.protocol import PartitionState
+
+WRITABLE_STATES = (PartitionState.LOADING, PartitionState.LIVE, PartitionState.SPLITTING)
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """A table as the catalog knows it, with its Arrow schema."""
+
+    row: m.Table
+    schema: pa.Schema
+
+    @property
+    def table_id(self) -> int:
+        return self.row.table_id
+
+    @property
+    def name(self) -> str:
+        return self.row.name
+
+    @property
+    def primary_key(self) -> tuple[str, ...]:
+        return tuple(self.row.primary_key)
+
+    @property
+    def partition_key(self) -> str:
+        return self.row.partition_key
+
+    @property
+    def key_type(self) -> pa.DataType:
+        return self.schema.field(self.partition_key).type
+
+    def decode_key(self, value: Any) -> Any:
+        return keys.decode(value, self.key_type)
+
+
+def table_info(s: Session, name: str) -> TableInfo:
+    check_name("table", name)
+    row = s.scalars(select(m.Table).where(m.Table.name == name)).one_or_none()
+    if row is None:
+        known = s.scalars(select(m.Table.name).order_by(m.Table.name)).all()
+        raise NotFoundError(
+            f"unknown table {name!r} in the catalog; known: {', '.join(known) or 'none'} (run `segrep apply`?)"
+        )
+    return TableInfo(row, sch.schema_from_columns(row.columns))
+
+
+def site_by_name(s: Session, name: str) -> m.Site:
+    check_name("site", name)
+    row = s.scalars(select(m.Site).where(m.Site.name == name)).one_or_none()
+    if row is None:
+        known = s.scalars(select(m.Site.name).order_by(m.Site.name)).all()
+        raise NotFoundError(f"unknown site {name!r} in the catalog; known: {', '.join(known) or 'none'}")
+    return row
+
+
+def sites_by_id(s: Session) -> dict[int, m.Site]:
+    return {site.site_id: site for site in s.scalars(select(m.Site))}
+
+
+def partitions_of(s: Session, info: TableInfo, states: Iterable[str] | None = None) -> list[m.Partition]:
+    """The table's partitions in key order (unbounded begin first)."""
+    q = select(m.Partition).where(m.Partition.table_id == info.table_id)
+    if states is not None:
+        q = q.where(m.Partition.state.in_([str(x) for x in states]))
+    parts = list(s.scalars(q))
+    parts.sort(key=lambda p: (p.begin_key is not None, info.decode_key(p.begin_key) if p.begin_key is not None else 0))
+    return parts
+
+
+def active_placements(s: Session, partition_ids: Sequence[int]) -> list[m.Placement]:
+    if not partition_ids:
+        return []
+    q = select(m.Placement).where(m.Placement.partition_id.in_(partition_ids), m.Placement.removed_us.is_(None))
+    return list(s.scalars(q.order_by(m.Placement.placement_id)))
+
+
+def placement_at(s: Session, partition_id: int, site_id: int) -> m.Placement | None:
+    q = select(m.Placement).where(
+        m.Placement.partition_id == partition_id, m.Placement.site_id == site_id, m.Placement.removed_us.is_(None)
+    )
+    return s.scalars(q).one_or_none()
+
+
+def segments_of(s: Session, placement_ids: Sequence[int]) -> dict[int, list[m.Segment]]:
+    """Each placement's segment list in list order (oldest first)."""
+    out: dict[int, list[m.Segment]] = defaultdict(list)
+    if placement_ids:
+        q = select(m.Segment).where(m.Segment.placement_id.in_(placement_ids)).order_by(m.Segment.entry_id)
+        for seg in s.scalars(q):
+            out[seg.placement_id].append(seg)
+    return out
+
+
+def to_ref(seg: m.Segment) -> SegmentRef:
+    return SegmentRef(seg.segment_id, seg.base_segment_id, tuple(seg.included_segment_ids or ()), seg.is_major)
+
+
+def chain_of(placement: m.Placement, segments: Sequence[m.Segment]) -> Chain:
+    return Chain.of((to_ref(x) for x in segments), placement.root_segment_id)
+
+
+def acks_of(s: Session, holder_ids: Sequence[int]) -> dict[tuple[int, str], set[int]]:
+    """(holder placement, segment id) -> set of target placement ids that acked it."""
+    out: dict[tuple[int, str], set[int]] = defaultdict(set)
+    if holder_ids:
+        q = select(m.Ack).where(m.Ack.holder_placement_id.in_(holder_ids))
+        for ack in s.scalars(q):
+            out[(ack.holder_placement_id, ack.segment_id)].add(ack.target_placement_id)
+    return out
+
+
+def segment_count(s: Session, table_id: int) -> int:
+    q = select(func.count()).select_from(m.Segment).join(m.Partition).where(m.Partition.table_id == table_id)
+    return int(s.scalar(q) or 0)

@@ -1,0 +1,313 @@
+"""The ``segrep`` command: administration, and the same steps the DAGs run, without Airflow.
+
+Every user error is one line on stderr and exit code 2, with nothing written; an unreachable catalog is
+exit code 1 with the URL named. ``SEGREP_DEBUG=1`` shows tracebacks for bug reports.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from sqlalchemy.exc import OperationalError
+
+from segrep import __version__
+from segrep.catalog import Catalog, resolve_url
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+from segrep.catalog.migrate import upgrade
+from segrep.config import Definitions, load_definitions
+from segrep.errors import SegrepError
+from segrep.output import atomic_write_table, format_rows
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Context:
+    """Lazily loads the definitions and opens the catalog, so commands that need neither stay fast."""
+
+    def __init__(self, config: str | None, catalog_url: str | None) -> None:
+        self._config = config
+        self._catalog_url = catalog_url
+        self._defs: Definitions | None = None
+        self._catalog: Catalog | None = None
+
+    @property
+    def defs(self) -> Definitions:
+        if self._defs is None:
+            self._defs = load_definitions(self._config)
+        return self._defs
+
+    def catalog(self, *, initialized: bool = True) -> Catalog:
+        if self._catalog is None:
+            url = self._catalog_url or os.environ.get("SEGREP_CATALOG_URL")
+            if url is None:
+                url = resolve_url(None, self.defs.catalog_url, self.defs.data_dir)
+            self._catalog = Catalog(url)
+        if initialized:
+            self._catalog.require_initialized()
+        return self._catalog
+
+
+def _user_errors(fn: F) -> F:
+    """Turn SegrepError into one line and exit code 2; an unreachable catalog into exit code 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SegrepError as exc:
+            _fail(str(exc), 2)
+        except OperationalError as exc:
+            if os.environ.get("SEGREP_DEBUG"):
+                raise
+            _fail(f"catalog unreachable or failing: {str(exc.orig).strip().splitlines()[0]}", 1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"segrep: error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="segrep")
+@click.option(
+    "--config", "config", envvar="SEGREP_CONFIG", default=None, metavar="FILE",
+    help="Definitions file (sites, tables, policies). Default: $SEGREP_CONFIG or include/segrep.yaml.",
+)  # fmt: skip
+@click.option(
+    "--catalog", "catalog_url", envvar="SEGREP_CATALOG_URL", default=None, metavar="URL",
+    help="Catalog SQLAlchemy URL. Default: $SEGREP_CATALOG_URL, the definitions' catalog_url, or "
+    "sqlite:///<data_dir>/catalog.db.",
+)  # fmt: skip
+@click.pass_context
+def main(ctx: click.Context, config: str | None, catalog_url: str | None) -> None:
+    """segrep replicates partitioned tables between sites by copying immutable segment files.
+
+    Typical first steps: `segrep init`, `segrep apply`, `segrep write TABLE FILE`, `segrep read TABLE`.
+    """
+    ctx.obj = Context(config, catalog_url)
+
+
+# -- catalog ---------------------------------------------------------------------------------------------
+@main.command()
+@click.pass_obj
+@_user_errors
+def init(obj: Context) -> None:
+    """Create or upgrade the catalog schema to the newest migration (safe to run again)."""
+    catalog = obj.catalog(initialized=False)
+    before, after = upgrade(catalog)
+    if before == after:
+        click.echo(f"catalog {catalog.safe_url} is up to date (revision {after})")
+    else:
+        click.echo(f"catalog {catalog.safe_url} upgraded from {before or 'empty'} to revision {after}")
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Print what would change; write nothing.")
+@click.pass_obj
+@_user_errors
+def apply(obj: Context, dry_run: bool) -> None:
+    """Validate the definitions file and bring the catalog in line with it."""
+    from segrep.apply import apply_definitions
+
+    changes = apply_definitions(obj.catalog(), obj.defs, dry_run=dry_run)
+    prefix = "would " if dry_run else ""
+    for change in changes:
+        click.echo(f"{prefix}{change}")
+    if not changes:
+        click.echo(f"catalog matches {obj.defs.path}: nothing to change")
+
+
+@main.group("catalog")
+def catalog_group() -> None:
+    """Catalog maintenance."""
+
+
+@catalog_group.command("rebuild")
+@click.option("--site", "site", required=True, help="Site whose segment lists are rebuilt from its files.")
+@click.option("--dry-run", is_flag=True, help="Report what the files say; change nothing.")
+@click.pass_obj
+@_user_errors
+def catalog_rebuild(obj: Context, site: str, dry_run: bool) -> None:
+    """Reconstruct a site's segment lists and roots from the metadata in its segment files."""
+    from segrep.catalog.rebuild import rebuild_site
+
+    report = rebuild_site(obj.catalog(), site, dry_run=dry_run)
+    for line in report.lines():
+        click.echo(line)
+
+
+# -- sites and tables ------------------------------------------------------------------------------------
+@main.group("site")
+def site_group() -> None:
+    """Sites (storage roots in data centers)."""
+
+
+@site_group.command("list")
+@click.pass_obj
+@_user_errors
+def site_list(obj: Context) -> None:
+    """List the sites the catalog knows, with their placements and segments."""
+    from sqlalchemy import func, select
+
+    with obj.catalog().read() as s:
+        counts = dict(
+            s.execute(
+                select(m.Placement.site_id, func.count())
+                .where(m.Placement.removed_us.is_(None))
+                .group_by(m.Placement.site_id)
+            ).all()
+        )
+        segs = dict(
+            s.execute(select(m.Placement.site_id, func.count()).join(m.Segment).group_by(m.Placement.site_id)).all()
+        )
+        rows = [
+            [x.name, x.site_id, x.uri, counts.get(x.site_id, 0), segs.get(x.site_id, 0)]
+            for x in s.scalars(select(m.Site).order_by(m.Site.name))
+        ]
+    click.echo(format_rows(["site", "id", "uri", "placements", "segments"], rows))
+
+
+@main.group("table")
+def table_group() -> None:
+    """Replicated tables."""
+
+
+@table_group.command("list")
+@click.pass_obj
+@_user_errors
+def table_list(obj: Context) -> None:
+    """List tables with their key, partitions and sites."""
+    from segrep.status import table_overview
+
+    rows = table_overview(obj.catalog())
+    click.echo(format_rows(["table", "key", "partitions", "leader", "replicas", "segments", "rows@leader"], rows))
+
+
+@table_group.command("describe")
+@click.argument("table")
+@click.pass_obj
+@_user_errors
+def table_describe(obj: Context, table: str) -> None:
+    """Columns, key, partitions (range, state, epoch, leader) and placements of a table."""
+    from segrep.status import describe_table
+
+    click.echo(describe_table(obj.catalog(), table))
+
+
+# -- data ------------------------------------------------------------------------------------------------
+@main.command()
+@click.argument("table")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["parquet", "csv"]), default=None, help="Default: from the suffix.")
+@click.option("--delete", is_flag=True, help="FILE holds primary keys to delete (only the key columns).")
+@click.pass_obj
+@_user_errors
+def write(obj: Context, table: str, file: Path, fmt: str | None, delete: bool) -> None:
+    """Write a batch of rows (upsert by primary key) or of keys to delete, at each partition's leader."""
+    from segrep.writer import write_batch
+
+    catalog = obj.catalog()
+    with catalog.read() as s:
+        info = q.table_info(s, table)
+    batch = _read_input(file, fmt, info, keys_only=delete)
+    result = write_batch(catalog, table, batch, delete=delete)
+    action = "deleted" if delete else "wrote"
+    click.echo(
+        f"{action} {result.rows_written} row(s) of {table} from {file} "
+        f"({result.rows_in - result.rows_written} duplicate key(s) folded) in {len(result.segments)} segment(s)"
+    )
+    for seg in result.segments:
+        click.echo(
+            f"  partition {seg.partition_id} @ {seg.site}: segment {seg.segment_id} {seg.rows} rows {seg.byte_size} B"
+        )
+
+
+def _read_input(file: Path, fmt: str | None, info: q.TableInfo, *, keys_only: bool) -> pa.Table:
+    fmt = fmt or _format_from_suffix(file, ("parquet", "csv"))
+    try:
+        if fmt == "parquet":
+            return pq.read_table(file)
+        types = {f.name: f.type for f in info.schema}
+        return pacsv.read_csv(file, convert_options=pacsv.ConvertOptions(column_types=types))
+    except FileNotFoundError:
+        raise SegrepError(f"cannot read {file}: no such file") from None
+    except (OSError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SegrepError(f"cannot read {file} as {fmt}: {str(exc).splitlines()[0]}") from None
+
+
+def _format_from_suffix(file: Path, allowed: Sequence[str]) -> str:
+    suffix = file.suffix.lower().lstrip(".")
+    suffix = {"pq": "parquet", "txt": "table"}.get(suffix, suffix)
+    if suffix not in allowed:
+        raise SegrepError(f"cannot tell the format of {file} from its suffix; pass --format ({'|'.join(allowed)})")
+    return suffix
+
+
+@main.command()
+@click.argument("table")
+@click.option("--site", default=None, help="Read the replicas at this site. Default: each partition's leader.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write rows here.")
+@click.option("--format", "fmt", type=click.Choice(["parquet", "csv", "table"]), default=None)
+@click.option("--as-of", "as_of", type=int, default=None, help="Only row versions <= this (microseconds).")
+@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="Rows shown on stdout.")
+@click.pass_obj
+@_user_errors
+def read(
+    obj: Context, table: str, site: str | None, output: Path | None, fmt: str | None, as_of: int | None, limit: int
+) -> None:
+    """Read a table's current rows (last writer wins, deletes applied) at a site."""
+    from segrep.reader import read_table
+
+    rows = read_table(obj.catalog(), table, site, as_of=as_of)
+    if output is None:
+        if fmt not in (None, "table"):
+            raise SegrepError("--format parquet or csv needs --output FILE")
+        shown = rows.slice(0, limit).to_pylist()
+        click.echo(format_rows(rows.column_names, [list(r.values()) for r in shown]))
+        click.echo(f"{rows.num_rows} row(s) in {table} at {site or 'the leaders'}")
+        return
+    fmt = fmt or _format_from_suffix(output, ("parquet", "csv"))
+    if fmt == "table":
+        raise SegrepError("--format table prints to stdout; drop --output")
+    atomic_write_table(rows, output, fmt)
+    click.echo(f"wrote {rows.num_rows} row(s) of {table} at {site or 'the leaders'} to {output}")
+
+
+@main.command()
+@click.argument("table")
+@click.option("--site", default=None, help="Only placements at this site.")
+@click.option("--partition", "partition_id", type=int, default=None, help="Only this partition.")
+@click.pass_obj
+@_user_errors
+def segments(obj: Context, table: str, site: str | None, partition_id: int | None) -> None:
+    """Each placement's segment chain: ids, bases, flags, sizes, versions and acks."""
+    from segrep.status import segment_listing
+
+    click.echo(segment_listing(obj.catalog(), table, site, partition_id))
+
+
+def run() -> None:
+    """Entry point that keeps unexpected errors to one line unless SEGREP_DEBUG is set."""
+    try:
+        main(standalone_mode=True)
+    except SystemExit:
+        raise
+    except Exception as exc:
+        if os.environ.get("SEGREP_DEBUG"):
+            raise
+        click.echo(
+            f"segrep: internal error: {type(exc).__name__}: {exc} (SEGREP_DEBUG=1 shows the traceback)", err=True
+        )
+        sys.exit(1)

@@ -1,0 +1,31 @@
+"""Errors a user can act on. The CLI prints them as one line and exits with code 2."""
+
+from __future__ import annotations
+
+
+class SegrepError(Exception):
+    """Bad input or a refused operation; the message names the problem. Nothing was written."""
+
+
+class ConfigError(SegrepError):
+    """The definitions file is malformed or inconsistent."""
+
+
+class NotFoundError(SegrepError):
+    """An unknown site, table, partition or placement."""
+
+
+class SchemaMismatchError(SegrepError):
+    """A batch whose columns or types do not match the table."""
+
+
+class RefusedError(SegrepError):
+    """A change that would lose data or break the chain, refused on purpose."""
+
+
+class ConflictError(Exception):
+    """A concurrent writer moved the chain first; the caller retries. Not a user error."""
+
+
+class CorruptSegmentError(SegrepError):
+    """A segment file whose size or sha256 does not match what the catalog recorded."""

@@ -1,0 +1,14 @@
+"""Hybrid logical clock for row versions: microseconds, strictly increasing per partition leader."""
+
+from __future__ import annotations
+
+import time
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def next_version(last_version: int, now: int | None = None) -> int:
+    """``max(now_us, last_version + 1)``: follows wall time, never repeats or goes back."""
+    return max(now_us() if now is None else now, last_version + 1)

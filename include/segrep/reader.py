@@ -1,0 +1,156 @@
+"""Resolving a placement, or a table at a site, to its current rows.
+
+The rows of a placement are those of its visible segments (newest major up to the root). For each primary
+key the row with the highest ``(_version, _origin)`` wins; a winning tombstone hides the key. When the
+segments' leading-key ranges do not overlap and hold no tombstone, no key can appear twice and the files are
+simply concatenated: the common case of append-mostly tables costs no more than reading the files.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from segrep import keys
+from segrep import schema as sch
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+from segrep.chain import visible_segments
+from segrep.errors import NotFoundError
+from segrep.storage import Site
+
+
+@dataclass(frozen=True)
+class PlacementFiles:
+    """What a reader needs to resolve one placement: the files of its visible segments and its key range."""
+
+    placement_id: int
+    partition_id: int
+    site: Site
+    segments: tuple[m.Segment, ...]
+    key_begin: Any
+    key_end: Any
+    disjoint: bool
+
+
+def segments_disjoint(segments: Sequence[m.Segment], decode: Callable[[Any], Any]) -> bool:
+    """True if no primary key can occur in two of these segments and none holds a tombstone.
+
+    Each segment's keys are unique (the writer de-duplicates a batch), so disjoint leading-key ranges mean
+    disjoint keys. Touching ranges count as overlapping.
+    """
+    if any(seg.deleted_rows for seg in segments):
+        return False
+    ranges = sorted((decode(seg.key_min), decode(seg.key_max)) for seg in segments if seg.row_count)
+    return all(prev[1] < nxt[0] for prev, nxt in itertools.pairwise(ranges))
+
+
+def placement_files(catalog: Catalog, table: str, site: str | None = None) -> tuple[q.TableInfo, list[PlacementFiles]]:
+    """The files to read for a table at a site (default: each partition's leader), partitions in key order."""
+    with catalog.read() as s:
+        info = q.table_info(s, table)
+        parts = q.partitions_of(s, info, q.WRITABLE_STATES)
+        placements = q.active_placements(s, [p.partition_id for p in parts])
+        sites = q.sites_by_id(s)
+        site_row = q.site_by_name(s, site) if site is not None else None
+        chosen: list[m.Placement] = []
+        for part in parts:
+            candidates = [
+                pl
+                for pl in placements
+                if pl.partition_id == part.partition_id
+                and (pl.site_id == site_row.site_id if site_row else pl.placement_id == part.leader_placement_id)
+            ]
+            if not candidates:
+                where = f"site {site}" if site else "its leader"
+                raise NotFoundError(f"table {table}: partition {part.partition_id} has no placement at {where}")
+            chosen.append(candidates[0])
+        seg_lists = q.segments_of(s, [pl.placement_id for pl in chosen])
+    lead_type = info.schema.field(info.primary_key[0]).type
+    out = []
+    for pl in chosen:
+        segs = seg_lists.get(pl.placement_id, [])
+        by_id = {x.segment_id: x for x in segs}
+        visible = tuple(by_id[ref.segment_id] for ref in visible_segments(q.chain_of(pl, segs)))
+        st = sites[pl.site_id]
+        disjoint = segments_disjoint(visible, lambda v: keys.decode(v, lead_type))
+        site_obj = Site(st.name, st.uri)
+        out.append(
+            PlacementFiles(pl.placement_id, pl.partition_id, site_obj, visible, pl.key_begin, pl.key_end, disjoint)
+        )
+    return info, out
+
+
+def read_table(
+    catalog: Catalog,
+    table: str,
+    site: str | None = None,
+    *,
+    as_of: int | None = None,
+    columns: Sequence[str] | None = None,
+) -> pa.Table:
+    """The table's current rows at a site (default: at the leaders), optionally as of a version/safe time."""
+    info, placements = placement_files(catalog, table, site)
+    if columns is not None:
+        unknown = [c for c in columns if c not in info.schema.names]
+        if unknown:
+            raise NotFoundError(f"table {table} has no column(s) {', '.join(unknown)}")
+    parts = [read_placement(info, pf, as_of=as_of) for pf in placements]
+    out = pa.concat_tables(parts) if parts else info.schema.empty_table()
+    return out.select(list(columns)) if columns is not None else out
+
+
+def read_placement(info: q.TableInfo, pf: PlacementFiles, *, as_of: int | None = None) -> pa.Table:
+    tables = [pf.site.read_segment(seg.relpath) for seg in pf.segments]
+    if not tables:
+        return info.schema.empty_table()
+    rows = pa.concat_tables(tables)
+    restriction = _range_filter(info, pf.key_begin, pf.key_end)
+    if restriction is not None:
+        rows = rows.filter(restriction)
+    if as_of is not None:
+        rows = rows.filter(pc.field(sch.VERSION_COL) <= as_of)
+    elif pf.disjoint:
+        return rows.drop_columns(list(sch.INTERNAL_COLUMNS))
+    return resolve(rows, info.primary_key)
+
+
+def resolve(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:
+    """Last writer wins per primary key over segment-layout rows; tombstones hidden, internal columns dropped."""
+    if rows.num_rows == 0:
+        return rows.drop_columns(list(sch.INTERNAL_COLUMNS))
+    sort_keys = [(k, "ascending") for k in primary_key] + [
+        (sch.VERSION_COL, "descending"),
+        (sch.ORIGIN_COL, "descending"),
+    ]
+    order = pc.sort_indices(rows.select([*primary_key, sch.VERSION_COL, sch.ORIGIN_COL]), sort_keys=sort_keys)
+    ordered_keys = rows.select(list(primary_key)).take(order)
+    first = np.ones(rows.num_rows, dtype=bool)
+    if rows.num_rows > 1:
+        changed = np.zeros(rows.num_rows - 1, dtype=bool)
+        for name in primary_key:
+            col = ordered_keys.column(name)
+            changed |= pc.not_equal(col.slice(1), col.slice(0, rows.num_rows - 1)).to_numpy(zero_copy_only=False)
+        first[1:] = changed
+    deleted = rows.column(sch.DELETED_COL).take(order).to_numpy(zero_copy_only=False)
+    winners = pc.filter(order, pa.array(first & ~deleted))
+    return rows.take(winners).drop_columns(list(sch.INTERNAL_COLUMNS))
+
+
+def _range_filter(info: q.TableInfo, begin: Any, end: Any) -> pc.Expression | None:
+    """Rows with partition key in [begin, end) (bounds in JSON form; None is unbounded)."""
+    expr = None
+    key = pc.field(info.partition_key)
+    if begin is not None:
+        expr = key >= pa.scalar(keys.decode(begin, info.key_type), info.key_type)
+    if end is not None:
+        upper = key < pa.scalar(keys.decode(end, info.key_type), info.key_type)
+        expr = upper if expr is None else expr & upper
+    return expr

@@ -1,0 +1,181 @@
+"""Site file systems and segment files (DESIGN section 4).
+
+A segment file lives at ``<site root>/<table>/<partition_id>/<segment_id>.parquet`` and carries its catalog
+entry in the Parquet key-value metadata (key ``segrep.segment``), so a site describes itself and its catalog
+can be rebuilt from storage. Files are written to a temporary name in the same directory, fsynced, hashed and
+renamed: a file visible under its final name is complete, and its sha256 is known before the catalog
+references it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from segrep.errors import CorruptSegmentError, SegrepError
+from segrep.names import check_name, check_segment_id
+
+META_KEY = b"segrep.segment"
+_CHUNK = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    byte_size: int
+    sha256: str
+
+
+def segment_relpath(table: str, partition_id: int, segment_id: str) -> str:
+    check_name("table", table)
+    if not isinstance(partition_id, int) or partition_id < 0:
+        raise SegrepError(f"invalid partition id {partition_id!r}")
+    check_segment_id(segment_id)
+    return f"{table}/{partition_id}/{segment_id}.parquet"
+
+
+class Site:
+    """One site's storage root. Local paths use the OS directly (for fsync and atomic rename); any other
+    URI goes through ``pyarrow.fs`` (hdfs://, s3://, ...), where the final move is the store's own."""
+
+    def __init__(self, name: str, uri: str) -> None:
+        self.name = check_name("site", name)
+        self.uri = uri
+        if "://" in uri and not uri.startswith("file://"):
+            self.fs, self.root = pafs.FileSystem.from_uri(uri)
+            self.local = False
+        else:
+            self.root = str(Path(uri.removeprefix("file://")).resolve())
+            self.fs = pafs.LocalFileSystem()
+            self.local = True
+
+    def path(self, relpath: str) -> str:
+        return f"{self.root.rstrip('/')}/{relpath}"
+
+    # -- writing -----------------------------------------------------------------------------------------
+    def write_segment(self, relpath: str, table: pa.Table, meta: dict[str, Any]) -> FileFacts:
+        """Write a segment atomically; return its size and sha256 as read back from storage."""
+        table = table.replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
+        final = self.path(relpath)
+        if self.local:
+            return atomic_local_write(final, lambda path: pq.write_table(table, path))
+        tmp = _tmp_name(final)
+        self.fs.create_dir(os.path.dirname(final), recursive=True)
+        with self.fs.open_output_stream(tmp) as out:
+            pq.write_table(table, out)
+        self.fs.move(tmp, final)
+        return self.facts(relpath)
+
+    def delete(self, relpath: str) -> None:
+        if self.local:
+            _remove_quietly(self.path(relpath))
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.delete_file(self.path(relpath))
+
+    # -- reading -----------------------------------------------------------------------------------------
+    def facts(self, relpath: str) -> FileFacts:
+        """Size and sha256 of a stored file, computed from its bytes."""
+        if self.local:
+            return _hash_local(self.path(relpath), fsync=False)
+        digest = hashlib.sha256()
+        size = 0
+        with self.fs.open_input_stream(self.path(relpath)) as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+        return FileFacts(size, digest.hexdigest())
+
+    def verify(self, relpath: str, byte_size: int, sha256: str) -> None:
+        """Raise CorruptSegmentError unless the file has exactly the recorded size and hash."""
+        try:
+            facts = self.facts(relpath)
+        except FileNotFoundError:
+            raise CorruptSegmentError(f"segment file {self.path(relpath)} is missing") from None
+        if facts != FileFacts(byte_size, sha256):
+            raise CorruptSegmentError(
+                f"segment file {self.path(relpath)} does not match the catalog: size {facts.byte_size} "
+                f"(expected {byte_size}), sha256 {facts.sha256[:12]}... (expected {sha256[:12]}...)"
+            )
+
+    def read_segment(self, relpath: str, columns: list[str] | None = None) -> pa.Table:
+        return pq.read_table(self.path(relpath), columns=columns, filesystem=self.fs)
+
+    def read_meta(self, relpath: str) -> dict[str, Any]:
+        """The segment's catalog entry from the Parquet footer (no row is read)."""
+        md = pq.read_metadata(self.path(relpath), filesystem=self.fs).metadata or {}
+        if META_KEY not in md:
+            raise CorruptSegmentError(f"{self.path(relpath)} is not a segrep segment (no {META_KEY.decode()})")
+        return json.loads(md[META_KEY])
+
+    def exists(self, relpath: str) -> bool:
+        return self.fs.get_file_info(self.path(relpath)).type == pafs.FileType.File
+
+    def list_segment_files(self) -> Iterator[str]:
+        """Relative paths of every ``<table>/<partition>/<segment>.parquet`` under the root, sorted."""
+        selector = pafs.FileSelector(self.root, recursive=True, allow_not_found=True)
+        prefix = self.root.rstrip("/") + "/"
+        rels = []
+        for info in self.fs.get_file_info(selector):
+            if info.type != pafs.FileType.File or not info.path.endswith(".parquet"):
+                continue
+            rel = info.path[len(prefix) :] if info.path.startswith(prefix) else info.path
+            if rel.count("/") == 2 and not os.path.basename(rel).startswith("."):
+                rels.append(rel)
+        return iter(sorted(rels))
+
+
+def atomic_local_write(final: str, write: Callable[[str], None]) -> FileFacts:
+    """Run ``write(tmp_path)``, fsync and hash the result, then rename it to ``final``: readers see the
+    complete file or none. Returns the size and sha256 of what is on disk."""
+    os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
+    tmp = _tmp_name(final)
+    try:
+        write(tmp)
+        facts = _hash_local(tmp, fsync=True)
+        os.rename(tmp, final)
+        _fsync_dir(os.path.dirname(final) or ".")
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    return facts
+
+
+def _tmp_name(final: str) -> str:
+    head, tail = os.path.split(final)
+    return os.path.join(head, f".{tail}.tmp-{secrets.token_hex(4)}")
+
+
+def _hash_local(path: str, *, fsync: bool) -> FileFacts:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+        if fsync:
+            os.fsync(f.fileno())
+    return FileFacts(size, digest.hexdigest())
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
