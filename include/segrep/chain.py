@@ -102,18 +102,18 @@ def visible_segments(chain: Chain) -> list[SegmentRef]:
     return out
 
 
-def covering_major(chain: Chain, segment_id: str) -> SegmentRef | None:
-    """The major segment whose data includes a weakly referenced segment: the one listing it as included,
-    or the nearest major newer than it on the walk."""
-    nearest_major: SegmentRef | None = None
+def covering_majors(chain: Chain, segment_id: str) -> list[SegmentRef]:
+    """The major segments on the walk whose data includes a weakly referenced segment: every major newer
+    than it on the walk, and the one listing it as included (newest first). Each holds all its rows."""
+    majors: list[SegmentRef] = []
     for seg in chain.walk():
         if segment_id in seg.included_segment_ids:
-            return seg
+            return [*majors, seg] if seg.is_major else majors
         if seg.segment_id == segment_id:
-            return nearest_major
+            return majors
         if seg.is_major:
-            nearest_major = seg
-    return None
+            majors.append(seg)
+    return []
 
 
 def offer_order(chain: Chain, acked: Iterable[str]) -> list[SegmentRef]:
@@ -139,14 +139,17 @@ def leader_action(chain: Chain, segment_id: str, acked_by_all_replicas: Iterable
     """The leader's decision for one of its own segments (EventQL 3.5 replicate_partition).
 
     ``acked_by_all_replicas`` holds the ids of segments every LIVE or JOINING replica has acknowledged; a
-    weakly referenced segment goes only once the major that covers it is among them.
+    weakly referenced segment goes only once a major that covers it is among them. Any newer major on the
+    walk covers it, so deletability is monotone along the walk: when a segment may go, so may every older
+    one, and a GC pass never cuts the walk in front of a segment it keeps (which would turn it into a
+    false fork).
     """
     if not is_referenced(chain, segment_id):
         return LocalAction.MERGE
     if not is_reference_weak(chain, segment_id):
         return LocalAction.KEEP
-    major = covering_major(chain, segment_id)
-    if major is not None and major.segment_id in set(acked_by_all_replicas):
+    acked = set(acked_by_all_replicas)
+    if any(major.segment_id in acked for major in covering_majors(chain, segment_id)):
         return LocalAction.DELETE
     return LocalAction.KEEP
 
