@@ -37,7 +37,8 @@ format: venv
 bench: venv
 	$(BIN)/python bench/write_read.py
 
-constraints: venv
+constraints:
+	@test -x $(BIN)/pip || { echo 'run make venv first'; exit 1; }
 	@(echo "# Exact versions of every package in the environment (pip freeze of a fresh 'make venv'); regenerate with"; \
 	  echo "# 'make constraints' after changing requirements.txt."; \
 	  $(BIN)/pip freeze --exclude-editable | grep -v '^segrep') > constraints.txt

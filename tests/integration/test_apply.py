@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import func, select
+
 from segrep.apply import apply_definitions
 from segrep.catalog import models as m
 from segrep.config import load_definitions
 from segrep.errors import RefusedError
 from segrep.writer import write_batch
-from sqlalchemy import func, select
-
 from tests.conftest import ORDERS_YAML, Env, make_env
 from tests.integration.test_write_read import orders
 

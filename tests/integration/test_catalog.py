@@ -5,6 +5,7 @@ from __future__ import annotations
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+
 from segrep.catalog import Catalog
 from segrep.catalog.migrate import _config, current_revision, head_revision, upgrade
 from segrep.catalog.models import Base

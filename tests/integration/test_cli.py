@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from segrep.catalog.models import Base
-from segrep.cli import main
 from sqlalchemy import select
 
+from segrep.catalog.models import Base
+from segrep.cli import main
 from tests.conftest import Env
 from tests.integration.test_write_read import orders
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from sqlalchemy import select, update
+
 from segrep.catalog import models as m
 from segrep.catalog.rebuild import rebuild_site
 from segrep.errors import RefusedError
 from segrep.writer import write_batch
-from sqlalchemy import select, update
-
 from tests.conftest import Env
 from tests.integration.test_write_read import orders
 

@@ -9,13 +9,13 @@ from decimal import Decimal
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from sqlalchemy import select
+
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.errors import SchemaMismatchError, SegrepError
 from segrep.reader import read_table
 from segrep.writer import write_batch
-from sqlalchemy import select
-
 from tests.conftest import Env
 
 
