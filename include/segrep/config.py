@@ -178,10 +178,7 @@ def _parse_table(name: str, raw: Any, sites: Mapping[str, SiteDef], base: Path) 
     if ("columns" in body) == ("schema_from" in body):
         raise SegrepError(f"{where}: give exactly one of 'columns' (name: type) or 'schema_from' (a Parquet file)")
     if "columns" in body:
-        columns = _mapping(body["columns"], f"{where} columns")
-        for col in columns:
-            check_name("column", col)
-        schema = sch.schema_from_columns(columns)
+        schema = _in(where, sch.schema_from_columns, _mapping(body["columns"], f"{where} columns"))
     else:
         schema = _schema_from_file(base / str(body["schema_from"]), where)
     if not len(schema):
@@ -199,10 +196,14 @@ def _parse_table(name: str, raw: Any, sites: Mapping[str, SiteDef], base: Path) 
         raise SegrepError(f"{where}: partition_key {part!r} must be one of the primary key columns {pk}")
     split_points = _split_points(body.get("split_points") or [], schema.field(part).type, where)
     leader = body.get("leader")
-    if leader not in sites:
+    if not isinstance(leader, str) or leader not in sites:
         raise SegrepError(f"{where}: leader {leader!r} is not a defined site")
     replicas = body.get("replicas") or []
-    if not isinstance(replicas, list) or len(set(replicas)) != len(replicas):
+    if (
+        not isinstance(replicas, list)
+        or not all(isinstance(r, str) for r in replicas)
+        or len(set(replicas)) != len(replicas)
+    ):
         raise SegrepError(f"{where}: 'replicas' must be a list of distinct site names")
     for r in replicas:
         if r not in sites:
@@ -223,9 +224,18 @@ def _parse_table(name: str, raw: Any, sites: Mapping[str, SiteDef], base: Path) 
 
 def _schema_from_file(path: Path, where: str) -> pa.Schema:
     try:
-        return sch.schema_from_arrow(pq.read_schema(path))
+        arrow_schema = pq.read_schema(path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise SegrepError(f"{where}: cannot read schema_from file {path}: {exc}") from None
+    return _in(f"{where} (schema_from {path})", sch.schema_from_arrow, arrow_schema)
+
+
+def _in(where: str, fn: Any, arg: Any) -> Any:
+    """Call ``fn(arg)``, prefixing any SegrepError with where it happened."""
+    try:
+        return fn(arg)
+    except SegrepError as exc:
+        raise SegrepError(f"{where}: {exc}") from None
 
 
 def _split_points(raw: Any, dtype: pa.DataType, where: str) -> tuple[Any, ...]:
@@ -295,6 +305,6 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
 
 
 def _no_unknown_keys(body: Mapping[str, Any], known: set[str], where: str) -> None:
-    unknown = sorted(set(body) - known)
+    unknown = sorted(set(body) - known, key=str)
     if unknown:
         raise SegrepError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}; known: {', '.join(sorted(known))}")

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from segrep.errors import SchemaMismatchError, SegrepError
+from segrep.names import check_name
 
 VERSION_COL = "_version"
 DELETED_COL = "_deleted"
@@ -65,7 +66,7 @@ def type_name(dtype: pa.DataType) -> str:
     for name, t in _SIMPLE_TYPES.items():
         if t == dtype:
             return name
-    if pa.types.is_decimal(dtype):
+    if pa.types.is_decimal128(dtype):
         return f"decimal({dtype.precision},{dtype.scale})"
     raise SegrepError(f"unsupported column type {dtype}")
 
@@ -80,21 +81,32 @@ def normalize_type(dtype: pa.DataType) -> pa.DataType:
         return pa.date32()
     if pa.types.is_timestamp(dtype):
         return pa.timestamp("us", tz="UTC")
-    if pa.types.is_decimal(dtype):
+    if pa.types.is_decimal(dtype) and dtype.precision <= 38:
         return pa.decimal128(dtype.precision, dtype.scale)
     return dtype
 
 
 def schema_from_columns(columns: Mapping[str, str]) -> pa.Schema:
-    return pa.schema([pa.field(name, parse_type(t)) for name, t in columns.items()])
+    fields = []
+    for name, text in columns.items():
+        check_name("column", name)
+        try:
+            fields.append(pa.field(name, parse_type(text)))
+        except SegrepError as exc:
+            raise SegrepError(f"column {name}: {exc}") from None
+    return pa.schema(fields)
 
 
 def schema_from_arrow(schema: pa.Schema) -> pa.Schema:
     """A table schema taken from a file: types normalized, metadata and not-null flags dropped."""
     fields = []
     for f in schema:
+        check_name("column", f.name)  # also keeps the internal _version/_deleted/_origin names out
         dtype = normalize_type(f.type)
-        type_name(dtype)  # raises on types outside the vocabulary
+        try:
+            type_name(dtype)  # raises on types outside the vocabulary
+        except SegrepError as exc:
+            raise SegrepError(f"column {f.name}: {exc}") from None
         fields.append(pa.field(f.name, dtype))
     return pa.schema(fields)
 

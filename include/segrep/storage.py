@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,9 +25,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from segrep.errors import CorruptSegmentError, SegrepError
-from segrep.names import check_name, check_segment_id
+from segrep.names import NAME_RE, SEGMENT_ID_RE, check_name, check_segment_id
 
 META_KEY = b"segrep.segment"
+_SEGMENT_PATH_RE = re.compile(rf"{NAME_RE.pattern}/(0|[1-9][0-9]*)/{SEGMENT_ID_RE.pattern}\.parquet")
 _CHUNK = 4 * 1024 * 1024
 
 
@@ -38,7 +40,7 @@ class FileFacts:
 
 def segment_relpath(table: str, partition_id: int, segment_id: str) -> str:
     check_name("table", table)
-    if not isinstance(partition_id, int) or partition_id < 0:
+    if not isinstance(partition_id, int) or isinstance(partition_id, bool) or partition_id < 0:
         raise SegrepError(f"invalid partition id {partition_id!r}")
     check_segment_id(segment_id)
     return f"{table}/{partition_id}/{segment_id}.parquet"
@@ -113,7 +115,10 @@ class Site:
 
     def read_meta(self, relpath: str) -> dict[str, Any]:
         """The segment's catalog entry from the Parquet footer (no row is read)."""
-        md = pq.read_metadata(self.path(relpath), filesystem=self.fs).metadata or {}
+        try:
+            md = pq.read_metadata(self.path(relpath), filesystem=self.fs).metadata or {}
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise CorruptSegmentError(f"{self.path(relpath)} is not a readable Parquet file: {exc}") from None
         if META_KEY not in md:
             raise CorruptSegmentError(f"{self.path(relpath)} is not a segrep segment (no {META_KEY.decode()})")
         return json.loads(md[META_KEY])
@@ -122,7 +127,10 @@ class Site:
         return self.fs.get_file_info(self.path(relpath)).type == pafs.FileType.File
 
     def list_segment_files(self) -> Iterator[str]:
-        """Relative paths of every ``<table>/<partition>/<segment>.parquet`` under the root, sorted."""
+        """Relative paths of every ``<table>/<partition>/<segment>.parquet`` under the root, sorted.
+
+        Only names that fit the layout (valid table name, partition number, segment id) are segment files;
+        anything else (temporary files, a user's notes) is not listed and never touched."""
         selector = pafs.FileSelector(self.root, recursive=True, allow_not_found=True)
         prefix = self.root.rstrip("/") + "/"
         rels = []
@@ -130,7 +138,7 @@ class Site:
             if info.type != pafs.FileType.File or not info.path.endswith(".parquet"):
                 continue
             rel = info.path[len(prefix) :] if info.path.startswith(prefix) else info.path
-            if rel.count("/") == 2 and not os.path.basename(rel).startswith("."):
+            if _SEGMENT_PATH_RE.fullmatch(rel):
                 rels.append(rel)
         return iter(sorted(rels))
 

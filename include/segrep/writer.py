@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,6 +49,9 @@ class WriteResult:
     rows_written: int
     deleted: bool
     segments: list[WrittenSegment] = field(default_factory=list)
+    attempts: int = 0
+    files_s: float = 0.0  # writing and hashing the segment files (last attempt)
+    commit_s: float = 0.0  # the catalog transaction that registers them (last attempt)
 
 
 @dataclass(frozen=True)
@@ -69,15 +73,19 @@ def write_batch(catalog: Catalog, table: str, batch: pa.Table, *, delete: bool =
     if rows.num_rows == 0:
         return result
     for attempt in range(1, MAX_ATTEMPTS + 1):
+        result.attempts = attempt
         try:
-            result.segments = _attempt(catalog, info, rows, delete)
+            result.segments = _attempt(catalog, info, rows, delete, result)
             return result
         except ConflictError as exc:
             log.info("write to %s conflicted (attempt %d): %s", table, attempt, exc)
     raise SegrepError(f"write to {table} gave up after {MAX_ATTEMPTS} conflicting attempts; retry later")
 
 
-def _attempt(catalog: Catalog, info: q.TableInfo, rows: pa.Table, delete: bool) -> list[WrittenSegment]:
+def _attempt(
+    catalog: Catalog, info: q.TableInfo, rows: pa.Table, delete: bool, timing: WriteResult
+) -> list[WrittenSegment]:
+    started = time.perf_counter()
     targets = _targets(catalog, info)
     groups = _route(rows, info, [t.partition for t in targets])
     written: list[tuple[_Target, SegmentEntry, str, FileFacts, Site]] = []
@@ -87,6 +95,8 @@ def _attempt(catalog: Catalog, info: q.TableInfo, rows: pa.Table, delete: bool) 
                 continue
             written.append(_write_file(info, target, part_rows, delete))
         committed_us = hlc.now_us()
+        timing.files_s = time.perf_counter() - started
+        started = time.perf_counter()
         with catalog.write() as s:
             for target, entry, relpath, facts, _site in written:
                 res = s.execute(
@@ -111,6 +121,7 @@ def _attempt(catalog: Catalog, info: q.TableInfo, rows: pa.Table, delete: bool) 
         for _t, _e, relpath, _f, site in written:
             site.delete(relpath)  # never referenced: safe to remove
         raise
+    timing.commit_s = time.perf_counter() - started
     return [
         WrittenSegment(e.partition_id, t.site.name, e.segment_id, e.row_count, f.byte_size, e.max_version)
         for t, e, _r, f, _s in written

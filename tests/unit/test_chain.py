@@ -13,6 +13,7 @@ from itertools import pairwise
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from segrep.chain import (
     MAX_SEGMENT_HISTORY,
     Chain,

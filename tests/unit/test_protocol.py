@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from segrep.chain import (
     Chain,
     LocalAction,
@@ -29,7 +30,6 @@ from segrep.protocol import (
     receive_decision,
     sender_reaction,
 )
-
 from tests.unit.test_chain import Built, built_chains, ids, seg
 
 LEADER_PID = 7

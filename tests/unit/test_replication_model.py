@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
 from segrep.chain import (
     MAX_SEGMENT_HISTORY,
     Chain,

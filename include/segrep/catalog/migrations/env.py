@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from alembic import context
-from segrep.catalog.models import Base
 from sqlalchemy import create_engine
+
+from segrep.catalog.models import Base
 
 config = context.config
 connection = config.attributes.get("connection")

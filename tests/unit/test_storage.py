@@ -1,0 +1,410 @@
+"""Tests of segrep.storage (DESIGN section 4), names, hlc and ids.
+
+The storage contract: a file visible under its final name is complete, its FileFacts are the sha256 and size of
+the bytes on disk, any later change is caught by verify(), and a failed write leaves nothing behind. Names that
+become path components go through a strict allow-list (DESIGN section 10, path traversal).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from segrep import hlc, ids, storage
+from segrep import schema as sch
+from segrep.errors import CorruptSegmentError, SegrepError
+from segrep.names import check_name, check_segment_id
+from segrep.storage import FileFacts, Site, segment_relpath
+
+SID = "0123456789abcdef0123456789abcdef"
+SID2 = "fedcba9876543210fedcba9876543210"
+META: dict[str, Any] = {
+    "segment_id": SID,
+    "base_segment_id": None,
+    "included_segment_ids": [],
+    "is_major": True,
+    "key_range": [1, "2026-01-01"],
+}
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Site:
+    return Site("primary", str(tmp_path / "root"))
+
+
+def rows(n: int = 3) -> pa.Table:
+    """A small segment: table columns plus the internal ones, in segment_schema order."""
+    schema = sch.segment_schema(pa.schema([("id", pa.int64()), ("name", pa.string())]))
+    return pa.table(
+        {
+            "id": list(range(n)),
+            "name": [f"n{i}" for i in range(n)],
+            "_version": [1_000 + i for i in range(n)],
+            "_deleted": [False] * n,
+            "_origin": [1] * n,
+        },
+        schema=schema,
+    )
+
+
+def disk_facts(path: Path) -> FileFacts:
+    data = path.read_bytes()
+    return FileFacts(len(data), hashlib.sha256(data).hexdigest())
+
+
+def all_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def dot_files(root: Path) -> list[str]:
+    return [p.name for p in root.rglob(".*")]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Site roots
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_local_root_is_absolute(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    s = Site("primary", "rel/root")
+    assert s.local
+    assert s.root == str((tmp_path / "rel" / "root").resolve())
+    assert s.path(segment_relpath("t", 0, SID)) == f"{s.root}/t/0/{SID}.parquet"
+
+
+def test_file_uri_root(tmp_path: Path) -> None:
+    s = Site("dr", f"file://{tmp_path}/root")
+    assert s.local
+    assert s.root == str((tmp_path / "root").resolve())
+    rel = segment_relpath("orders", 7, SID)
+    facts = s.write_segment(rel, rows(), META)
+    on_disk = tmp_path / "root" / "orders" / "7" / f"{SID}.parquet"
+    assert disk_facts(on_disk) == facts
+    assert s.read_segment(rel).equals(rows())
+    assert s.read_meta(rel) == META
+
+
+@pytest.mark.parametrize("name", ["", "A", "../x", "a/b", "a.b", "1a", "a" * 64, None])
+def test_site_name_is_checked(tmp_path: Path, name: Any) -> None:
+    with pytest.raises(SegrepError, match="site name"):
+        Site(name, str(tmp_path))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Writing and reading segments
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_write_read_round_trip(site: Site, tmp_path: Path) -> None:
+    rel = segment_relpath("orders", 0, SID)
+    t = rows(5)
+    facts = site.write_segment(rel, t, META)
+    assert site.exists(rel)
+    back = site.read_segment(rel)
+    assert back.schema.remove_metadata() == t.schema
+    assert back.equals(t)
+    assert site.read_segment(rel, columns=["id", "_version"]).to_pydict() == {
+        "id": [0, 1, 2, 3, 4],
+        "_version": [1000, 1001, 1002, 1003, 1004],
+    }
+    assert site.read_meta(rel) == META
+    # the catalog entry rides in the Parquet footer under segrep.segment
+    assert storage.META_KEY in pq.read_metadata(site.path(rel)).metadata
+    assert facts == site.facts(rel)
+
+
+def test_file_facts_are_those_of_the_bytes_on_disk(site: Site, tmp_path: Path) -> None:
+    rel = segment_relpath("orders", 3, SID)
+    facts = site.write_segment(rel, rows(100), META)
+    assert facts == disk_facts(tmp_path / "root" / "orders" / "3" / f"{SID}.parquet")
+    assert facts.byte_size > 0
+    assert re.fullmatch(r"[0-9a-f]{64}", facts.sha256)
+
+
+def test_exists_is_false_for_missing_files(site: Site) -> None:
+    assert not site.exists(segment_relpath("orders", 0, SID))
+
+
+def test_verify_passes_on_an_intact_file(site: Site) -> None:
+    rel = segment_relpath("orders", 0, SID)
+    facts = site.write_segment(rel, rows(), META)
+    site.verify(rel, facts.byte_size, facts.sha256)
+
+
+@pytest.mark.parametrize("offset", [0, 100, -1])
+def test_verify_catches_a_flipped_byte(site: Site, offset: int) -> None:
+    rel = segment_relpath("orders", 0, SID)
+    facts = site.write_segment(rel, rows(), META)
+    path = Path(site.path(rel))
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert path.stat().st_size == facts.byte_size  # same size: only the hash can tell
+    with pytest.raises(CorruptSegmentError) as info:
+        site.verify(rel, facts.byte_size, facts.sha256)
+    assert site.path(rel) in str(info.value)
+
+
+def test_verify_catches_truncation(site: Site) -> None:
+    rel = segment_relpath("orders", 0, SID)
+    facts = site.write_segment(rel, rows(), META)
+    path = Path(site.path(rel))
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(CorruptSegmentError) as info:
+        site.verify(rel, facts.byte_size, facts.sha256)
+    assert site.path(rel) in str(info.value)
+    assert str(facts.byte_size) in str(info.value)
+
+
+def test_verify_catches_a_missing_file(site: Site) -> None:
+    rel = segment_relpath("orders", 0, SID)
+    facts = site.write_segment(rel, rows(), META)
+    os.remove(site.path(rel))
+    with pytest.raises(CorruptSegmentError, match="missing") as info:
+        site.verify(rel, facts.byte_size, facts.sha256)
+    assert site.path(rel) in str(info.value)
+
+
+def test_verify_catches_a_wrong_recorded_hash(site: Site) -> None:
+    rel = segment_relpath("orders", 0, SID)
+    facts = site.write_segment(rel, rows(), META)
+    with pytest.raises(CorruptSegmentError):
+        site.verify(rel, facts.byte_size, "0" * 64)
+    with pytest.raises(CorruptSegmentError):
+        site.verify(rel, facts.byte_size + 1, facts.sha256)
+
+
+def test_no_temporary_file_remains_after_a_write(site: Site, tmp_path: Path) -> None:
+    for i, sid in enumerate((SID, SID2)):
+        site.write_segment(segment_relpath("orders", i % 2, sid), rows(), META)
+    root = tmp_path / "root"
+    assert dot_files(root) == []
+    assert all_files(root) == [f"orders/0/{SID}.parquet", f"orders/1/{SID2}.parquet"]
+
+
+def test_failed_write_leaves_nothing_behind(site: Site, tmp_path: Path, monkeypatch) -> None:
+    """A crash mid-write must leave neither a partial file under the final name nor a temporary file."""
+    rel_ok = segment_relpath("orders", 0, SID2)
+    kept = site.write_segment(rel_ok, rows(), META)
+    seen: list[str] = []
+
+    def partial_then_fail(table: pa.Table, where: Any, *args: Any, **kwargs: Any) -> None:
+        seen.append(str(where))
+        with open(where, "wb") as f:
+            f.write(b"PAR1 partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(storage.pq, "write_table", partial_then_fail)
+    rel = segment_relpath("orders", 0, SID)
+    with pytest.raises(OSError, match="No space left"):
+        site.write_segment(rel, rows(), META)
+    monkeypatch.undo()
+
+    assert len(seen) == 1
+    tmp_name = os.path.basename(seen[0])
+    assert tmp_name.startswith(".") and seen[0] != site.path(rel)  # it did write to a temporary name
+    assert os.path.dirname(seen[0]) == os.path.dirname(site.path(rel))  # in the same directory (atomic rename)
+    assert not site.exists(rel)
+    assert not os.path.exists(site.path(rel))
+    assert dot_files(tmp_path / "root") == []
+    site.verify(rel_ok, kept.byte_size, kept.sha256)  # a neighbour is untouched
+
+
+def test_atomic_local_write_removes_tmp_on_failure(tmp_path: Path) -> None:
+    final = str(tmp_path / "d" / "f.bin")
+
+    def boom(path: str) -> None:
+        Path(path).write_bytes(b"half")
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        storage.atomic_local_write(final, boom)
+    assert os.listdir(tmp_path / "d") == []
+
+
+def test_atomic_local_write_returns_facts(tmp_path: Path) -> None:
+    final = tmp_path / "d" / "f.bin"
+    facts = storage.atomic_local_write(str(final), lambda p: Path(p).write_bytes(b"hello"))
+    assert facts == FileFacts(5, hashlib.sha256(b"hello").hexdigest())
+    assert final.read_bytes() == b"hello"
+
+
+def test_delete_is_idempotent(site: Site) -> None:
+    rel = segment_relpath("orders", 0, SID)
+    site.write_segment(rel, rows(), META)
+    site.delete(rel)
+    site.delete(rel)
+    assert not site.exists(rel)
+
+
+def test_read_meta_refuses_a_plain_parquet_file(site: Site, tmp_path: Path) -> None:
+    rel = segment_relpath("orders", 0, SID)
+    path = Path(site.path(rel))
+    path.parent.mkdir(parents=True)
+    pq.write_table(rows(), path)
+    with pytest.raises(CorruptSegmentError) as info:
+        site.read_meta(rel)
+    assert str(path) in str(info.value)
+    assert "segrep.segment" in str(info.value)
+
+
+def test_list_segment_files(site: Site, tmp_path: Path) -> None:
+    """Only '<table>/<partition>/<segment>.parquet', sorted; temp files and anything else are not segments."""
+    expected = sorted(
+        [
+            segment_relpath("orders", 1, SID2),
+            segment_relpath("orders", 0, SID),
+            segment_relpath("lineitem", 12, SID),
+            segment_relpath("orders", 10, SID),
+        ]
+    )
+    for rel in reversed(expected):
+        site.write_segment(rel, rows(1), META)
+    root = tmp_path / "root"
+    noise = [
+        f"orders/0/.{SID2}.parquet.tmp-0a1b2c3d",  # an interrupted write
+        f"orders/0/.{SID2}.parquet",  # hidden, even with the right suffix
+        "orders/0/readme.txt",
+        f"orders/0/{SID2}.parquet.bak",
+        f"orders/{SID2}.parquet",  # too shallow
+        f"orders/0/sub/{SID2}.parquet",  # too deep
+        f"{SID2}.parquet",
+    ]
+    for rel in noise:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"x")
+    assert list(site.list_segment_files()) == expected
+
+
+def test_list_segment_files_ignores_parquet_files_with_non_segment_names(site: Site, tmp_path: Path) -> None:
+    """A stray Parquet file whose path is not a valid table/partition/segment id is not a segment: listing it
+    makes catalog rebuild refuse the whole site (or crash reading a non-Parquet footer)."""
+    rel = segment_relpath("orders", 0, SID)
+    site.write_segment(rel, rows(1), META)
+    root = tmp_path / "root"
+    for stray in ["orders/0/notes.parquet", f"Orders/0/{SID2}.parquet", f"orders/x/{SID2}.parquet"]:
+        (root / stray).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(rows(1), root / stray)
+    assert list(site.list_segment_files()) == [rel]
+
+
+def test_list_segment_files_on_a_missing_root(tmp_path: Path) -> None:
+    assert list(Site("dr", str(tmp_path / "nothing_here")).list_segment_files()) == []
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Paths and names
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_segment_relpath() -> None:
+    assert segment_relpath("orders", 0, SID) == f"orders/0/{SID}.parquet"
+    assert segment_relpath("a" * 63, 2**40, SID2) == f"{'a' * 63}/{2**40}/{SID2}.parquet"
+
+
+@pytest.mark.parametrize("table", ["../x", "A", "a/b", "a.b", "", "..", "1a", "a" * 64, None, "orders\n"])
+def test_segment_relpath_refuses_invalid_table_names(table: Any) -> None:
+    with pytest.raises(SegrepError, match="table name"):
+        segment_relpath(table, 0, SID)
+
+
+@pytest.mark.parametrize("partition_id", [-1, -(2**40), "1", 1.0, None, True])
+def test_segment_relpath_refuses_bad_partition_ids(partition_id: Any) -> None:
+    """True is an int to Python, but 'orders/True/...' is not a partition directory."""
+    with pytest.raises(SegrepError, match="partition id"):
+        segment_relpath("orders", partition_id, SID)
+
+
+@pytest.mark.parametrize(
+    "segment_id",
+    [SID.upper(), SID[:-1], SID + "0", "g" * 32, "../" + SID[3:], f"{SID[:16]}/{SID[17:]}", "", None, SID + "\n"],
+)
+def test_segment_relpath_refuses_malformed_segment_ids(segment_id: Any) -> None:
+    with pytest.raises(SegrepError, match="segment id"):
+        segment_relpath("orders", 0, segment_id)
+
+
+@pytest.mark.parametrize("name", ["a", "orders", "o_orderkey", "a_1", "x9", "a" * 63, "a__"])
+def test_check_name_accepts(name: str) -> None:
+    assert check_name("table", name) == name
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "A", "Orders", "1a", "_a", "a-b", "a.b", "a/b", "../etc", "a b", "é", "a" * 64, None, 5, b"a", "orders\n"],
+)
+def test_check_name_refuses(name: Any) -> None:
+    with pytest.raises(SegrepError) as info:
+        check_name("column", name)
+    assert "invalid column name" in str(info.value)
+    assert repr(name) in str(info.value)
+
+
+@pytest.mark.parametrize("segment_id", [SID, SID2, "0" * 32, "f" * 32])
+def test_check_segment_id_accepts(segment_id: str) -> None:
+    assert check_segment_id(segment_id) == segment_id
+
+
+@pytest.mark.parametrize("segment_id", [SID.upper(), SID[:-1], SID + "a", "x" * 32, "", None, 1, SID + "\n"])
+def test_check_segment_id_refuses(segment_id: Any) -> None:
+    with pytest.raises(SegrepError, match="invalid segment id"):
+        check_segment_id(segment_id)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Hybrid logical clock and segment ids
+# --------------------------------------------------------------------------------------------------------------
+
+BIG = st.integers(0, 2**62)
+
+
+@given(last=BIG, now=BIG)
+def test_next_version_with_explicit_now(last: int, now: int) -> None:
+    v = hlc.next_version(last, now)
+    assert v > last
+    assert v >= now
+    assert v == max(now, last + 1)
+
+
+@given(nows=st.lists(BIG, min_size=1, max_size=50), start=BIG)
+def test_next_version_is_strictly_increasing_even_when_the_clock_goes_back(nows: list[int], start: int) -> None:
+    last = start
+    for now in nows:
+        v = hlc.next_version(last, now)
+        assert v > last and v >= now
+        last = v
+
+
+@given(start=st.integers(0, 2**40) | st.integers(hlc.now_us(), hlc.now_us() + 10**6))
+def test_next_version_follows_wall_time(start: int) -> None:
+    last = start
+    for _ in range(20):
+        before = hlc.now_us()
+        v = hlc.next_version(last)
+        assert v > last
+        assert v >= before
+        last = v
+
+
+def test_new_segment_id_format_and_uniqueness() -> None:
+    pattern = re.compile(r"^[0-9a-f]{32}\Z")
+    before_ms = int(time.time() * 1000)
+    made = [ids.new_segment_id() for _ in range(10_000)]
+    after_ms = int(time.time() * 1000)
+    assert len(set(made)) == len(made)
+    for sid in made:
+        assert pattern.match(sid), sid
+        assert check_segment_id(sid) == sid
+    # time-ordered: the first 48 bits are the creation time in milliseconds
+    assert before_ms <= int(made[0][:12], 16) <= int(made[-1][:12], 16) <= after_ms
