@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from segrep import keys
 from segrep import schema as sch
@@ -43,8 +44,8 @@ class PlacementFiles:
 def segments_disjoint(segments: Sequence[m.Segment], decode: Callable[[Any], Any]) -> bool:
     """True if no primary key can occur in two of these segments and none holds a tombstone.
 
-    Each segment's keys are unique (the writer de-duplicates a batch), so disjoint leading-key ranges mean
-    disjoint keys. Touching ranges count as overlapping.
+    Each segment's keys are unique (the writer de-duplicates a batch), so disjoint primary-key ranges
+    (compared lexicographically) mean disjoint keys. Touching ranges count as overlapping.
     """
     if any(seg.deleted_rows for seg in segments):
         return False
@@ -73,14 +74,14 @@ def placement_files(catalog: Catalog, table: str, site: str | None = None) -> tu
                 raise NotFoundError(f"table {table}: partition {part.partition_id} has no placement at {where}")
             chosen.append(candidates[0])
         seg_lists = q.segments_of(s, [pl.placement_id for pl in chosen])
-    lead_type = info.schema.field(info.primary_key[0]).type
+    key_types = [info.schema.field(k).type for k in info.primary_key]
     out = []
     for pl in chosen:
         segs = seg_lists.get(pl.placement_id, [])
         by_id = {x.segment_id: x for x in segs}
         visible = tuple(by_id[ref.segment_id] for ref in visible_segments(q.chain_of(pl, segs)))
         st = sites[pl.site_id]
-        disjoint = segments_disjoint(visible, lambda v: keys.decode(v, lead_type))
+        disjoint = segments_disjoint(visible, lambda v: tuple(map(keys.decode, v, key_types)))
         site_obj = Site(st.name, st.uri)
         out.append(
             PlacementFiles(pl.placement_id, pl.partition_id, site_obj, visible, pl.key_begin, pl.key_end, disjoint)
@@ -102,7 +103,10 @@ def read_table(
         unknown = [c for c in columns if c not in info.schema.names]
         if unknown:
             raise NotFoundError(f"table {table} has no column(s) {', '.join(unknown)}")
-    parts = [read_placement(info, pf, as_of=as_of) for pf in placements]
+    simple = [pf for pf in placements if as_of is None and pf.disjoint and pf.key_begin is None and pf.key_end is None]
+    parts = [read_placement(info, pf, as_of=as_of) for pf in placements if pf not in simple]
+    if simple:
+        parts.append(_read_concatenated(info, simple))
     out = pa.concat_tables(parts) if parts else info.schema.empty_table()
     return out.select(list(columns)) if columns is not None else out
 
@@ -120,6 +124,22 @@ def read_placement(info: q.TableInfo, pf: PlacementFiles, *, as_of: int | None =
     elif pf.disjoint:
         return rows.drop_columns(list(sch.INTERNAL_COLUMNS))
     return resolve(rows, info.primary_key)
+
+
+def _read_concatenated(info: q.TableInfo, placements: Sequence[PlacementFiles]) -> pa.Table:
+    """Placements whose segments cannot share a key: read their files as one multi-file, multi-threaded
+    read of the table's columns only (the internal ones are not even decoded)."""
+    by_site: dict[str, list[str]] = {}
+    sites = {}
+    for pf in placements:
+        sites[pf.site.name] = pf.site
+        by_site.setdefault(pf.site.name, []).extend(pf.site.path(seg.relpath) for seg in pf.segments)
+    tables = [
+        pq.read_table(paths, columns=list(info.schema.names), filesystem=sites[name].fs)
+        for name, paths in by_site.items()
+        if paths
+    ]
+    return pa.concat_tables(tables).cast(info.schema) if tables else info.schema.empty_table()
 
 
 def resolve(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:

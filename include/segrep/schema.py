@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -162,10 +163,25 @@ def conform_batch(batch: pa.Table, schema: pa.Schema, primary_key: Sequence[str]
     return pa.Table.from_arrays(arrays, schema=pa.schema(wanted))
 
 
+def strictly_increasing(batch: pa.Table, primary_key: Sequence[str]) -> bool:
+    """True if the rows are in strictly increasing primary-key order (so every key is unique)."""
+    n = batch.num_rows
+    less = np.zeros(n - 1, dtype=bool)
+    equal = np.ones(n - 1, dtype=bool)
+    for name in primary_key:
+        col = batch.column(name)
+        prev, nxt = col.slice(0, n - 1), col.slice(1)
+        less |= equal & pc.less(prev, nxt).to_numpy(zero_copy_only=False)
+        equal &= pc.equal(prev, nxt).to_numpy(zero_copy_only=False)
+        if less.all():
+            return True
+    return bool(less.all())
+
+
 def dedupe_last(batch: pa.Table, primary_key: Sequence[str]) -> pa.Table:
     """Keep the last row per primary key (a batch is one write; its later rows win)."""
-    if batch.num_rows < 2:
-        return batch
+    if batch.num_rows < 2 or strictly_increasing(batch, primary_key):
+        return batch  # bulk loads usually arrive sorted by key: unique, checked in one linear pass
     idx_col = "__segrep_idx"
     indexed = batch.select(list(primary_key)).append_column(idx_col, pa.array(range(batch.num_rows), pa.int64()))
     last = indexed.group_by(list(primary_key), use_threads=False).aggregate([(idx_col, "max")])

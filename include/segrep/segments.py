@@ -6,6 +6,7 @@ once here. Registering a segment never reads its rows: it is one INSERT and a co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -35,7 +36,7 @@ class SegmentEntry:
     deleted_rows: int
     min_version: int
     max_version: int
-    key_min: Any  # range of the leading primary key column (JSON form), for the reader's overlap check
+    key_min: Any  # smallest and largest primary key (JSON list, lexicographic), for the reader's overlap check
     key_max: Any
     origin_site_id: int
     epoch: int
@@ -115,18 +116,32 @@ def stamp_rows(rows: pa.Table, schema: pa.Schema, *, version: int, deleted: bool
     return pa.Table.from_arrays(arrays, schema=sch.segment_schema(schema))
 
 
-def entry_stats(rows: pa.Table, leading_key: str) -> dict[str, Any]:
-    """Row count, tombstones, version range and leading-key range of segment-layout rows."""
+def entry_stats(rows: pa.Table, primary_key: Sequence[str]) -> dict[str, Any]:
+    """Row count, tombstones, version range and primary-key range of segment-layout rows."""
     versions = pc.min_max(rows.column(sch.VERSION_COL))
-    key_range = pc.min_max(rows.column(leading_key))
     return {
         "row_count": rows.num_rows,
         "deleted_rows": int(pc.sum(rows.column(sch.DELETED_COL).cast(pa.int64())).as_py() or 0),
         "min_version": int(versions["min"].as_py() or 0),
         "max_version": int(versions["max"].as_py() or 0),
-        "key_min": keys.encode(key_range["min"].as_py()),
-        "key_max": keys.encode(key_range["max"].as_py()),
+        "key_min": [keys.encode(v) for v in lexicographic_extreme(rows, primary_key, "min")],
+        "key_max": [keys.encode(v) for v in lexicographic_extreme(rows, primary_key, "max")],
     }
+
+
+def lexicographic_extreme(rows: pa.Table, primary_key: Sequence[str], which: str) -> list[Any]:
+    """The smallest (or largest) composite key, in linear passes: extreme of the first column, then of
+    the second among the rows that tie on the first, and so on."""
+    if rows.num_rows == 0:
+        return [None] * len(primary_key)
+    out: list[Any] = []
+    candidates = rows.select(list(primary_key))
+    for name in primary_key:
+        col = candidates.column(name)
+        value = pc.min_max(col)[which]
+        out.append(value.as_py())
+        candidates = candidates.filter(pc.equal(col, value))
+    return out
 
 
 def register_segment(

@@ -184,7 +184,7 @@ def _write_file(
         schema_fingerprint=info.row.schema_fingerprint,
         partition_begin=part.begin_key,
         partition_end=part.end_key,
-        **entry_stats(stamped, info.primary_key[0]),
+        **entry_stats(stamped, info.primary_key),
     )
     site = Site(target.site.name, target.site.uri)
     relpath = segment_relpath(info.name, part.partition_id, entry.segment_id)

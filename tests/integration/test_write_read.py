@@ -175,3 +175,30 @@ def test_concurrent_writers_to_one_partition_lose_nothing(env: Env) -> None:
         referenced = {x.relpath for x in s.scalars(select(m.Segment))}
     on_disk = {str(p.relative_to(env.site_dir("primary"))) for p in env.site_dir("primary").rglob("*") if p.is_file()}
     assert on_disk == referenced
+
+
+def test_overlap_check_uses_the_whole_composite_key(env: Env) -> None:
+    """Segments sharing a leading key value but not a whole key are disjoint (fast path); a real overlap
+    is detected and resolved."""
+    from segrep.reader import placement_files
+
+    def ev(seqs: list[int], payload: str) -> pa.Table:
+        at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+        return pa.table(
+            {
+                "tenant": ["acme"] * len(seqs),
+                "seq": pa.array(seqs, pa.int64()),
+                "payload": [payload] * len(seqs),
+                "at": pa.array([at] * len(seqs), pa.timestamp("us", tz="UTC")),
+            }
+        )
+
+    write_batch(env.catalog, "events", ev([1, 2], "a"))
+    write_batch(env.catalog, "events", ev([3, 4], "b"))
+    _, pfs = placement_files(env.catalog, "events")
+    assert [pf.disjoint for pf in pfs if pf.segments] == [True]
+    write_batch(env.catalog, "events", ev([2, 3], "c"))
+    _, pfs = placement_files(env.catalog, "events")
+    assert [pf.disjoint for pf in pfs if pf.segments] == [False]
+    got = {r["seq"]: r["payload"] for r in read_table(env.catalog, "events").to_pylist()}
+    assert got == {1: "a", 2: "c", 3: "c", 4: "b"}
