@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +32,7 @@ from segrep.storage import FileFacts, Site, segment_relpath
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 20
+WRITE_THREADS = max(2, min(8, os.cpu_count() or 2))
 
 
 @dataclass(frozen=True)
@@ -90,10 +93,18 @@ def _attempt(
     groups = _route(rows, info, [t.partition for t in targets])
     written: list[tuple[_Target, SegmentEntry, str, FileFacts, Site]] = []
     try:
-        for target, part_rows in zip(targets, groups, strict=True):
-            if part_rows is None:
-                continue
-            written.append(_write_file(info, target, part_rows, delete))
+        work = [(t, rows_) for t, rows_ in zip(targets, groups, strict=True) if rows_ is not None]
+        # Parquet encoding, hashing and fsync release the GIL: partitions are written side by side.
+        with ThreadPoolExecutor(max_workers=min(len(work), WRITE_THREADS)) as pool:
+            futures = [pool.submit(_write_file, info, t, rows_, delete) for t, rows_ in work]
+        failure: BaseException | None = None
+        for future in futures:
+            try:
+                written.append(future.result())
+            except BaseException as exc:  # keep the files that were written, to remove them below
+                failure = failure or exc
+        if failure is not None:
+            raise failure
         committed_us = hlc.now_us()
         timing.files_s = time.perf_counter() - started
         started = time.perf_counter()
