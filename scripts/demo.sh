@@ -24,8 +24,9 @@ column -t "$DATA/demo/batches.tsv" 2>/dev/null || cat "$DATA/demo/batches.tsv"
 
 say "writing the batches"
 while IFS=$'\t' read -r file kind; do
-  if [ "$kind" = delete ]; then segrep write orders "$file" --delete | head -n1
-  else segrep write orders "$file" | head -n1; fi
+  if [ "$kind" = delete ]; then out=$(segrep write orders "$file" --delete)
+  else out=$(segrep write orders "$file"); fi
+  echo "${out%%$'\n'*}"   # first line only (the summary); no pipe into head, which could cut segrep off
 done < "$DATA/demo/batches.tsv"
 
 say "segrep segments orders --site primary --partition 1"
