@@ -163,6 +163,12 @@ def _route(rows: pa.Table, info: q.TableInfo, parts: list[m.Partition]) -> list[
     col = rows.column(info.partition_key)
     bucket = _bucketize(col, bounds, info.key_type)
     out: list[pa.Table | None] = []
+    if bool(np.all(bucket[1:] >= bucket[:-1])):  # sorted by partition key: zero-copy slices
+        edges = np.searchsorted(bucket, np.arange(len(parts) + 1), "left")
+        for i in range(len(parts)):
+            lo, hi = int(edges[i]), int(edges[i + 1])
+            out.append(None if hi == lo else rows.slice(lo, hi - lo))
+        return out
     for i in range(len(parts)):
         mask = bucket == i
         n = int(mask.sum())

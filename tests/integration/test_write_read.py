@@ -202,3 +202,16 @@ def test_overlap_check_uses_the_whole_composite_key(env: Env) -> None:
     assert [pf.disjoint for pf in pfs if pf.segments] == [False]
     got = {r["seq"]: r["payload"] for r in read_table(env.catalog, "events").to_pylist()}
     assert got == {1: "a", 2: "c", 3: "c", 4: "b"}
+
+
+@pytest.mark.parametrize("keys", [[599_999, 1, 300_000, 150_000, 2], [1, 2, 150_000, 300_000, 599_999]])
+def test_routing_sorted_and_unsorted_batches(env: Env, keys: list[int]) -> None:
+    """Key-sorted batches are routed by zero-copy slices, others by masks: both put every row in its partition."""
+    result = write_batch(env.catalog, "orders", orders(keys))
+    assert sorted((s.partition_id, s.rows) for s in result.segments) == [(1, 2), (2, 1), (3, 1), (4, 1)]
+    with env.catalog.read() as s:
+        for seg in s.scalars(select(m.Segment)):
+            part = s.get(m.Partition, seg.partition_id)
+            got = pq.read_table(env.site_dir("primary") / seg.relpath).column("o_orderkey").to_pylist()
+            assert all((part.begin_key or 0) <= k < (part.end_key or 10**9) for k in got)
+    assert sorted(read_table(env.catalog, "orders").column("o_orderkey").to_pylist()) == sorted(keys)
