@@ -96,7 +96,7 @@ def _sync_table(s: Session, tdef: TableDef, changes: list[Change]) -> None:
     if row is None:
         _create_table(s, tdef, changes)
         return
-    info = q.TableInfo(row, sch.schema_from_columns(row.columns))
+    info = q.TableInfo.of(row)
     has_data = q.segment_count(s, row.table_id) > 0
     differences = _shape_differences(s, info, tdef)
     if differences:

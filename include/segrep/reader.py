@@ -103,8 +103,13 @@ def read_table(
         unknown = [c for c in columns if c not in info.schema.names]
         if unknown:
             raise NotFoundError(f"table {table} has no column(s) {', '.join(unknown)}")
-    simple = [pf for pf in placements if as_of is None and pf.disjoint and pf.key_begin is None and pf.key_end is None]
-    parts = [read_placement(info, pf, as_of=as_of) for pf in placements if pf not in simple]
+    simple: list[PlacementFiles] = []
+    parts: list[pa.Table] = []
+    for pf in placements:
+        if as_of is None and pf.disjoint and pf.key_begin is None and pf.key_end is None:
+            simple.append(pf)
+        else:
+            parts.append(read_placement(info, pf, as_of=as_of))
     if simple:
         parts.append(_read_concatenated(info, simple))
     out = pa.concat_tables(parts) if parts else info.schema.empty_table()
@@ -166,11 +171,12 @@ def resolve(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:
 
 def _range_filter(info: q.TableInfo, begin: Any, end: Any) -> pc.Expression | None:
     """Rows with partition key in [begin, end) (bounds in JSON form; None is unbounded)."""
+    lo, hi = info.decode_key(begin), info.decode_key(end)
     expr = None
     key = pc.field(info.partition_key)
-    if begin is not None:
-        expr = key >= pa.scalar(keys.decode(begin, info.key_type), info.key_type)
-    if end is not None:
-        upper = key < pa.scalar(keys.decode(end, info.key_type), info.key_type)
+    if lo is not None:
+        expr = key >= pa.scalar(lo, info.key_type)
+    if hi is not None:
+        upper = key < pa.scalar(hi, info.key_type)
         expr = upper if expr is None else expr & upper
     return expr

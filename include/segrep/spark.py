@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from segrep import keys
 from segrep import schema as sch
 from segrep.catalog import Catalog
 from segrep.reader import placement_files
@@ -33,10 +32,11 @@ def read_dataframe(spark: SparkSession, catalog: Catalog, table: str, site: str 
             continue
         df = spark.read.parquet(*paths)
         key = F.col(info.partition_key)
-        if pf.key_begin is not None:
-            df = df.where(key >= F.lit(keys.decode(pf.key_begin, info.key_type)))
-        if pf.key_end is not None:
-            df = df.where(key < F.lit(keys.decode(pf.key_end, info.key_type)))
+        lo, hi = info.decode_key(pf.key_begin), info.decode_key(pf.key_end)
+        if lo is not None:
+            df = df.where(key >= F.lit(lo))
+        if hi is not None:
+            df = df.where(key < F.lit(hi))
         frames.append(df)
     columns = list(info.schema.names)
     if not frames:

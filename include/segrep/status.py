@@ -23,7 +23,7 @@ def table_overview(catalog: Catalog) -> list[list[object]]:
     with catalog.read() as s:
         sites = q.sites_by_id(s)
         for row in s.scalars(select(m.Table).order_by(m.Table.name)):
-            info = q.table_info(s, row.name)
+            info = q.TableInfo.of(row)
             parts = q.partitions_of(s, info, q.WRITABLE_STATES)
             placements = q.active_placements(s, [p.partition_id for p in parts])
             leader_ids = {p.leader_placement_id for p in parts}

@@ -29,6 +29,10 @@ class TableInfo:
     row: m.Table
     schema: pa.Schema
 
+    @classmethod
+    def of(cls, row: m.Table) -> TableInfo:
+        return cls(row, sch.schema_from_columns(row.columns))
+
     @property
     def table_id(self) -> int:
         return self.row.table_id
@@ -61,7 +65,7 @@ def table_info(s: Session, name: str) -> TableInfo:
         raise NotFoundError(
             f"unknown table {name!r} in the catalog; known: {', '.join(known) or 'none'} (run `segrep apply`?)"
         )
-    return TableInfo(row, sch.schema_from_columns(row.columns))
+    return TableInfo.of(row)
 
 
 def site_by_name(s: Session, name: str) -> m.Site:

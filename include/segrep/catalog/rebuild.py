@@ -13,7 +13,7 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
@@ -46,12 +46,12 @@ def rebuild_site(catalog: Catalog, site_name: str, *, dry_run: bool = False) -> 
         site = Site(site_row.name, site_row.uri)
         placements = {
             (pl.partition_id): pl
-            for pl in s.query(m.Placement).filter(
-                m.Placement.site_id == site_row.site_id, m.Placement.removed_us.is_(None)
+            for pl in s.scalars(
+                select(m.Placement).where(m.Placement.site_id == site_row.site_id, m.Placement.removed_us.is_(None))
             )
         }
-        tables = {t.table_id: t.name for t in s.query(m.Table)}
-        parts = {p.partition_id: p for p in s.query(m.Partition)}
+        tables = {t.table_id: t.name for t in s.scalars(select(m.Table))}
+        parts = {p.partition_id: p for p in s.scalars(select(m.Partition))}
     found: dict[int, list[tuple[SegmentEntry, str, FileFacts, int]]] = defaultdict(list)
     problems: list[str] = []
     for relpath in site.list_segment_files():
