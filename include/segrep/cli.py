@@ -298,6 +298,62 @@ def segments(obj: Context, table: str, site: str | None, partition_id: int | Non
     click.echo(segment_listing(obj.catalog(), table, site, partition_id))
 
 
+def _parse_until(text: str | None) -> int | None:
+    """``--until``: an ISO-8601 time (UTC if no zone) or integer microseconds since the epoch."""
+    if text is None:
+        return None
+    if text.isdigit():
+        return int(text)
+    import pendulum
+
+    try:
+        parsed = pendulum.parse(text, tz="UTC")
+    except (ValueError, pendulum.parsing.exceptions.ParserError):
+        raise SegrepError(f"--until {text!r} is not an ISO-8601 time or microseconds since the epoch") from None
+    return int(parsed.timestamp() * 1_000_000)  # type: ignore[union-attr]
+
+
+@main.command("round")
+@click.argument("table")
+@click.option("--until", default=None, help="Replicate segments committed before this time (ISO-8601). Default: now.")
+@click.option("--target", default=None, help="Only this target site.")
+@click.option("--reoffer", is_flag=True, help="Offer every segment again, ignoring acks and back-off.")
+@click.option("--json", "as_json", is_flag=True, help="Print the round report as JSON.")
+@click.pass_obj
+@_user_errors
+def round_(obj: Context, table: str, until: str | None, target: str | None, reoffer: bool, as_json: bool) -> None:
+    """Run one replication round for TABLE without Airflow: plan, fast-forward, merge (Spark), commit.
+
+    Exits 1 if a target could not be reached (the others are still replicated)."""
+    import json
+
+    from segrep.orchestrate import format_report, run_round
+
+    obj.defs.table(table)
+    report = run_round(obj.catalog(), obj.defs, table, _parse_until(until), target=target, reoffer=reoffer)
+    click.echo(json.dumps(report, indent=2, sort_keys=True, default=str) if as_json else format_report(report))
+    if report["failed"]:
+        _fail(f"round of {table}: target(s) {', '.join(report['failed'])} failed; re-run to retry", 1)
+
+
+@main.command()
+@click.argument("table", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_obj
+@_user_errors
+def status(obj: Context, table: str | None, as_json: bool) -> None:
+    """Per table and target site: safe time, lag, pending segments and bytes, last round, declines."""
+    import json
+
+    from segrep.replication_status import HEADER, status_rows, status_table
+
+    rows = status_rows(obj.catalog(), table)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, sort_keys=True))
+    else:
+        click.echo(format_rows(HEADER, status_table(rows)) if rows else "no replicas")
+
+
 def run() -> None:
     """Entry point that keeps unexpected errors to one line unless SEGREP_DEBUG is set."""
     try:

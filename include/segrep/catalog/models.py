@@ -160,6 +160,8 @@ class Round(Base):
     finished_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
+    __table_args__ = (UniqueConstraint("table_id", "interval_end_us", name="uq_rounds_table_end"),)
+
 
 class Split(Base):
     __tablename__ = "splits"
@@ -172,3 +174,29 @@ class Split(Base):
     state: Mapped[str] = mapped_column(String(16))
     created_us: Mapped[int] = mapped_column(BigInteger)
     finished_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class RoundTarget(Base):
+    """One target site's part of a round: written by that target's own task, so parallel tasks never
+    update the same row (the round's report aggregates them)."""
+
+    __tablename__ = "round_targets"
+
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.round_id"), primary_key=True)
+    site_id: Mapped[int] = mapped_column(ForeignKey("sites.site_id"), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))
+    report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    updated_us: Mapped[int] = mapped_column(BigInteger)
+
+
+class Backoff(Base):
+    """Per (table, target site) retry back-off after a declined or failed offer (DESIGN section 6)."""
+
+    __tablename__ = "backoffs"
+
+    table_id: Mapped[int] = mapped_column(ForeignKey("tables.table_id"), primary_key=True)
+    site_id: Mapped[int] = mapped_column(ForeignKey("sites.site_id"), primary_key=True)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_us: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    updated_us: Mapped[int] = mapped_column(BigInteger)

@@ -1,0 +1,190 @@
+"""
+### segrep replication: one DAG per table policy
+
+Each run replicates the segments its table's leaders committed before the run's **data interval end** to every
+replica site, as the EventQL protocol prescribes (DESIGN section 6):
+
+1. **plan**: reads the catalog, predicts every offer per target, leases the segments followers must push, and
+   writes the merge manifest when a chain has forked.
+2. **fast_forward** (mapped, one instance per target site): copies each new segment file, verifies its sha256,
+   registers it and moves the replica's root. No row is read. A target that is down fails only its own instance,
+   after retries with exponential back-off; the other targets proceed.
+3. **merge** (SparkSubmitOperator, one Spark application for the whole round): last-writer-wins merge of
+   pushed segments; skipped when nothing forked.
+4. **commit**: records the merge results, checkpoints and safe time.
+5. **report**: writes the round report and fails the run if a target failed, so `airflow backfill create
+   --reprocess-behavior failed` replays exactly the intervals that need it, in order.
+
+Trigger form: narrow a manual run to one `target` site, or `reoffer` every segment (repairs lost acks; the
+receiver answers SEGMENT_EXISTS for what it holds). Scheduled runs use the defaults.
+
+Definitions come from the YAML file in the repository (`SEGREP_CONFIG`); this file only wires tasks. It reads
+that file at parse time and never touches a database or the network.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from datetime import timedelta
+from typing import Any
+
+import pendulum
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import CronDataIntervalTimetable, Param, dag, task
+
+from segrep import sparkrun
+from segrep.config import Definitions, TableDef, load_definitions
+
+SPARK_CONN_ID = os.environ.get("SEGREP_SPARK_CONN_ID", "spark_default")
+
+
+def _catalog(defs: Definitions):  # type: ignore[no-untyped-def]
+    from segrep.catalog import Catalog
+    from segrep.catalog.engine import resolve_url
+
+    return Catalog(resolve_url(None, defs.catalog_url, defs.data_dir))
+
+
+def _us(when: Any) -> int | None:
+    return None if when is None else int(pendulum.instance(when).timestamp() * 1_000_000)
+
+
+def _hook_submit(app: str, args: list[str], *, name: str, master: str | None = None) -> None:
+    """Run a Spark job from inside a task through the Airflow connection (the distributed copy)."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    hook = SparkSubmitHook(conn_id=SPARK_CONN_ID, conf=_spark_conf(), name=name, application_args=args,
+                           env_vars=_spark_env(), spark_binary=sparkrun.spark_submit_binary())  # fmt: skip
+    hook.submit(application=str(sparkrun.application(app)))
+
+
+def _spark_conf() -> dict[str, str]:
+    # SPARK_CONF says why each entry is set; the interpreter is ours so driver and executors import segrep.
+    return {**sparkrun.SPARK_CONF, "spark.pyspark.python": sparkrun.python(), "spark.pyspark.driver.python":
+            sparkrun.python()}  # fmt: skip
+
+
+def _spark_env() -> dict[str, str]:
+    env = sparkrun.spark_env()
+    return {k: env[k] for k in ("SPARK_HOME", "PYSPARK_PYTHON", "PATH") if k in env}
+
+
+def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[no-untyped-def]
+    policy = table.policy
+    name = table.name
+    schedule = CronDataIntervalTimetable(policy.schedule, timezone="UTC") if policy.schedule else None
+    retry = {
+        "retries": policy.retries,
+        "retry_delay": timedelta(seconds=policy.retry_delay_s),
+        "retry_exponential_backoff": 2.0 if policy.retry_delay_s else 0,
+        "max_retry_delay": timedelta(hours=1),
+    }
+
+    @dag(
+        dag_id=f"segrep_replicate_{name}",
+        description=f"Replicate {name} from {table.leader} to {', '.join(table.replicas) or 'no replica'}",
+        doc_md=__doc__,
+        schedule=schedule,
+        start_date=pendulum.datetime(policy.start_date.year, policy.start_date.month, policy.start_date.day, tz="UTC"),
+        catchup=True,
+        max_active_runs=1,
+        tags=["segrep", "replication", name],
+        params={
+            "target": Param(
+                None,
+                type=["null", "string"],
+                enum=[None, *table.replicas],
+                description="Only replicate to this site (empty: every replica site).",
+            ),
+            "reoffer": Param(
+                False, type="boolean", description="Offer every segment again, ignoring acks and back-off."
+            ),
+        },
+        default_args={"retries": 0},
+    )
+    def replication() -> None:
+        @task
+        def plan(params: dict[str, Any] | None = None, data_interval_start: Any = None,
+                 data_interval_end: Any = None) -> dict[str, Any]:  # fmt: skip
+            from segrep.rounds import plan_round, result_path
+
+            p = params or {}
+            defs_now = load_definitions()
+            res = plan_round(_catalog(defs_now), defs_now, name, _us(data_interval_end),
+                             start_us=_us(data_interval_start), target=p.get("target"),
+                             reoffer=bool(p.get("reoffer")))  # fmt: skip
+            return {**res.to_dict(), "result": str(result_path(defs_now, name, res.end_us)),
+                    "reoffer": bool(p.get("reoffer"))}  # fmt: skip
+
+        @task
+        def targets_of(p: dict[str, Any]) -> list[str]:
+            return list(p["targets"])
+
+        @task(**retry)
+        def fast_forward(target: str, p: dict[str, Any]) -> dict[str, Any]:
+            from segrep.orchestrate import spark_copier
+            from segrep.rounds import fast_forward_target
+
+            defs_now = load_definitions()
+            copier = spark_copier(defs_now, name, p["end_us"], target, _hook_submit)
+            report = fast_forward_target(_catalog(defs_now), defs_now, name, target, p["end_us"],
+                                         reoffer=p["reoffer"], big_copier=copier)  # fmt: skip
+            return asdict(report)
+
+        @task.branch(trigger_rule="all_done")
+        def choose(p: dict[str, Any]) -> str:
+            return "merge" if p["manifest"] else "commit"
+
+        merge = SparkSubmitOperator(
+            task_id="merge",
+            conn_id=SPARK_CONN_ID,
+            application=str(sparkrun.jobs_dir() / "merge.py"),
+            application_args=[
+                "--manifest",
+                "{{ ti.xcom_pull(task_ids='plan')['manifest'] }}",
+                "--result",
+                "{{ ti.xcom_pull(task_ids='plan')['result'] }}",
+            ],
+            conf=_spark_conf(),
+            env_vars=_spark_env(),
+            spark_binary=sparkrun.spark_submit_binary(),
+            py_files=os.environ.get(sparkrun.PY_FILES_ENV) or None,
+            name=f"segrep-merge-{name}",
+            **retry,
+        )
+
+        @task(trigger_rule="none_failed_min_one_success")
+        def commit(p: dict[str, Any]) -> dict[str, Any]:
+            from segrep.rounds import commit_round
+
+            defs_now = load_definitions()
+            return commit_round(_catalog(defs_now), defs_now, name, p["end_us"], merge_ran=bool(p["manifest"]))
+
+        @task(trigger_rule="all_done", retries=0)
+        def report(ti: Any = None) -> dict[str, Any]:
+            from segrep.orchestrate import format_report
+
+            result = ti.xcom_pull(task_ids="commit") if ti is not None else None
+            if not result:
+                raise RuntimeError(f"round of {name} did not commit (see the merge and commit tasks)")
+            print(format_report(result))
+            if result["failed"]:
+                raise RuntimeError(f"round of {name}: target(s) {', '.join(result['failed'])} failed")
+            return {"status": result["status"], "safe_time_us": result.get("safe_time_us")}
+
+        planned = plan()
+        copied = fast_forward.partial(p=planned).expand(target=targets_of(planned))
+        branch = choose(planned)
+        copied >> branch
+        committed = commit(planned)
+        branch >> [merge, committed]
+        merge >> committed
+        [committed, copied] >> report()
+
+    return replication()
+
+
+_defs = load_definitions()
+for _table in _defs.tables.values():
+    globals()[f"segrep_replicate_{_table.name}"] = build_replication_dag(_defs, _table)

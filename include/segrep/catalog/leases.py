@@ -1,0 +1,66 @@
+"""In-flight receipts (the receiver's INFLIGHT) and idempotent inserts, on SQLite and PostgreSQL.
+
+A lease row says "target placement T is receiving segment S until E". The unique key (T, S) is the lock:
+two executions of the same offer race on the INSERT, and the loser sees an integrity error and answers
+INFLIGHT. Nothing here reads and then writes across transactions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from segrep.catalog import models as m
+
+
+def insert_ignore(s: Session, model: type[m.Base], values: dict[str, Any]) -> bool:
+    """INSERT the row unless its key exists (ON CONFLICT DO NOTHING); True if a row was inserted."""
+    dialect = s.get_bind().dialect.name
+    ins = postgresql.insert(model) if dialect == "postgresql" else sqlite.insert(model)
+    res = s.execute(ins.values(**values).on_conflict_do_nothing())
+    return bool(res.rowcount)
+
+
+def expire(s: Session, target_placement_id: int, now_us: int) -> None:
+    s.execute(delete(m.Lease).where(m.Lease.target_placement_id == target_placement_id, m.Lease.expires_us <= now_us))
+
+
+def in_flight(s: Session, target_placement_id: int, now_us: int) -> dict[str, str]:
+    """Segment id -> lease holder of every unexpired receipt at the target."""
+    q = select(m.Lease.segment_id, m.Lease.holder).where(
+        m.Lease.target_placement_id == target_placement_id, m.Lease.expires_us > now_us
+    )
+    return {seg: holder for seg, holder in s.execute(q)}
+
+
+def acquire(s: Session, target_placement_id: int, segment_id: str, holder: str, expires_us: int) -> bool:
+    """Take the lease in a savepoint; False if another holder has it (the INSERT lost the race)."""
+    try:
+        with s.begin_nested():
+            s.add(m.Lease(target_placement_id=target_placement_id, segment_id=segment_id, holder=holder,
+                          expires_us=expires_us))  # fmt: skip
+            s.flush()
+    except IntegrityError:
+        return False
+    return True
+
+
+def release(s: Session, target_placement_id: int, segment_id: str, holder: str) -> bool:
+    """Drop our lease; False if it is no longer ours (it expired and someone else took it)."""
+    res = s.execute(
+        delete(m.Lease).where(
+            m.Lease.target_placement_id == target_placement_id,
+            m.Lease.segment_id == segment_id,
+            m.Lease.holder == holder,
+        )
+    )
+    return bool(res.rowcount)
+
+
+def count(s: Session, target_placement_id: int, now_us: int) -> int:
+    q = select(func.count()).where(m.Lease.target_placement_id == target_placement_id, m.Lease.expires_us > now_us)
+    return int(s.scalar(q) or 0)
