@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict
-from datetime import timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import CronDataIntervalTimetable, Param, dag, task
+from airflow.sdk import CronDataIntervalTimetable, DeltaDataIntervalTimetable, Param, dag, task
 
 from segrep import sparkrun
-from segrep.config import Definitions, TableDef, load_definitions
+from segrep.config import Definitions, TableDef, load_definitions, schedule_interval_s
 
 SPARK_CONN_ID = os.environ.get("SEGREP_SPARK_CONN_ID", "spark_default")
 
@@ -48,6 +48,14 @@ def _catalog(defs: Definitions):  # type: ignore[no-untyped-def]
 
 def _us(when: Any) -> int | None:
     return None if when is None else int(pendulum.instance(when).timestamp() * 1_000_000)
+
+
+def _utc(when: date | datetime | None) -> pendulum.DateTime | None:
+    if when is None:
+        return None
+    if not isinstance(when, datetime):
+        return pendulum.datetime(when.year, when.month, when.day, tz="UTC")
+    return pendulum.instance(when if when.tzinfo else when.replace(tzinfo=UTC))
 
 
 def _hook_submit(app: str, args: list[str], *, name: str, master: str | None = None) -> None:
@@ -73,7 +81,12 @@ def _spark_env() -> dict[str, str]:
 def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[no-untyped-def]
     policy = table.policy
     name = table.name
-    schedule = CronDataIntervalTimetable(policy.schedule, timezone="UTC") if policy.schedule else None
+    interval_s = schedule_interval_s(policy.schedule)
+    schedule: Any = None
+    if interval_s:
+        schedule = DeltaDataIntervalTimetable(timedelta(seconds=interval_s))
+    elif policy.schedule:
+        schedule = CronDataIntervalTimetable(policy.schedule, timezone="UTC")  # real [start, end) intervals
     retry = {
         "retries": policy.retries,
         "retry_delay": timedelta(seconds=policy.retry_delay_s),
@@ -86,7 +99,8 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
         description=f"Replicate {name} from {table.leader} to {', '.join(table.replicas) or 'no replica'}",
         doc_md=__doc__,
         schedule=schedule,
-        start_date=pendulum.datetime(policy.start_date.year, policy.start_date.month, policy.start_date.day, tz="UTC"),
+        start_date=_utc(policy.start_date),
+        end_date=_utc(policy.end_date),
         catchup=True,
         max_active_runs=1,
         tags=["segrep", "replication", name],

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The demo: two sites and TPC-H `orders` (scale 0.1) written in ten batches with updates and deletes,
+# replicated from `primary` to `dr` by the Airflow DAG (run with `airflow dags test`), then both sites are
 # read back and checked against an independent replay of the batches. Resets data/sites and the catalog.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,10 +8,31 @@ export PATH="$PWD/.venv/bin:$PATH"
 export SEGREP_CONFIG=include/segrep.yaml
 unset SEGREP_CATALOG_URL
 DATA=data
+export AIRFLOW_HOME="$PWD/$DATA/airflow"
+export AIRFLOW__CORE__DAGS_FOLDER="$PWD/dags" AIRFLOW__CORE__LOAD_EXAMPLES=False
+export AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 say "resetting $DATA/sites and $DATA/catalog.db (demo data only)"
-rm -rf "$DATA/sites" "$DATA/catalog.db" "$DATA/catalog.db-wal" "$DATA/catalog.db-shm" "$DATA/demo"
+rm -rf "$DATA/sites" "$DATA/catalog.db" "$DATA/catalog.db-wal" "$DATA/catalog.db-shm" "$DATA/demo" "$DATA/work"
+
+if [ ! -f "$AIRFLOW_HOME/.migrated" ]; then
+  say "airflow db migrate (Airflow's own metadata, in $AIRFLOW_HOME; once)"
+  mkdir -p "$AIRFLOW_HOME"
+  airflow db migrate > "$AIRFLOW_HOME/migrate.log" 2>&1 || { cat "$AIRFLOW_HOME/migrate.log"; exit 1; }
+  touch "$AIRFLOW_HOME/.migrated"
+fi
+
+# One replication round: the DAG run whose data interval ends now (the engine never looks past the present).
+round() {
+  local log="$DATA/demo/airflow-round-$1.log" when
+  when=$(python -c 'import pendulum; print(pendulum.now("UTC").add(hours=1).start_of("hour").to_iso8601_string())')
+  say "airflow dags test segrep_replicate_orders $when   (log: $log)"
+  if ! airflow dags test segrep_replicate_orders "$when" > "$log" 2>&1; then
+    tail -40 "$log"; echo "the replication run failed; full log in $log" >&2; exit 1
+  fi
+  grep -E "^\s*(round [0-9]+ of|  (dr|primary|merges|safe time|spark applications))" "$log" | sed 's/^.*\(round [0-9]\)/\1/' || true
+}
 
 say "segrep init && segrep apply"
 segrep init
@@ -22,12 +44,29 @@ python -m segrep.demo_data batches --table orders --key o_orderkey --scale 0.1 \
   --tpch-dir "$DATA/tpch/sf0.1" --out "$DATA/demo/batches" > "$DATA/demo/batches.tsv"
 column -t "$DATA/demo/batches.tsv" 2>/dev/null || cat "$DATA/demo/batches.tsv"
 
-say "writing the batches"
-while IFS=$'\t' read -r file kind; do
-  if [ "$kind" = delete ]; then out=$(segrep write orders "$file" --delete)
-  else out=$(segrep write orders "$file"); fi
-  echo "${out%%$'\n'*}"   # first line only (the summary); no pipe into head, which could cut segrep off
-done < "$DATA/demo/batches.tsv"
+write_batches() {  # lines $1..$2 of the batch list
+  sed -n "$1,$2p" "$DATA/demo/batches.tsv" | while IFS=$'\t' read -r file kind; do
+    if [ "$kind" = delete ]; then out=$(segrep write orders "$file" --delete)
+    else out=$(segrep write orders "$file"); fi
+    echo "${out%%$'\n'*}"   # first line only (the summary); no pipe into head, which could cut segrep off
+  done
+}
+total=$(wc -l < "$DATA/demo/batches.tsv")
+half=$((total / 2))
+
+say "writing the first $half batches at primary"
+write_batches 1 "$half"
+round 1
+
+say "writing the other $((total - half)) batches at primary"
+write_batches $((half + 1)) "$total"
+
+say "segrep status   (dr is behind: segments pending)"
+segrep status
+round 2
+
+say "segrep status   (dr caught up)"
+segrep status
 
 say "segrep segments orders --site primary --partition 1"
 segrep segments orders --site primary --partition 1
@@ -38,6 +77,14 @@ segrep table list
 say "segrep read orders --limit 5"
 segrep read orders --limit 5
 
-say "segrep read orders -o $DATA/demo/orders_read.parquet, checked against a replay of the batches"
-segrep read orders -o "$DATA/demo/orders_read.parquet"
-python -m segrep.demo_data check --key o_orderkey --batch-dir "$DATA/demo/batches" --read "$DATA/demo/orders_read.parquet"
+say "segrep read orders at primary and at dr, each checked against a replay of the batches"
+segrep read orders -o "$DATA/demo/orders_primary.parquet"
+segrep read orders --site dr -o "$DATA/demo/orders_dr.parquet"
+python -m segrep.demo_data check --key o_orderkey --batch-dir "$DATA/demo/batches" --read "$DATA/demo/orders_primary.parquet"
+python -m segrep.demo_data check --key o_orderkey --batch-dir "$DATA/demo/batches" --read "$DATA/demo/orders_dr.parquet"
+python - "$DATA/demo/orders_primary.parquet" "$DATA/demo/orders_dr.parquet" <<'PY'
+import sys, pyarrow.parquet as pq
+a, b = (pq.read_table(p).sort_by("o_orderkey") for p in sys.argv[1:])
+assert a.equals(b), "dr differs from primary"
+print(f"OK: dr reads exactly what primary reads ({a.num_rows} rows)")
+PY

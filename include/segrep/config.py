@@ -41,8 +41,9 @@ class SiteDef:
 class Policy:
     """How a table replicates: schedule and the thresholds rounds, compaction and GC obey."""
 
-    schedule: str | None = "@hourly"
-    start_date: date = date(2026, 1, 1)
+    schedule: str | None = "@hourly"  # cron expression or preset, or a fixed interval such as "10m"
+    start_date: date | datetime = date(2026, 1, 1)  # a date means midnight UTC
+    end_date: date | datetime | None = None  # no scheduled runs after this (backfills still work before it)
     max_incoming_segments: int = 8
     spark_copy_threshold_bytes: int = 256 * 1024 * 1024
     retries: int = 3
@@ -261,8 +262,8 @@ def _parse_policy(raw: Any, where: str) -> Policy:
             if value is not None and not (isinstance(value, str) and value.strip()):
                 raise SegrepError(f"{where} policy: schedule must be a cron expression, a preset or null")
             values[key] = value
-        elif key == "start_date":
-            values[key] = _date(value, where)
+        elif key in ("start_date", "end_date"):
+            values[key] = None if value is None and key == "end_date" else _date(value, where, key)
         elif key.endswith("_s"):
             values[key] = _duration(value, f"{where} policy {key}")
         else:
@@ -287,15 +288,23 @@ def _duration(value: Any, where: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2)]
 
 
-def _date(value: Any, where: str) -> date:
-    if isinstance(value, datetime):
-        return value.date()
+def _date(value: Any, where: str, key: str = "start_date") -> date | datetime:
+    """A date (midnight UTC) or an ISO-8601 date-time (UTC unless it names a zone)."""
     if isinstance(value, date):
         return value
     try:
-        return date.fromisoformat(str(value))
+        text = str(value)
+        return datetime.fromisoformat(text) if "T" in text or " " in text.strip() else date.fromisoformat(text)
     except ValueError:
-        raise SegrepError(f"{where} policy: start_date must be a date YYYY-MM-DD, got {value!r}") from None
+        raise SegrepError(
+            f"{where} policy: {key} must be a date YYYY-MM-DD or a date-time YYYY-MM-DDTHH:MM:SS, got {value!r}"
+        ) from None
+
+
+def schedule_interval_s(schedule: str | None) -> int | None:
+    """Seconds if the schedule is a fixed interval such as ``10m``; None for cron expressions and presets."""
+    m = _DURATION_RE.match(schedule.strip()) if schedule else None
+    return int(m.group(1)) * _UNITS[m.group(2)] if m else None
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
