@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
+from sqlalchemy import Select, case, or_, select
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
@@ -62,9 +62,13 @@ class PartitionSnapshot:
 
 @dataclass
 class TableSnapshot:
+    """The partitions a round must look at, and which sites replicate the table at all."""
+
     info: q.TableInfo
     sites: dict[int, m.Site]
     partitions: list[PartitionSnapshot]
+    replica_site_ids: set[int] = field(default_factory=set)  # sites holding a replica of any partition
+    joining_site_ids: set[int] = field(default_factory=set)  # ... of which some replica is still JOINING
 
     def site_id(self, name: str) -> int:
         for site in self.sites.values():
@@ -73,12 +77,37 @@ class TableSnapshot:
         raise KeyError(name)
 
 
-def snapshot(s: Session, table: str, partition_ids: list[int] | None = None) -> TableSnapshot:
-    """Read everything a round needs about ``table`` in a few set-based queries."""
+def unsettled_partitions(table_id: int) -> Select[tuple[int]]:
+    """Ids of the table's partitions where some placement has list entries past its settled watermark (a
+    watermark set under an older leader epoch counts as 0). Answered from the (placement, entry) index."""
+    pl, pa, sg = m.Placement, m.Partition, m.Segment
+    watermark = case((pl.settled_epoch == pa.epoch, pl.settled_entry_id), else_=0)
+    unsettled = select(sg.entry_id).where(sg.placement_id == pl.placement_id, sg.entry_id > watermark).exists()
+    return (
+        select(pl.partition_id)
+        .join(pa, pa.partition_id == pl.partition_id)
+        .where(pa.table_id == table_id, pl.removed_us.is_(None), unsettled)
+        .distinct()
+    )
+
+
+def snapshot(
+    s: Session, table: str, partition_ids: list[int] | None = None, *, active_only: bool = False
+) -> TableSnapshot:
+    """Read everything a round needs about ``table`` in a few set-based queries.
+
+    ``active_only`` restricts it to partitions with unsettled entries (see :func:`unsettled_partitions`):
+    every other partition has nothing to offer, push or merge, so a round's cost follows new segments.
+    """
     info = q.table_info(s, table)
-    parts = q.partitions_of(s, info, REPLICATING_STATES)
+    query = select(m.Partition).where(
+        m.Partition.table_id == info.table_id, m.Partition.state.in_([str(x) for x in REPLICATING_STATES])
+    )
     if partition_ids is not None:
-        parts = [p for p in parts if p.partition_id in set(partition_ids)]
+        query = query.where(m.Partition.partition_id.in_(partition_ids))
+    elif active_only:
+        query = query.where(m.Partition.partition_id.in_(unsettled_partitions(info.table_id)))
+    parts = q.sort_partitions(info, list(s.scalars(query)))
     placements = q.active_placements(s, [p.partition_id for p in parts])
     by_partition: dict[int, list[m.Placement]] = defaultdict(list)
     for pl in placements:
@@ -94,7 +123,25 @@ def snapshot(s: Session, table: str, partition_ids: list[int] | None = None) -> 
             continue  # no leader (a partition being set up): nothing can be replicated yet
         replicas = [pl for pl in pls if pl is not leader and pl.state in RECEIVING_STATES]
         out.append(PartitionSnapshot(part, leader, replicas, segments, acks))
-    return TableSnapshot(info, q.sites_by_id(s), out)
+    replica_rows = s.execute(
+        select(m.Placement.site_id, m.Placement.state)
+        .join(m.Partition, m.Partition.partition_id == m.Placement.partition_id)
+        .where(
+            m.Partition.table_id == info.table_id,
+            m.Partition.state.in_([str(x) for x in REPLICATING_STATES]),
+            m.Placement.removed_us.is_(None),
+            m.Placement.state.in_([str(x) for x in RECEIVING_STATES]),
+            or_(m.Partition.leader_placement_id.is_(None), m.Partition.leader_placement_id != m.Placement.placement_id),
+        )
+        .distinct()
+    ).all()
+    return TableSnapshot(
+        info,
+        q.sites_by_id(s),
+        out,
+        {site_id for site_id, _ in replica_rows},
+        {site_id for site_id, state in replica_rows if state != PlacementState.LIVE},
+    )
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def status_rows(catalog: Catalog, table: str | None = None) -> list[dict[str, An
     with catalog.read() as s:
         names = [table] if table else list(s.scalars(select(m.Table.name).order_by(m.Table.name)))
         for name in names:
-            snap = snapshot(s, name)
+            snap = snapshot(s, name, active_only=True)
             tid = snap.info.table_id
             safe = {r.site_id: r.safe_time_us for r in s.scalars(select(m.SafeTime).where(m.SafeTime.table_id == tid))}
             backoff = {r.site_id: r for r in s.scalars(select(m.Backoff).where(m.Backoff.table_id == tid))}
@@ -40,7 +40,7 @@ def status_rows(catalog: Catalog, table: str | None = None) -> list[dict[str, An
             ).one_or_none()  # fmt: skip
             pending: Counter[int] = Counter()
             pending_bytes: Counter[int] = Counter()
-            joining: set[int] = set()
+            joining = snap.joining_site_ids
             for part in snap.partitions:
                 chain = part.chain(part.leader)
                 for replica in part.replicas:
@@ -49,9 +49,7 @@ def status_rows(catalog: Catalog, table: str | None = None) -> list[dict[str, An
                     pending_bytes[replica.site_id] += sum(
                         part.segment(part.leader.placement_id, r.segment_id).byte_size for r in refs
                     )
-                    if replica.state != "LIVE":
-                        joining.add(replica.site_id)
-            targets = sorted({r.site_id for p in snap.partitions for r in p.replicas})
+            targets = sorted(snap.replica_site_ids)
             for site_id in targets:
                 site = snap.sites[site_id].name
                 report = ((last.report or {}).get("targets", {}) if last else {}).get(site, {})

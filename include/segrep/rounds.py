@@ -33,6 +33,7 @@ from segrep.config import Definitions, Policy
 from segrep.errors import ConflictError, CorruptSegmentError, NotFoundError, SegrepError
 from segrep.merge import FileRef, Manifest, MergeItem, output_segment_id, write_json_atomic
 from segrep.merge_commit import commit_merge_results
+from segrep.names import check_name
 from segrep.planner import (
     PartitionSnapshot,
     TableSnapshot,
@@ -124,7 +125,7 @@ def plan_round(
     policy = defs.table(table).policy if table in defs.tables else Policy()
     key = round_key(table, end)
     with catalog.write() as s:
-        snap = snapshot(s, table)
+        snap = snapshot(s, table, active_only=not reoffer)
         rnd = _ensure_round(s, snap.info.table_id, end, start_us)
         targets = _target_sites(snap, target)
         now = hlc.now_us()
@@ -160,8 +161,9 @@ def plan_round(
 
 
 def _target_sites(snap: TableSnapshot, target: str | None) -> list[str]:
-    names = sorted({snap.sites[r.site_id].name for p in snap.partitions for r in p.replicas})
+    names = sorted(snap.sites[site_id].name for site_id in snap.replica_site_ids)
     if target is not None:
+        check_name("site", target)  # the same message for a malformed name as every other command
         if target not in {site.name for site in snap.sites.values()}:
             raise NotFoundError(
                 f"unknown site {target!r}; known: {', '.join(sorted(s.name for s in snap.sites.values()))}"
@@ -344,7 +346,7 @@ def fast_forward_target(
     key = round_key(table, end)
     report = TargetReport(site)
     with catalog.write() as s:
-        snap = snapshot(s, table)
+        snap = snapshot(s, table, active_only=not reoffer)
         rnd = _ensure_round(s, snap.info.table_id, end, None)
         site_row = q.site_by_name(s, site)
         backoff = s.get(m.Backoff, (snap.info.table_id, site_row.site_id))

@@ -12,16 +12,15 @@ acked segment). The table's safe time is the minimum over partitions, and it onl
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from segrep import hlc
 from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
-from segrep.chain import visible_segments
+from segrep.chain import is_referenced, newest_major, visible_segments
 from segrep.planner import PartitionSnapshot, snapshot
-from segrep.protocol import PlacementState
 
 
 def partition_vouches(part: PartitionSnapshot, replica: m.Placement, end_us: int) -> tuple[str | None, int, int]:
@@ -45,25 +44,74 @@ def partition_vouches(part: PartitionSnapshot, replica: m.Placement, end_us: int
 
 
 def update_checkpoints_and_safe_time(catalog: Catalog, table: str, end_us: int) -> dict[str, int]:
-    """Write every checkpoint of the table and advance each target site's safe time; return the safe times."""
+    """Write the checkpoints of the partitions with unsettled entries, move their settled watermarks, and
+    advance each target site's safe time; return the safe times. A settled partition has nothing pending
+    anywhere, so it vouches for ``end - 1`` everywhere without being read."""
     with catalog.write() as s:
-        snap = snapshot(s, table)
+        snap = snapshot(s, table, active_only=True)
         now = hlc.now_us()
-        candidate: dict[int, int] = {}
-        blocked: set[int] = set()
+        candidate = dict.fromkeys(snap.replica_site_ids, end_us - 1)
         for part in snap.partitions:
             for replica in part.replicas:
                 seg_id, version, safe = partition_vouches(part, replica, end_us)
                 _upsert_checkpoint(s, part.partition.partition_id, replica.placement_id, seg_id, version, now)
-                if replica.state != PlacementState.LIVE:
-                    blocked.add(replica.site_id)  # a joining replica is not readable yet
                 candidate[replica.site_id] = min(candidate.get(replica.site_id, safe), safe)
+            _settle(s, part)
         out: dict[str, int] = {}
         for site_id, safe in candidate.items():
-            if site_id in blocked:
-                continue
+            if site_id in snap.joining_site_ids:
+                continue  # a joining replica is not readable yet
             out[snap.sites[site_id].name] = _advance(s, snap.info.table_id, site_id, safe, now)
     return out
+
+
+def settled_prefix(part: PartitionSnapshot, placement: m.Placement) -> int:
+    """The entry id up to which this placement's list needs no more replication work, or 0.
+
+    Leader: a visible segment every replica acked, or one behind (or folded into) a major every replica
+    acked. Follower: a segment the leader holds or acked. A leader's fork is never settled.
+    """
+    segs = part.segments.get(placement.placement_id, [])
+    if placement.placement_id == part.leader.placement_id:
+        chain = part.chain(placement)
+        visible = {r.segment_id for r in visible_segments(chain)}
+        major = newest_major(chain)
+        replicas = [r.placement_id for r in part.replicas]
+
+        def by_all(segment_id: str) -> bool:
+            return all(r in part.acks.get((placement.placement_id, segment_id), ()) for r in replicas)
+
+        def settled(seg: m.Segment) -> bool:
+            if seg.segment_id in visible:
+                return by_all(seg.segment_id)
+            if is_referenced(chain, seg.segment_id):
+                return major is not None and by_all(major.segment_id)
+            return False
+    else:
+        leader_has = {x.segment_id for x in part.segments.get(part.leader.placement_id, [])}
+
+        def settled(seg: m.Segment) -> bool:
+            acked = part.leader.placement_id in part.acks.get((placement.placement_id, seg.segment_id), ())
+            return seg.segment_id in leader_has or acked
+
+    mark = 0
+    for seg in segs:
+        if not settled(seg):
+            break
+        mark = seg.entry_id
+    return mark
+
+
+def _settle(s: Session, part: PartitionSnapshot) -> None:
+    epoch = part.partition.epoch
+    for placement in (part.leader, *part.replicas):
+        mark = settled_prefix(part, placement)
+        if (placement.settled_entry_id, placement.settled_epoch) != (mark, epoch):
+            s.execute(
+                update(m.Placement)
+                .where(m.Placement.placement_id == placement.placement_id)
+                .values(settled_entry_id=mark, settled_epoch=epoch)
+            )
 
 
 def _upsert_checkpoint(

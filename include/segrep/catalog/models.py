@@ -71,6 +71,11 @@ class Placement(Base):
     needs_bootstrap: Mapped[bool] = mapped_column(Boolean, default=False)
     created_us: Mapped[int] = mapped_column(BigInteger)
     removed_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Every entry of this placement's list up to settled_entry_id needs no more replication work (leader: acked
+    # by every replica; follower: held by the leader), as decided under leader epoch settled_epoch. Planning
+    # reads only the partitions with entries past it, so its cost follows new segments, not history.
+    settled_entry_id: Mapped[int] = mapped_column(BigInteger, default=0)
+    settled_epoch: Mapped[int] = mapped_column(Integer, default=0)
 
     __table_args__ = (Index("ix_placements_partition_site", "partition_id", "site_id"),)
 
@@ -101,7 +106,10 @@ class Segment(Base):
     relpath: Mapped[str] = mapped_column(Text)
     committed_us: Mapped[int] = mapped_column(BigInteger, index=True)
 
-    __table_args__ = (UniqueConstraint("placement_id", "segment_id", name="uq_segments_placement_segment"),)
+    __table_args__ = (
+        UniqueConstraint("placement_id", "segment_id", name="uq_segments_placement_segment"),
+        Index("ix_segments_placement_entry", "placement_id", "entry_id"),
+    )
 
 
 class Ack(Base):

@@ -86,7 +86,11 @@ def partitions_of(s: Session, info: TableInfo, states: Iterable[str] | None = No
     q = select(m.Partition).where(m.Partition.table_id == info.table_id)
     if states is not None:
         q = q.where(m.Partition.state.in_([str(x) for x in states]))
-    parts = list(s.scalars(q))
+    return sort_partitions(info, list(s.scalars(q)))
+
+
+def sort_partitions(info: TableInfo, parts: list[m.Partition]) -> list[m.Partition]:
+    """Partitions in key order, the one with an unbounded begin first."""
     parts.sort(key=lambda p: (p.begin_key is not None, info.decode_key(p.begin_key) if p.begin_key is not None else 0))
     return parts
 
