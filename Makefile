@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint format bench constraints clean
+.PHONY: venv demo test lint format bench constraints clean spark-zip
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	@scripts/check_prereqs.sh $(PYTHON)
@@ -36,6 +36,13 @@ format: venv
 
 bench: venv
 	$(BIN)/python bench/write_read.py
+
+# The segrep package as a zip for spark-submit --py-files (Spark clusters whose nodes lack the package):
+# export SEGREP_SPARK_PY_FILES=$$PWD/build/segrep.zip and both `segrep round` and the DAGs pass it on.
+spark-zip: venv
+	@mkdir -p build
+	$(BIN)/python -c "import shutil; shutil.make_archive('build/segrep', 'zip', 'include', 'segrep')"
+	@echo "build/segrep.zip: set SEGREP_SPARK_PY_FILES=$$PWD/build/segrep.zip"
 
 constraints:
 	@test -x $(BIN)/pip || { echo 'run make venv first'; exit 1; }

@@ -34,6 +34,8 @@ SPARK_CONF: dict[str, str] = {
     # Segments carry microsecond versions and dates; keep Spark from rebasing old dates on read or write.
     "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
     "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
+    # Timestamps cross into Arrow in the session time zone; UTC makes merge output independent of the host.
+    "spark.sql.session.timeZone": "UTC",
 }
 
 
