@@ -199,14 +199,15 @@ def _sync_placements(s: Session, info: q.TableInfo, tdef: TableDef, has_data: bo
     for part in parts:
         here = {sites[pl.site_id].name: pl for pl in placements if pl.partition_id == part.partition_id}
         for site_name in sorted(wanted - set(here)):
-            _add_placement(s, part, site_name, PlacementState.JOINING if has_data else PlacementState.LIVE)
+            pl = _add_placement(s, part, site_name, PlacementState.JOINING if has_data else PlacementState.LIVE)
+            pl.needs_bootstrap = has_data  # rounds wait for `segrep bootstrap`, which checks the target first
         for site_name, pl in here.items():
             if site_name not in wanted and pl.placement_id != part.leader_placement_id:
                 pl.state = PlacementState.REMOVED
                 pl.removed_us = hlc.now_us()
     present = {sites[pl.site_id].name for pl in placements}
     for site_name in sorted(wanted - present):
-        state = "JOINING, to be fed by rounds" if has_data else "LIVE"
+        state = f"JOINING: run `segrep bootstrap {tdef.name} {site_name}`" if has_data else "LIVE"
         changes.append(Change("add", f"replica {site_name} of table {tdef.name} ({state})"))
     for site_name in sorted(present - wanted - {tdef.leader}):
         changes.append(Change("remove", f"replica {site_name} of table {tdef.name} (its files stay on the site)"))

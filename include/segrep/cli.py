@@ -298,6 +298,67 @@ def segments(obj: Context, table: str, site: str | None, partition_id: int | Non
     click.echo(segment_listing(obj.catalog(), table, site, partition_id))
 
 
+@main.command("bootstrap")
+@click.argument("table")
+@click.argument("site")
+@click.option("--mode", type=click.Choice(["auto", "adopt", "replace"]), default="auto", show_default=True,
+              help="auto refuses a target that already holds data; adopt keeps it if equal to the source; "
+              "replace moves it aside.")  # fmt: skip
+@click.pass_obj
+@_user_errors
+def bootstrap_(obj: Context, table: str, site: str, mode: str) -> None:
+    """Join SITE to TABLE as a replica (new site, or one out of retention); rounds then feed it."""
+    from segrep.bootstrap import bootstrap
+
+    report = bootstrap(obj.catalog(), obj.defs, table, site, mode)
+    click.echo("\n".join(report.lines()))
+
+
+@main.command("compact")
+@click.argument("table")
+@click.option("--partition", "partitions", type=int, multiple=True, help="Only these partitions (repeatable).")
+@click.option("--force", is_flag=True, help="Compact every partition with a minor segment, ignoring thresholds.")
+@click.pass_obj
+@_user_errors
+def compact_(obj: Context, table: str, partitions: tuple[int, ...], force: bool) -> None:
+    """Fold each due partition's minor segments into a major segment at its leader (one Spark application)."""
+    from segrep.compaction import compact
+
+    obj.defs.table(table)
+    report = compact(obj.catalog(), obj.defs, table, partitions=list(partitions) or None, force=force)
+    if not report["candidates"]:
+        click.echo(f"{table}: no partition is due for compaction")
+        return
+    for c in report["candidates"]:
+        click.echo(
+            f"partition {c['partition_id']}: {c['minors']} minor segment(s), {c['minor_bytes']:,} bytes ({c['reason']})"
+        )
+    click.echo(f"committed {report.get('committed', 0)} major segment(s); dropped: {report.get('dropped') or 'none'}")
+
+
+@main.command("gc")
+@click.argument("table", required=False)
+@click.option("--dry-run", is_flag=True, help="List each file that would go and why; change nothing.")
+@click.pass_obj
+@_user_errors
+def gc_(obj: Context, table: str | None, dry_run: bool) -> None:
+    """Delete segments no chain needs any more (with retention for offline replicas) and old orphan files."""
+    from segrep.gc import collect
+
+    if table is not None:
+        obj.defs.table(table)
+    report = collect(obj.catalog(), obj.defs, table, dry_run=dry_run)
+    verb = "would delete" if dry_run else "deleted"
+    for d in report.deletions:
+        click.echo(f"{verb} {d.site}:{d.relpath}  ({d.reason})")
+    for line in report.held:
+        click.echo(f"held: {line}")
+    for line in report.needs_bootstrap:
+        click.echo(f"ALERT: {line}")
+    files = len(report.deletions) if dry_run else report.files_removed
+    click.echo(f"{verb} {len(report.deletions)} segment(s)/orphan(s); {files} file(s)")
+
+
 def _parse_until(text: str | None) -> int | None:
     """``--until``: an ISO-8601 time (UTC if no zone) or integer microseconds since the epoch."""
     if text is None:

@@ -67,6 +67,8 @@ class MergeItem:
     visible: list[FileRef]
     incoming: list[FileRef] = field(default_factory=list)
     output_segment_id: str = ""
+    # major only: tombstones with a row version before this are dropped (None keeps all; DESIGN 7, grace)
+    tombstone_cutoff_us: int | None = None
 
     @property
     def output_relpath(self) -> str:
@@ -200,9 +202,16 @@ def _merge_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
 
 
 def _major_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
-    """The partition's resolved rows, tombstones kept (a replica must learn of the deletes too)."""
+    """The partition's resolved rows. Tombstones are kept (a replica must learn of the deletes, and a late
+    merge must not resurrect the row) unless older than the item's cutoff, the table's tombstone grace."""
+    from pyspark.sql import functions as F
+
     rows = spark.read.parquet(*_paths(item.visible))
-    return _latest(rows, item.primary_key), rows.count()
+    latest = _latest(rows, item.primary_key)
+    if item.tombstone_cutoff_us is not None:
+        expired = F.col(sch.DELETED_COL) & (F.col(sch.VERSION_COL) < F.lit(item.tombstone_cutoff_us))
+        latest = latest.where(~expired)
+    return latest, rows.count()
 
 
 def _to_segment_table(df: DataFrame, schema: pa.Schema, primary_key: list[str]) -> pa.Table:

@@ -28,9 +28,14 @@ from segrep.storage import FileFacts, Site
 
 
 def commit_merge_results(catalog: Catalog, defs: Definitions, table: str, end_us: int) -> dict[str, Any]:
-    from segrep.rounds import manifest_path, result_path, round_key
+    """Record the results of a round's merge job (if the round planned one)."""
+    from segrep.rounds import manifest_path, result_path
 
-    mpath, rpath = manifest_path(defs, table, end_us), result_path(defs, table, end_us)
+    return commit_results(catalog, manifest_path(defs, table, end_us), result_path(defs, table, end_us))
+
+
+def commit_results(catalog: Catalog, mpath: Path, rpath: Path) -> dict[str, Any]:
+    """Record a merge job's result file against its manifest (rounds and compaction share this)."""
     if not mpath.exists():
         return {"items": 0, "spark_apps": 0}
     manifest = Manifest.load(mpath)
@@ -38,7 +43,7 @@ def commit_merge_results(catalog: Catalog, defs: Definitions, table: str, end_us
         return {"items": len(manifest.items), "status": "not run", "spark_apps": 0}
     result = _load_result(rpath)
     by_id = {it.item_id: it for it in manifest.items}
-    key = round_key(table, end_us)
+    key = manifest.round_key
     summary: dict[str, Any] = {"items": len(manifest.items), "committed": 0, "rows_in": 0, "rows_merged": 0,
                                "invalid": [], "dropped": [], "spark_apps": 1}  # fmt: skip
     for res in result["items"]:

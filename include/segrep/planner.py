@@ -69,6 +69,7 @@ class TableSnapshot:
     partitions: list[PartitionSnapshot]
     replica_site_ids: set[int] = field(default_factory=set)  # sites holding a replica of any partition
     joining_site_ids: set[int] = field(default_factory=set)  # ... of which some replica is still JOINING
+    stalled_site_ids: set[int] = field(default_factory=set)  # ... or some replica needs a bootstrap
 
     def site_id(self, name: str) -> int:
         for site in self.sites.values():
@@ -92,12 +93,19 @@ def unsettled_partitions(table_id: int) -> Select[tuple[int]]:
 
 
 def snapshot(
-    s: Session, table: str, partition_ids: list[int] | None = None, *, active_only: bool = False
+    s: Session,
+    table: str,
+    partition_ids: list[int] | None = None,
+    *,
+    active_only: bool = False,
+    include_stalled: bool = False,
 ) -> TableSnapshot:
     """Read everything a round needs about ``table`` in a few set-based queries.
 
     ``active_only`` restricts it to partitions with unsettled entries (see :func:`unsettled_partitions`):
     every other partition has nothing to offer, push or merge, so a round's cost follows new segments.
+    Replicas marked ``needs_bootstrap`` (out of retention) get no offers and push nothing until they are
+    re-bootstrapped; ``include_stalled`` keeps them (GC and status look at them).
     """
     info = q.table_info(s, table)
     query = select(m.Partition).where(
@@ -121,10 +129,14 @@ def snapshot(
         leader = next((pl for pl in pls if pl.placement_id == part.leader_placement_id), None)
         if leader is None:
             continue  # no leader (a partition being set up): nothing can be replicated yet
-        replicas = [pl for pl in pls if pl is not leader and pl.state in RECEIVING_STATES]
+        replicas = [
+            pl
+            for pl in pls
+            if pl is not leader and pl.state in RECEIVING_STATES and (include_stalled or not pl.needs_bootstrap)
+        ]
         out.append(PartitionSnapshot(part, leader, replicas, segments, acks))
     replica_rows = s.execute(
-        select(m.Placement.site_id, m.Placement.state)
+        select(m.Placement.site_id, m.Placement.state, m.Placement.needs_bootstrap)
         .join(m.Partition, m.Partition.partition_id == m.Placement.partition_id)
         .where(
             m.Partition.table_id == info.table_id,
@@ -139,8 +151,9 @@ def snapshot(
         info,
         q.sites_by_id(s),
         out,
-        {site_id for site_id, _ in replica_rows},
-        {site_id for site_id, state in replica_rows if state != PlacementState.LIVE},
+        {site_id for site_id, _, _ in replica_rows},
+        {site_id for site_id, state, _ in replica_rows if state != PlacementState.LIVE},
+        {site_id for site_id, _, stalled in replica_rows if stalled},
     )
 
 

@@ -62,6 +62,8 @@ def status_rows(catalog: Catalog, table: str | None = None) -> list[dict[str, An
                     notes.append(f"needs a major segment for partitions {report['needs_major']}")
                 if site_id in joining:
                     notes.append("joining")
+                if site_id in snap.stalled_site_ids:
+                    notes.append(f"NEEDS BOOTSTRAP: run segrep bootstrap {name} {site}")
                 safe_us = safe.get(site_id)
                 out.append(
                     {

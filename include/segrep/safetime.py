@@ -4,10 +4,11 @@ Checkpoint (partition, target placement): the newest segment of the leader's off
 target has acked everything, and that segment's newest row version.
 
 Safe time (table, target site): every write committed at the leader at or before it is readable at the
-target. For a round ending at ``end``, a partition vouches for ``end - 1`` if the target acked every segment
-committed before ``end``; otherwise only for the instant before the oldest row version among the segments it
-still lacks (a row is stamped before it commits, so any write committed at or before that instant lies in an
-acked segment). The table's safe time is the minimum over partitions, and it only ever moves forward.
+target. For a round ending at ``end``, a partition vouches for ``end - 1``, or only for the instant before
+the oldest row version among the leader's visible segments the target still lacks if that is earlier (a row
+is stamped before it commits, so any write committed at or before that instant lies in an acked segment).
+Segments committed after ``end`` count too: a major or a merge output committed later holds older rows.
+The table's safe time is the minimum over partitions, and it only ever moves forward.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.chain import is_referenced, newest_major, visible_segments
 from segrep.planner import PartitionSnapshot, snapshot
+from segrep.protocol import PlacementState
 
 
 def partition_vouches(part: PartitionSnapshot, replica: m.Placement, end_us: int) -> tuple[str | None, int, int]:
@@ -36,8 +38,9 @@ def partition_vouches(part: PartitionSnapshot, replica: m.Placement, end_us: int
                 checkpoint = seg
             continue
         contiguous = False
-        if seg.committed_us < end_us:
-            safe = min(safe, seg.min_version - 1)
+        # Every segment it lacks counts, even one committed at or after ``end``: a major or merge output
+        # committed after the interval still carries rows written (and committed elsewhere) before it.
+        safe = min(safe, seg.min_version - 1)
     if checkpoint is None:
         return None, 0, safe
     return checkpoint.segment_id, checkpoint.max_version, safe
@@ -51,18 +54,47 @@ def update_checkpoints_and_safe_time(catalog: Catalog, table: str, end_us: int) 
         snap = snapshot(s, table, active_only=True)
         now = hlc.now_us()
         candidate = dict.fromkeys(snap.replica_site_ids, end_us - 1)
+        joined = False
         for part in snap.partitions:
             for replica in part.replicas:
                 seg_id, version, safe = partition_vouches(part, replica, end_us)
                 _upsert_checkpoint(s, part.partition.partition_id, replica.placement_id, seg_id, version, now)
                 candidate[replica.site_id] = min(candidate.get(replica.site_id, safe), safe)
+                joined |= _join_finalize(s, part, replica)
             _settle(s, part)
+        joining = _joining_sites(s, snap.info.table_id) if joined else snap.joining_site_ids
         out: dict[str, int] = {}
         for site_id, safe in candidate.items():
-            if site_id in snap.joining_site_ids:
-                continue  # a joining replica is not readable yet
+            if site_id in joining or site_id in snap.stalled_site_ids:
+                continue  # a joining replica is not readable yet; one that needs a bootstrap is stuck
             out[snap.sites[site_id].name] = _advance(s, snap.info.table_id, site_id, safe, now)
     return out
+
+
+def _join_finalize(s: Session, part: PartitionSnapshot, replica: m.Placement) -> bool:
+    """JOIN_FINALIZE: a JOINING replica that holds the leader's newest segment (its root) becomes LIVE."""
+    if replica.state != PlacementState.JOINING:
+        return False
+    root = part.leader.root_segment_id
+    if root is not None and replica.placement_id not in part.acks.get((part.leader.placement_id, root), ()):
+        return False
+    s.execute(update(m.Placement).where(m.Placement.placement_id == replica.placement_id).values(
+        state=str(PlacementState.LIVE)))  # fmt: skip
+    replica.state = PlacementState.LIVE
+    return True
+
+
+def _joining_sites(s: Session, table_id: int) -> set[int]:
+    rows = s.scalars(
+        select(m.Placement.site_id)
+        .join(m.Partition, m.Partition.partition_id == m.Placement.partition_id)
+        .where(
+            m.Partition.table_id == table_id,
+            m.Placement.removed_us.is_(None),
+            m.Placement.state == str(PlacementState.JOINING),
+        )
+    )
+    return set(rows)
 
 
 def settled_prefix(part: PartitionSnapshot, placement: m.Placement) -> int:
