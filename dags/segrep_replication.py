@@ -24,83 +24,27 @@ that file at parse time and never touches a database or the network.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict
-from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-import pendulum
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import CronDataIntervalTimetable, DeltaDataIntervalTimetable, Param, dag, task
+from airflow.sdk import Param, dag, task
 
-from segrep import sparkrun
-from segrep.config import Definitions, TableDef, load_definitions, schedule_interval_s
-
-SPARK_CONN_ID = os.environ.get("SEGREP_SPARK_CONN_ID", "spark_default")
-
-
-def _catalog(defs: Definitions):  # type: ignore[no-untyped-def]
-    from segrep.catalog import Catalog
-    from segrep.catalog.engine import resolve_url
-
-    return Catalog(resolve_url(None, defs.catalog_url, defs.data_dir))
-
-
-def _us(when: Any) -> int | None:
-    return None if when is None else int(pendulum.instance(when).timestamp() * 1_000_000)
-
-
-def _utc(when: date | datetime | None) -> pendulum.DateTime | None:
-    if when is None:
-        return None
-    if not isinstance(when, datetime):
-        return pendulum.datetime(when.year, when.month, when.day, tz="UTC")
-    return pendulum.instance(when if when.tzinfo else when.replace(tzinfo=UTC))
-
-
-def _hook_submit(app: str, args: list[str], *, name: str, master: str | None = None) -> None:
-    """Run a Spark job from inside a task through the Airflow connection (the distributed copy)."""
-    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
-    hook = SparkSubmitHook(conn_id=SPARK_CONN_ID, conf=_spark_conf(), name=name, application_args=args,
-                           env_vars=_spark_env(), spark_binary=sparkrun.spark_submit_binary())  # fmt: skip
-    hook.submit(application=str(sparkrun.application(app)))
-
-
-def _spark_conf() -> dict[str, str]:
-    # SPARK_CONF says why each entry is set; the interpreter is ours so driver and executors import segrep.
-    return {**sparkrun.SPARK_CONF, "spark.pyspark.python": sparkrun.python(), "spark.pyspark.driver.python":
-            sparkrun.python()}  # fmt: skip
-
-
-def _spark_env() -> dict[str, str]:
-    env = sparkrun.spark_env()
-    return {k: env[k] for k in ("SPARK_HOME", "PYSPARK_PYTHON", "PATH") if k in env}
+from segrep.config import Definitions, TableDef, load_definitions
+from segrep_airflow.common import catalog_for, hook_submit, merge_job, retry_args, timetable, to_us, utc
 
 
 def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[no-untyped-def]
     policy = table.policy
     name = table.name
-    interval_s = schedule_interval_s(policy.schedule)
-    schedule: Any = None
-    if interval_s:
-        schedule = DeltaDataIntervalTimetable(timedelta(seconds=interval_s))
-    elif policy.schedule:
-        schedule = CronDataIntervalTimetable(policy.schedule, timezone="UTC")  # real [start, end) intervals
-    retry = {
-        "retries": policy.retries,
-        "retry_delay": timedelta(seconds=policy.retry_delay_s),
-        "retry_exponential_backoff": 2.0 if policy.retry_delay_s else 0,
-        "max_retry_delay": timedelta(hours=1),
-    }
+    retry = retry_args(policy)
 
     @dag(
         dag_id=f"segrep_replicate_{name}",
         description=f"Replicate {name} from {table.leader} to {', '.join(table.replicas) or 'no replica'}",
         doc_md=__doc__,
-        schedule=schedule,
-        start_date=_utc(policy.start_date),
-        end_date=_utc(policy.end_date),
+        schedule=timetable(policy.schedule),
+        start_date=utc(policy.start_date),
+        end_date=utc(policy.end_date),
         catchup=True,
         max_active_runs=1,
         tags=["segrep", "replication", name],
@@ -125,8 +69,8 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
 
             p = params or {}
             defs_now = load_definitions()
-            res = plan_round(_catalog(defs_now), defs_now, name, _us(data_interval_end),
-                             start_us=_us(data_interval_start), target=p.get("target"),
+            res = plan_round(catalog_for(defs_now), defs_now, name, to_us(data_interval_end),
+                             start_us=to_us(data_interval_start), target=p.get("target"),
                              reoffer=bool(p.get("reoffer")))  # fmt: skip
             return {**res.to_dict(), "result": str(result_path(defs_now, name, res.end_us)),
                     "reoffer": bool(p.get("reoffer"))}  # fmt: skip
@@ -141,8 +85,8 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
             from segrep.rounds import fast_forward_target
 
             defs_now = load_definitions()
-            copier = spark_copier(defs_now, name, p["end_us"], target, _hook_submit)
-            report = fast_forward_target(_catalog(defs_now), defs_now, name, target, p["end_us"],
+            copier = spark_copier(defs_now, name, p["end_us"], target, hook_submit)
+            report = fast_forward_target(catalog_for(defs_now), defs_now, name, target, p["end_us"],
                                          reoffer=p["reoffer"], big_copier=copier)  # fmt: skip
             return asdict(report)
 
@@ -150,30 +94,14 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
         def choose(p: dict[str, Any]) -> str:
             return "merge" if p["manifest"] else "commit"
 
-        merge = SparkSubmitOperator(
-            task_id="merge",
-            conn_id=SPARK_CONN_ID,
-            application=str(sparkrun.jobs_dir() / "merge.py"),
-            application_args=[
-                "--manifest",
-                "{{ ti.xcom_pull(task_ids='plan')['manifest'] }}",
-                "--result",
-                "{{ ti.xcom_pull(task_ids='plan')['result'] }}",
-            ],
-            conf=_spark_conf(),
-            env_vars=_spark_env(),
-            spark_binary=sparkrun.spark_submit_binary(),
-            py_files=os.environ.get(sparkrun.PY_FILES_ENV) or None,
-            name=f"segrep-merge-{name}",
-            **retry,
-        )
+        merge = merge_job("merge", "plan", f"segrep-merge-{name}", policy)
 
         @task(trigger_rule="none_failed_min_one_success")
         def commit(p: dict[str, Any]) -> dict[str, Any]:
             from segrep.rounds import commit_round
 
             defs_now = load_definitions()
-            return commit_round(_catalog(defs_now), defs_now, name, p["end_us"], merge_ran=bool(p["manifest"]))
+            return commit_round(catalog_for(defs_now), defs_now, name, p["end_us"], merge_ran=bool(p["manifest"]))
 
         @task(trigger_rule="all_done", retries=0)
         def report(ti: Any = None) -> dict[str, Any]:

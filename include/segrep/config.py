@@ -44,6 +44,7 @@ class Policy:
     schedule: str | None = "@hourly"  # cron expression or preset, or a fixed interval such as "10m"
     start_date: date | datetime = date(2026, 1, 1)  # a date means midnight UTC
     end_date: date | datetime | None = None  # no scheduled runs after this (backfills still work before it)
+    maintenance_schedule: str | None = "@daily"  # compaction and GC (the maintenance DAG)
     max_incoming_segments: int = 8
     spark_copy_threshold_bytes: int = 256 * 1024 * 1024
     retries: int = 3
@@ -258,7 +259,7 @@ def _parse_policy(raw: Any, where: str) -> Policy:
     _no_unknown_keys(body, known, f"{where} policy")
     values: dict[str, Any] = {}
     for key, value in body.items():
-        if key == "schedule":
+        if key in ("schedule", "maintenance_schedule"):
             if value is not None and not (isinstance(value, str) and value.strip()):
                 raise SegrepError(f"{where} policy: schedule must be a cron expression, a preset or null")
             values[key] = value

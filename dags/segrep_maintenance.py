@@ -1,0 +1,97 @@
+"""
+### segrep maintenance: compaction and garbage collection, one DAG per table
+
+1. **plan_compaction** picks the partitions whose minor chain at the leader reached the table's thresholds
+   (`compact_min_segments`, `compact_min_bytes`) and writes the manifest of their major items.
+2. **compact** (SparkSubmitOperator, one application for all of them) folds each chain into a major segment,
+   last writer wins, dropping tombstones only past the table's `tombstone_grace_s`; skipped when none is due.
+3. **commit_compaction** registers the majors (only where the leader's root did not move meanwhile).
+4. **gc** deletes what no chain needs any more, holds what a LIVE or JOINING replica still needs up to
+   `max_retention_s` (then marks that replica as needing a bootstrap and says so), removes old orphans.
+
+Replicas take the new majors by fast-forward in the next replication round. Trigger form: `force` compacts
+every partition with a minor segment; `gc_dry_run` lists what GC would delete, and why, without deleting.
+Schedule: the table policy's `maintenance_schedule` (default daily).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import Param, dag, task
+
+from segrep.config import TableDef, load_definitions
+from segrep_airflow.common import catalog_for, merge_job, timetable, utc
+
+
+def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
+    name, policy = table.name, table.policy
+
+    @dag(
+        dag_id=f"segrep_maintain_{name}",
+        description=f"Compaction and GC of {name}",
+        doc_md=__doc__,
+        schedule=timetable(policy.maintenance_schedule),
+        start_date=utc(policy.start_date),
+        catchup=False,
+        max_active_runs=1,
+        tags=["segrep", "maintenance", name],
+        params={
+            "force": Param(False, type="boolean", description="Compact every partition that has a minor segment."),
+            "gc_dry_run": Param(False, type="boolean", description="List what GC would delete; delete nothing."),
+        },
+        default_args={"retries": 0},
+    )
+    def maintenance() -> None:
+        @task
+        def plan_compaction(params: dict[str, Any] | None = None) -> dict[str, Any]:
+            from segrep.compaction import plan_compaction as plan
+
+            defs = load_definitions()
+            p = plan(catalog_for(defs), defs, name, force=bool((params or {}).get("force")))
+            return {"manifest": p.manifest, "result": p.result, "candidates": [c.__dict__ for c in p.candidates]}
+
+        @task.branch
+        def choose(p: dict[str, Any]) -> str:
+            return "compact" if p["manifest"] else "commit_compaction"
+
+        compact = merge_job("compact", "plan_compaction", f"segrep-compact-{name}", policy)
+
+        @task(trigger_rule="none_failed_min_one_success")
+        def commit_compaction(p: dict[str, Any]) -> dict[str, Any]:
+            from pathlib import Path
+
+            from segrep.merge_commit import commit_results
+
+            if not p["manifest"]:
+                return {"committed": 0}
+            defs = load_definitions()
+            return commit_results(catalog_for(defs), Path(p["manifest"]), Path(p["result"]))
+
+        @task(trigger_rule="none_failed_min_one_success")
+        def gc(params: dict[str, Any] | None = None) -> dict[str, Any]:
+            from segrep.gc import collect
+
+            defs = load_definitions()
+            dry_run = bool((params or {}).get("gc_dry_run"))
+            report = collect(catalog_for(defs), defs, name, dry_run=dry_run)
+            verb = "would delete" if dry_run else "deleted"
+            for d in report.deletions:
+                print(f"{verb} {d.site}:{d.relpath} ({d.reason})")
+            for line in report.needs_bootstrap:
+                print(f"ALERT: {line}")
+            return {"deleted": len(report.deletions), "files_removed": report.files_removed,
+                    "needs_bootstrap": report.needs_bootstrap, "held": report.held}  # fmt: skip
+
+        planned = plan_compaction()
+        branch = choose(planned)
+        committed = commit_compaction(planned)
+        branch >> [compact, committed]
+        compact >> committed
+        committed >> gc()
+
+    return maintenance()
+
+
+for _table in load_definitions().tables.values():
+    globals()[f"segrep_maintain_{_table.name}"] = build_maintenance_dag(_table)
