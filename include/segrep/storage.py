@@ -2,9 +2,12 @@
 
 A segment file lives at ``<site root>/<table>/<partition_id>/<segment_id>.parquet`` and carries its catalog
 entry in the Parquet key-value metadata (key ``segrep.segment``), so a site describes itself and its catalog
-can be rebuilt from storage. Files are written to a temporary name in the same directory, fsynced, hashed and
-renamed: a file visible under its final name is complete, and its sha256 is known before the catalog
-references it.
+can be rebuilt from storage. Files are written to a temporary name in the same directory, hashed, fsynced and
+renamed (then the directory is fsynced): a file visible under its final name is complete, and its sha256 is
+known before the catalog references it.
+
+Local segment files are hashed as their bytes go out (``HashingFileWriter``), not by reading the file back: see
+``atomic_local_write_stream`` for why that verifies as much as a re-read would.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import contextlib
 import hashlib
 import json
 import os
+import queue
 import re
 import secrets
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +35,8 @@ from segrep.names import NAME_RE, SEGMENT_ID_RE, check_name, check_segment_id
 META_KEY = b"segrep.segment"
 _SEGMENT_PATH_RE = re.compile(rf"{NAME_RE.pattern}/(0|[1-9][0-9]*)/{SEGMENT_ID_RE.pattern}\.parquet")
 _CHUNK = 4 * 1024 * 1024
+_BATCH = 1024 * 1024  # small writes (Parquet page headers) are gathered up to this size before going out
+_SYNC_EVERY = 8 * 1024 * 1024  # start written bytes on their way to disk every this many bytes
 
 
 @dataclass(frozen=True)
@@ -66,11 +73,15 @@ class Site:
 
     # -- writing -----------------------------------------------------------------------------------------
     def write_segment(self, relpath: str, table: pa.Table, meta: dict[str, Any]) -> FileFacts:
-        """Write a segment atomically; return its size and sha256 as read back from storage."""
+        """Write a segment atomically; return its size and sha256.
+
+        Locally, the sha256 is that of the bytes as they were written and fsynced (``atomic_local_write_stream``
+        says why that is what is on disk); on any other store the file is read back after the store's move.
+        The Parquet settings are pyarrow's defaults, as a plain ``pq.write_table`` would use."""
         table = table.replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
         final = self.path(relpath)
         if self.local:
-            return atomic_local_write(final, lambda path: pq.write_table(table, path))
+            return atomic_local_write_stream(final, lambda out: pq.write_table(table, out))
         tmp = _tmp_name(final)
         self.fs.create_dir(os.path.dirname(final), recursive=True)
         with self.fs.open_output_stream(tmp) as out:
@@ -157,6 +168,151 @@ def atomic_local_write(final: str, write: Callable[[str], None]) -> FileFacts:
         _remove_quietly(tmp)
         raise
     return facts
+
+
+def atomic_local_write_stream(final: str, write: Callable[[HashingFileWriter], None]) -> FileFacts:
+    """Run ``write(stream)`` onto a temporary file beside ``final``, then fsync it, rename it to ``final`` and
+    fsync the directory: readers see the complete file or none. Returns the size and sha256 of the file.
+
+    The sha256 is computed once, from the very bytes handed to write(2) (every one of them: short writes are
+    continued), not by reading the file back. After a successful fsync those bytes are what the file holds
+    on stable storage; the file's size is checked against the count. A re-read at this point would not check
+    anything more: it would be served from the same page cache the bytes were just written into, never from
+    the disk, so it cannot see a bad write to the medium either. Corruption after the fact (a flipped bit at
+    rest, a truncated or replaced file) is what ``Site.verify`` catches, from the bytes, whenever a file is
+    checked against its catalog entry. Any error from write(2), fdatasync or fsync fails the write and
+    removes the temporary file, so nothing unverified ever gets the final name.
+    """
+    directory = os.path.dirname(final) or "."
+    os.makedirs(directory, exist_ok=True)
+    tmp = _tmp_name(final)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        with HashingFileWriter(fd, tmp) as out:
+            write(out)
+            facts = out.finish()
+        os.rename(tmp, final)
+        _fsync_dir(directory)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    finally:
+        os.close(fd)
+    return facts
+
+
+class HashingFileWriter:
+    """A write-only binary stream onto an open file that hashes every byte exactly once, on its way out.
+
+    ``write`` (called by pyarrow's Parquet writer from the encoding thread) only gathers bytes; a background
+    thread hashes them, writes them to the file and, every ``_SYNC_EVERY`` bytes, fdatasyncs so they start
+    towards the disk while encoding goes on. Hashing and most of the I/O thus overlap with encoding (on
+    another core), and ``finish`` (the closing fsync) only waits for the tail. An error in the background
+    thread is raised by the next ``write`` and by ``finish``; the file descriptor stays the caller's.
+    """
+
+    def __init__(self, fd: int, name: str = "") -> None:
+        self.name = name
+        self._fd = fd
+        self._digest = hashlib.sha256()
+        self._pending = bytearray()
+        self._queued = 0  # bytes accepted by write()
+        self._written = 0  # bytes written to the file by the background thread
+        self._error: BaseException | None = None
+        self._closed = False
+        self._facts: FileFacts | None = None
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=64)
+        self._thread = threading.Thread(target=self._drain, name="segrep-hash-write", daemon=True)
+        self._thread.start()
+
+    # -- the file-like surface pyarrow uses ------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._queued
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        if self._closed:
+            raise ValueError("write to a closed HashingFileWriter")
+        if self._error is not None:
+            raise self._error
+        n = len(data) if not isinstance(data, memoryview) else data.nbytes
+        if n >= _BATCH and not self._pending and isinstance(data, bytes):
+            self._queue.put(data)  # bytes are immutable: queued as they are, no copy
+        else:
+            self._pending += data
+            if len(self._pending) >= _BATCH:
+                self._queue.put(bytes(self._pending))
+                self._pending.clear()
+        self._queued += n
+        return n
+
+    def flush(self) -> None:
+        """Bytes reach the file in the background; ``finish`` is what makes them durable."""
+
+    def close(self) -> None:
+        """Stop accepting bytes and wait until every accepted byte is hashed and written (not yet fsynced)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pending:
+            self._queue.put(bytes(self._pending))
+            self._pending.clear()
+        self._queue.put(None)
+        self._thread.join()
+
+    def finish(self) -> FileFacts:
+        """Close, fsync the file and return the size and sha256 of what it holds."""
+        if self._facts is None:
+            self.close()
+            if self._error is not None:
+                raise self._error
+            os.fsync(self._fd)
+            size = os.fstat(self._fd).st_size
+            if size != self._written or size != self._queued:
+                raise OSError(f"{self.name or 'file'} holds {size} bytes after fsync, {self._queued} were written")
+            self._facts = FileFacts(size, self._digest.hexdigest())
+        return self._facts
+
+    def __enter__(self) -> HashingFileWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- background thread -----------------------------------------------------------------------------------
+    def _drain(self) -> None:
+        unsynced = 0
+        while (chunk := self._queue.get()) is not None:
+            if self._error is not None:
+                continue  # keep taking chunks so that write() never blocks on a full queue
+            try:
+                self._digest.update(chunk)  # releases the GIL for large buffers, as os.write does
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(self._fd, view) :]
+                self._written += len(chunk)
+                unsynced += len(chunk)
+                if unsynced >= _SYNC_EVERY:
+                    _fdatasync(self._fd)
+                    unsynced = 0
+            except BaseException as exc:
+                self._error = exc
+
+
+def _fdatasync(fd: int) -> None:
+    (getattr(os, "fdatasync", None) or os.fsync)(fd)
 
 
 def _tmp_name(final: str) -> str:

@@ -94,17 +94,20 @@ def _attempt(
     written: list[tuple[_Target, SegmentEntry, str, FileFacts, Site]] = []
     try:
         work = [(t, rows_) for t, rows_ in zip(targets, groups, strict=True) if rows_ is not None]
-        # Parquet encoding, hashing and fsync release the GIL: partitions are written side by side.
-        with ThreadPoolExecutor(max_workers=min(len(work), WRITE_THREADS)) as pool:
-            futures = [pool.submit(_write_file, info, t, rows_, delete) for t, rows_ in work]
-        failure: BaseException | None = None
-        for future in futures:
-            try:
-                written.append(future.result())
-            except BaseException as exc:  # keep the files that were written, to remove them below
-                failure = failure or exc
-        if failure is not None:
-            raise failure
+        if len(work) == 1:  # one partition (a key-sorted batch often is): no pool to start and join
+            written.append(_write_file(info, *work[0], delete))
+        else:
+            # Parquet encoding, hashing and fsync release the GIL: partitions are written side by side.
+            with ThreadPoolExecutor(max_workers=min(len(work), WRITE_THREADS)) as pool:
+                futures = [pool.submit(_write_file, info, t, rows_, delete) for t, rows_ in work]
+            failure: BaseException | None = None
+            for future in futures:
+                try:
+                    written.append(future.result())
+                except BaseException as exc:  # keep the files that were written, to remove them below
+                    failure = failure or exc
+            if failure is not None:
+                raise failure
         committed_us = hlc.now_us()
         timing.files_s = time.perf_counter() - started
         started = time.perf_counter()

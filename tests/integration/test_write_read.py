@@ -215,3 +215,37 @@ def test_routing_sorted_and_unsorted_batches(env: Env, keys: list[int]) -> None:
             got = pq.read_table(env.site_dir("primary") / seg.relpath).column("o_orderkey").to_pylist()
             assert all((part.begin_key or 0) <= k < (part.end_key or 10**9) for k in got)
     assert sorted(read_table(env.catalog, "orders").column("o_orderkey").to_pylist()) == sorted(keys)
+
+
+@pytest.mark.parametrize("keys", [[5, 1, 3], [1, 200_000, 400_000]])
+def test_recorded_facts_are_those_of_the_files_on_disk(env: Env, keys: list[int]) -> None:
+    """One partition (written in the calling thread) or several (side by side): the size and sha256 the
+    catalog records, taken as the bytes were written, are those of each file as it is on disk."""
+    import hashlib
+
+    write_batch(env.catalog, "orders", orders(keys))
+    with env.catalog.read() as s:
+        segs = list(s.scalars(select(m.Segment)))
+    assert len(segs) == len({1 if k < 150_000 else 2 if k < 300_000 else 3 for k in keys})
+    for seg in segs:
+        data = (env.site_dir("primary") / seg.relpath).read_bytes()
+        assert (seg.byte_size, seg.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+    assert sorted(read_table(env.catalog, "orders").column("o_orderkey").to_pylist()) == sorted(keys)
+
+
+def test_a_failed_file_write_commits_nothing_and_leaves_nothing(env: Env, monkeypatch) -> None:
+    """An I/O error while a segment's bytes go out (one partition or several) fails the batch: no segment is
+    registered and no file, temporary or final, remains."""
+    from segrep import storage
+
+    def no_space(fd: int, data: object) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(storage.os, "write", no_space)
+    for keys in ([1, 2], [1, 200_000, 400_000]):
+        with pytest.raises(OSError, match="No space left"):
+            write_batch(env.catalog, "orders", orders(keys))
+    monkeypatch.undo()
+    with env.catalog.read() as s:
+        assert q.segment_count(s, q.table_info(s, "orders").table_id) == 0
+    assert not any(p.is_file() for p in env.site_dir("primary").rglob("*"))

@@ -200,9 +200,8 @@ def test_failed_write_leaves_nothing_behind(site: Site, tmp_path: Path, monkeypa
     seen: list[str] = []
 
     def partial_then_fail(table: pa.Table, where: Any, *args: Any, **kwargs: Any) -> None:
-        seen.append(str(where))
-        with open(where, "wb") as f:
-            f.write(b"PAR1 partial")
+        seen.append(where.name)  # a stream onto the temporary file (hashed as it is written)
+        where.write(b"PAR1 partial")
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(storage.pq, "write_table", partial_then_fail)
@@ -408,3 +407,130 @@ def test_new_segment_id_format_and_uniqueness() -> None:
         assert check_segment_id(sid) == sid
     # time-ordered: the first 48 bits are the creation time in milliseconds
     assert before_ms <= int(made[0][:12], 16) <= int(made[-1][:12], 16) <= after_ms
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Hashing as the bytes are written (no re-read)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def big_rows(n: int) -> pa.Table:
+    """Rows whose file is several times _SYNC_EVERY, so the batching and early fdatasync paths all run."""
+    schema = sch.segment_schema(pa.schema([("id", pa.int64()), ("name", pa.string())]))
+    noise = os.urandom(n * 8).hex()
+    return pa.table(
+        {
+            "id": list(range(n)),
+            "name": [noise[i * 16 : i * 16 + 16] for i in range(n)],
+            "_version": [7] * n,
+            "_deleted": [False] * n,
+            "_origin": [1] * n,
+        },
+        schema=schema,
+    )
+
+
+def test_facts_of_a_large_segment_are_those_on_disk(site: Site, monkeypatch) -> None:
+    syncs: list[int] = []
+    real = storage._fdatasync
+    monkeypatch.setattr(storage, "_fdatasync", lambda fd: (syncs.append(fd), real(fd)))
+    rel = segment_relpath("orders", 0, SID)
+    t = big_rows(1_500_000)
+    facts = site.write_segment(rel, t, META)
+    assert facts.byte_size > 3 * storage._SYNC_EVERY
+    assert facts == disk_facts(Path(site.path(rel)))
+    assert len(syncs) >= 3  # bytes were started towards the disk while encoding went on
+    assert site.read_segment(rel).equals(t)
+    assert dot_files(Path(site.root)) == []
+
+
+@given(sizes=st.lists(st.integers(0, 3 * 1024 * 1024), max_size=12), kinds=st.lists(st.sampled_from("bym")))
+def test_hashing_writer_hashes_exactly_the_bytes_written(tmp_path_factory, sizes: list[int], kinds: list[str]) -> None:
+    """Any mix of small and large writes, as bytes, bytearray or memoryview: the file holds them in order and
+    the facts are theirs."""
+    final = str(tmp_path_factory.mktemp("hw") / "f.bin")
+    chunks = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    wrap = {"b": bytes, "y": bytearray, "m": memoryview}
+
+    def write(out: storage.HashingFileWriter) -> None:
+        for i, chunk in enumerate(chunks):
+            assert out.write(wrap[kinds[i % len(kinds)] if kinds else "b"](chunk)) == len(chunk)
+        assert out.tell() == sum(sizes)
+
+    facts = storage.atomic_local_write_stream(final, write)
+    data = b"".join(chunks)
+    assert facts == FileFacts(len(data), hashlib.sha256(data).hexdigest())
+    assert Path(final).read_bytes() == data
+
+
+def test_a_failed_background_write_fails_the_segment_and_leaves_nothing(site: Site, monkeypatch) -> None:
+    """ENOSPC in the thread that writes the bytes out reaches the caller; neither the final name nor the
+    temporary file remains, and the writer never blocks on its queue."""
+    real_write = os.write
+    calls = {"n": 0}
+
+    def failing_write(fd: int, data: Any) -> int:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(storage.os, "write", failing_write)
+    rel = segment_relpath("orders", 0, SID)
+    with pytest.raises(OSError, match="No space left"):
+        site.write_segment(rel, big_rows(600_000), META)
+    monkeypatch.undo()
+    assert not os.path.exists(site.path(rel))
+    assert dot_files(Path(site.root)) == []
+
+
+def test_a_failed_write_after_many_chunks_never_deadlocks(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(storage.os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(5, "I/O error")))
+    final = str(tmp_path / "f.bin")
+
+    def write(out: storage.HashingFileWriter) -> None:
+        for _ in range(500):  # far more chunks than the queue holds
+            out.write(b"x" * storage._BATCH)
+
+    with pytest.raises(OSError, match="I/O error"):
+        storage.atomic_local_write_stream(final, write)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_fsync_fails_the_write(tmp_path: Path, monkeypatch) -> None:
+    def no_fsync(fd: int) -> None:
+        raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(storage.os, "fsync", no_fsync)
+    final = str(tmp_path / "d" / "f.bin")
+    with pytest.raises(OSError, match="I/O error"):
+        storage.atomic_local_write_stream(final, lambda out: out.write(b"hello"))
+    assert os.listdir(tmp_path / "d") == []
+
+
+def test_hashing_writer_refuses_a_file_changed_behind_its_back(tmp_path: Path) -> None:
+    """The size on disk after fsync must be the count of bytes hashed: anything else is not our file."""
+    final = str(tmp_path / "f.bin")
+
+    def write(out: storage.HashingFileWriter) -> None:
+        out.write(b"hello")
+        with open(out.name, "ab") as other:  # someone appends to the temporary file
+            other.write(b"0123456789")  # more bytes than ours, wherever ours land
+
+    with pytest.raises(OSError, match="after fsync"):
+        storage.atomic_local_write_stream(final, write)
+    assert os.listdir(tmp_path) == []
+
+
+def test_hashing_writer_refuses_writes_after_close(tmp_path: Path) -> None:
+    fd = os.open(tmp_path / "f.bin", os.O_WRONLY | os.O_CREAT)
+    try:
+        out = storage.HashingFileWriter(fd)
+        out.write(b"abc")
+        out.close()
+        assert out.closed
+        with pytest.raises(ValueError):
+            out.write(b"d")
+        assert out.finish() == FileFacts(3, hashlib.sha256(b"abc").hexdigest())
+    finally:
+        os.close(fd)
