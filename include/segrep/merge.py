@@ -166,17 +166,30 @@ def _run_item(spark: SparkSession, item: MergeItem) -> dict[str, Any]:
     return {**base, "status": "ok", "output": output, "rows_in": rows_in, "rows_out": rows.num_rows}
 
 
+def _row_count(refs: list[FileRef]) -> int:
+    """Rows in the files, from their Parquet footers (no data pass)."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for r in refs:
+        site = Site(r.site, r.uri)
+        total += pq.read_metadata(site.path(r.relpath), filesystem=site.fs).num_rows
+    return total
+
+
 def _paths(refs: list[FileRef]) -> list[str]:
     return [Site(r.site, r.uri).path(r.relpath) for r in refs]
 
 
 def _latest(df: DataFrame, primary_key: list[str]) -> DataFrame:
-    """One row per primary key: the highest (_version, _origin)."""
-    from pyspark.sql import Window
+    """One row per primary key: the highest (_version, _origin). A hash aggregate (max_by over the ordering
+    struct) rather than a window: no sort of the whole input."""
     from pyspark.sql import functions as F
 
-    order = Window.partitionBy(*primary_key).orderBy(F.col(sch.VERSION_COL).desc(), F.col(sch.ORIGIN_COL).desc())
-    return df.withColumn("__rank", F.row_number().over(order)).where(F.col("__rank") == 1).drop("__rank")
+    others = [c for c in df.columns if c not in primary_key]
+    order = F.struct(F.col(sch.VERSION_COL), F.col(sch.ORIGIN_COL))
+    best = df.groupBy(*primary_key).agg(F.max_by(F.struct(*[F.col(c) for c in others]), order).alias("__row"))
+    return best.select(*primary_key, *[F.col("__row").getField(c).alias(c) for c in others])
 
 
 def _merge_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
@@ -184,7 +197,7 @@ def _merge_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
     from pyspark.sql import functions as F
 
     incoming = spark.read.parquet(*_paths(item.incoming))
-    rows_in = incoming.count()
+    rows_in = _row_count(item.incoming)
     incoming = _latest(incoming, item.primary_key)
     if not item.visible:
         return incoming, rows_in
@@ -211,7 +224,7 @@ def _major_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
     if item.tombstone_cutoff_us is not None:
         expired = F.col(sch.DELETED_COL) & (F.col(sch.VERSION_COL) < F.lit(item.tombstone_cutoff_us))
         latest = latest.where(~expired)
-    return latest, rows.count()
+    return latest, _row_count(item.visible)
 
 
 def _to_segment_table(df: DataFrame, schema: pa.Schema, primary_key: list[str]) -> pa.Table:

@@ -34,6 +34,10 @@ SPARK_CONF: dict[str, str] = {
     # Segments carry microsecond versions and dates; keep Spark from rebasing old dates on read or write.
     "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
     "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
+    # Merge and major outputs come back to the driver as Arrow (one segment file per item); the default 1g
+    # driver heap is too small for a partition of millions of rows.
+    "spark.driver.memory": "4g",
+    "spark.driver.maxResultSize": "4g",
     # Timestamps cross into Arrow in the session time zone; UTC makes merge output independent of the host.
     "spark.sql.session.timeZone": "UTC",
 }

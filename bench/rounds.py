@@ -1,0 +1,701 @@
+"""Benchmark: replication rounds (fast-forward, no-op round, Spark merge, planning at scale), each against a
+baseline measured in the same run.
+
+Run by hand (`python bench/rounds.py --scale 1`); prints a markdown table with each target and MET / NOT MET,
+and writes a small JSON to bench/results/rounds-<date>.json. The catalog is PostgreSQL (a fresh schema per part,
+dropped at the end; `--catalog sqlite` for parts a-c) and TPC-H lineitem comes from tpchgen-cli (cached in
+data/tpch/sf<scale>).
+
+a. fast-forward: lineitem written through ``write_batch`` (4 partitions, ``--batches`` batches, so several
+   segments per partition), then one round to one fresh target (``run_round(target=...)``) vs ``cp`` of the
+   same segment files to a fresh directory. Page cache cold-ish (source pages evicted with
+   posix_fadvise(DONTNEED) before each copy) and warm (source read just before); cp and segrep alternate
+   which goes first; medians. ``cp`` does not fsync; ``cp + sync`` (the copies fsynced) is shown beside it.
+   Spark applications are counted through the ``submit`` function (must be 0).
+b. a round with nothing to do after (a): plan_round + fast_forward_target (every target) + commit_round.
+c. Spark merge: lineitem written while the replica site led, leadership switched back in the catalog; the next
+   round pushes every row and merges it with one spark-submit (wall time, start-up included) vs row-based
+   upserts into PostgreSQL through SQLAlchemy: batched executemany (INSERT ... ON CONFLICT DO UPDATE,
+   ``--batch-rows`` per transaction) and one statement per row committed every 100 rows, on samples.
+d. fast-forward rows/s (a, cold-ish median) vs the batched row-based rate of (c).
+e. plan_round on a catalog built with COPY: ``--plan-partitions`` partitions, 2 targets, ``--plan-segments``
+   segments (chains mostly acked, a major every 16 segments, ~100 new unacked segments), then ten times the
+   history with the same new segments. Profiled (cProfile, top entries) when a target is not met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import datetime as dt
+import io
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+from sqlalchemy import select, update
+
+from segrep import demo_data, sparkrun
+from segrep.apply import apply_definitions
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.catalog.migrate import upgrade
+from segrep.config import load_definitions
+from segrep.errors import SegrepError
+from segrep.orchestrate import run_round, spark_copier
+from segrep.rounds import commit_round, fast_forward_target, plan_round
+from segrep.writer import write_batch
+
+PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+TABLE = "lineitem"
+PK = ["l_orderkey", "l_linenumber"]
+Results = dict[str, Any]
+
+
+# -- shared helpers -------------------------------------------------------------------------------------------
+
+
+def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - start
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class CountingSubmit:
+    """A ``submit`` for run_round that counts and times Spark applications (and runs them if ``run``)."""
+
+    run: bool = True
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(self, app: str, args: Sequence[str], *, name: str, master: str | None = None) -> None:
+        start = time.perf_counter()
+        try:
+            if self.run:
+                sparkrun.submit(app, args, name=name, master=master)
+        finally:
+            self.calls.append({"app": app, "name": name, "seconds": time.perf_counter() - start})
+
+
+@contextlib.contextmanager
+def pg_schema(prefix: str) -> Iterator[tuple[str, str]]:
+    """(schema, SQLAlchemy URL with the schema first on the search_path); the schema is dropped afterwards."""
+    from sqlalchemy import create_engine, text
+
+    schema = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    engine = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield schema, f"{PG_URL}?options=-csearch_path%3D{schema}"
+    finally:
+        with engine.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def catalog_url(kind: str, root: Path, prefix: str) -> Iterator[str]:
+    if kind == "sqlite":
+        yield f"sqlite:///{root}/catalog.db"
+    else:
+        with pg_schema(prefix) as (_schema, url):
+            yield url
+
+
+def make_env(root: Path, url: str, sites: list[str], source: Path, splits: list[int]) -> tuple[Catalog, Any]:
+    root.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "data_dir": "data",
+        "sites": {name: {"id": i + 1, "uri": f"sites/{name}"} for i, name in enumerate(sites)},
+        "tables": {
+            TABLE: {"schema_from": str(source), "primary_key": PK, "partition_key": "l_orderkey",
+                    "split_points": splits, "leader": sites[0], "replicas": sites[1:]},
+        },
+    }  # fmt: skip
+    config = root / "segrep.yaml"
+    config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    catalog = Catalog(url)
+    upgrade(catalog)
+    defs = load_definitions(config)
+    apply_definitions(catalog, defs)
+    return catalog, defs
+
+
+def quartile_splits(rows: pa.Table) -> list[int]:
+    keys = rows.column("l_orderkey").to_numpy()
+    return [int(np.quantile(keys, q)) for q in (0.25, 0.5, 0.75)]
+
+
+def write_in_batches(catalog: Catalog, rows: pa.Table, batches: int) -> float:
+    """Write ``rows`` in ``batches`` interleaved batches (every batch spans every partition, so each partition
+    gets one segment per batch); return the seconds taken (the take of each batch included)."""
+    start = time.perf_counter()
+    for k in range(batches):
+        write_batch(catalog, TABLE, rows.take(pa.array(np.arange(k, rows.num_rows, batches))))
+    return time.perf_counter() - start
+
+
+def set_leader(catalog: Catalog, site_id: int) -> None:
+    """Move every partition's leadership to the placement at ``site_id`` (a new epoch), as an operator would."""
+    with catalog.write() as s:
+        for part in s.scalars(select(m.Partition)):
+            pl = s.scalars(
+                select(m.Placement).where(m.Placement.partition_id == part.partition_id, m.Placement.site_id == site_id)
+            ).one()
+            part.leader_placement_id = pl.placement_id
+            part.epoch += 1
+
+
+def evict(paths: Sequence[Path]) -> None:
+    """Drop the files' clean pages from the page cache (cold-ish: the disk or the host may still cache)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def warm(paths: Sequence[Path]) -> None:
+    for p in paths:
+        with open(p, "rb") as f:
+            while f.read(8 * 1024 * 1024):
+                pass
+
+
+# -- (a) fast-forward and (b) the round with nothing to do -----------------------------------------------------
+
+
+def bench_fast_forward(rows: pa.Table, source: Path, work: Path, args: argparse.Namespace) -> Results:
+    runs = args.repeats * 2  # each repeat: one cold-ish and one warm copy, every copy to a fresh target site
+    targets = [f"r{i + 1}" for i in range(runs)]
+    out: Results = {"catalog": args.catalog, "rows": rows.num_rows, "batches": args.batches, "targets": runs}
+    with catalog_url(args.catalog, work, "bench_ff") as url:
+        catalog, defs = make_env(work / "ff", url, ["primary", *targets], source, quartile_splits(rows))
+        out["write_s"] = write_in_batches(catalog, rows, args.batches)
+        with catalog.read() as s:
+            leader_ids = select(m.Partition.leader_placement_id)
+            segs = list(s.scalars(select(m.Segment).where(m.Segment.placement_id.in_(leader_ids))))
+        site_root = defs.data_dir / "sites" / "primary"
+        files = [site_root / seg.relpath for seg in segs]
+        total_bytes = sum(seg.byte_size for seg in segs)
+        out |= {"segments": len(segs), "partitions": len({seg.partition_id for seg in segs}), "bytes": total_bytes}
+        log(f"(a) {len(segs)} segments, {total_bytes / 1e6:.0f} MB written in {out['write_s']:.1f} s")
+
+        submit = CountingSubmit()
+        samples: dict[str, list[float]] = {k: [] for k in
+                                           ("cp_cold", "cp_warm", "cpsync_cold", "cpsync_warm", "seg_cold",
+                                            "seg_warm", "segff_cold", "segff_warm")}  # fmt: skip
+        n = 0
+        for rep in range(args.repeats):
+            for cache in ("cold", "warm"):
+                site = targets[n]
+                order = ("cp", "segrep") if (rep + (cache == "warm")) % 2 == 0 else ("segrep", "cp")
+                for who in order:
+                    os.sync()
+                    (evict if cache == "cold" else warm)(files)
+                    if who == "cp":
+                        dest = work / f"cp-{n}"
+                        dest.mkdir()
+                        _, cp_s = timed(subprocess.run, ["cp", "--", *map(str, files), str(dest)], check=True)
+                        _, sync_s = timed(subprocess.run, ["sync", "--", *map(str, dest.iterdir())], check=True)
+                        samples[f"cp_{cache}"].append(cp_s)
+                        samples[f"cpsync_{cache}"].append(cp_s + sync_s)
+                    else:
+                        report, seg_s = timed(run_round, catalog, defs, TABLE, target=site, submit=submit)
+                        tr = report["targets"][site]
+                        if tr["status"] != "ok" or tr["segments_copied"] != len(segs):
+                            raise SystemExit(f"(a) round to {site} did not copy everything: {tr}")
+                        samples[f"seg_{cache}"].append(seg_s)
+                        samples[f"segff_{cache}"].append(tr["seconds"])
+                log(f"(a) repeat {rep + 1} {cache}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in samples.items()
+                                                                   if k.endswith(cache)))  # fmt: skip
+                n += 1
+        out["spark_apps_ff"] = len(submit.calls)
+        for key, values in samples.items():
+            med = statistics.median(values)
+            out[f"{key}_s"] = med
+            out[f"{key}_all_s"] = [round(v, 3) for v in values]
+            out[f"{key}_MBps"] = total_bytes / med / 1e6
+            out[f"{key}_rows_s"] = rows.num_rows / med
+        for cache in ("cold", "warm"):
+            out[f"ratio_{cache}"] = out[f"cp_{cache}_s"] / out[f"seg_{cache}_s"]
+
+        if not args.skip_noop:
+            out |= bench_noop(catalog, defs, args.noop_repeats)
+        catalog.dispose()
+    return out
+
+
+def bench_noop(catalog: Catalog, defs: Any, repeats: int) -> Results:
+    """plan_round + fast_forward_target for each target + commit_round, with nothing to replicate."""
+    submit = CountingSubmit()
+    totals, parts = [], {"plan": [], "ff": [], "commit": []}
+    for _ in range(repeats):
+        plan, plan_s = timed(plan_round, catalog, defs, TABLE)
+        start = time.perf_counter()
+        copied = 0
+        for site in plan.targets:
+            r = fast_forward_target(catalog, defs, TABLE, site, plan.end_us,
+                                    big_copier=spark_copier(defs, TABLE, plan.end_us, site, submit))  # fmt: skip
+            copied += r.segments_copied
+        ff_s = time.perf_counter() - start
+        report, commit_s = timed(commit_round, catalog, defs, TABLE, plan.end_us, merge_ran=plan.manifest is not None)
+        if copied or plan.manifest or report["status"] != "ok":
+            raise SystemExit(f"(b) the round was not a no-op: copied {copied}, manifest {plan.manifest}")
+        parts["plan"].append(plan_s)
+        parts["ff"].append(ff_s)
+        parts["commit"].append(commit_s)
+        totals.append(plan_s + ff_s + commit_s)
+    log(f"(b) no-op rounds: {', '.join(f'{t:.3f}' for t in totals)} s")
+    return {
+        "noop_targets": len(plan.targets),
+        "noop_total_s": statistics.median(totals),
+        "noop_all_s": [round(t, 3) for t in totals],
+        **{f"noop_{k}_s": statistics.median(v) for k, v in parts.items()},
+        "spark_apps_noop": len(submit.calls),
+    }
+
+
+# -- (c) Spark merge and the row-based baselines ---------------------------------------------------------------
+
+
+def bench_merge(rows: pa.Table, source: Path, work: Path, args: argparse.Namespace) -> Results:
+    out: Results = {"catalog": args.catalog, "rows": rows.num_rows}
+    with catalog_url(args.catalog, work, "bench_merge") as url:
+        catalog, defs = make_env(work / "merge", url, ["primary", "dr"], source, quartile_splits(rows))
+        set_leader(catalog, 2)  # dr leads: every row is written there
+        out["write_s"] = write_in_batches(catalog, rows, args.batches)
+        set_leader(catalog, 1)  # the operator moves leadership back: dr now holds a fork of every partition
+        log(f"(c) {rows.num_rows:,} rows written at dr in {out['write_s']:.1f} s; leadership back to primary")
+        submit = CountingSubmit()
+        try:
+            report, round_s = timed(run_round, catalog, defs, TABLE, submit=submit)
+        except SegrepError as exc:
+            lines = str(exc).splitlines()
+            out |= {"error": lines[0], "error_tail": lines[-3:], "spark_calls": submit.calls}
+            log(f"(c) merge FAILED after {submit.calls[-1]['seconds'] if submit.calls else 0:.0f} s: {exc}")
+            catalog.dispose()
+            return out
+        merges = report.get("merges", {})
+        apps = [c for c in submit.calls if c["app"] == "merge"]
+        if report["status"] != "ok" or merges.get("rows_merged") != rows.num_rows or len(apps) != 1:
+            raise SystemExit(f"(c) unexpected merge round: status {report['status']}, merges {merges}, apps {apps}")
+        merge_s = apps[0]["seconds"]
+        out |= {
+            "round_s": round_s,
+            "merge_submit_s": merge_s,
+            "merge_rows_in": merges["rows_in"],
+            "merge_rows_merged": merges["rows_merged"],
+            "merge_items": merges["items"],
+            "spark_apps": len(submit.calls),
+            "merge_rows_s": merges["rows_in"] / merge_s,
+        }
+        log(f"(c) merge: one spark-submit {merge_s:.1f} s, round {round_s:.1f} s")
+        catalog.dispose()
+    return out
+
+
+def _sa_table(schema: pa.Schema, name: str) -> Any:
+    from sqlalchemy import BigInteger, Column, Date, Integer, MetaData, Numeric, Table, Text
+
+    def sa_type(t: pa.DataType) -> Any:
+        if pa.types.is_int64(t):
+            return BigInteger()
+        if pa.types.is_integer(t):
+            return Integer()
+        if pa.types.is_decimal(t):
+            return Numeric(t.precision, t.scale)
+        if pa.types.is_date(t):
+            return Date()
+        return Text()
+
+    cols = [Column(f.name, sa_type(f.type), primary_key=f.name in PK, nullable=f.name in PK) for f in schema]
+    return Table(name, MetaData(), *cols)
+
+
+def bench_row_baselines(rows: pa.Table, args: argparse.Namespace) -> Results:
+    """Row-based apply into PostgreSQL via SQLAlchemy: batched upserts and one upsert per row."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.dialects.postgresql import insert
+
+    out: Results = {}
+    with pg_schema("bench_rows") as (_schema, url):
+        engine = create_engine(url)
+        for kind, sample in (("batched", args.batched_sample), ("per_row", args.row_sample)):
+            table = _sa_table(rows.schema, f"lineitem_{kind}")
+            table.create(engine)
+            data = rows.slice(0, sample).to_pylist()  # conversion to Python rows is not timed
+            ins = insert(table)
+            stmt = ins.on_conflict_do_update(
+                index_elements=PK, set_={c.name: ins.excluded[c.name] for c in table.columns if c.name not in PK}
+            )
+            start = time.perf_counter()
+            if kind == "batched":
+                for off in range(0, len(data), args.batch_rows):
+                    with engine.begin() as conn:
+                        conn.execute(stmt, data[off : off + args.batch_rows])
+            else:
+                with engine.connect() as conn:
+                    for i, row in enumerate(data, 1):
+                        conn.execute(stmt, row)
+                        if i % 100 == 0:
+                            conn.commit()
+                    conn.commit()
+            seconds = time.perf_counter() - start
+            with engine.connect() as conn:
+                from sqlalchemy import func
+
+                count = conn.scalar(select(func.count()).select_from(table))
+            if count != len(data):
+                raise SystemExit(f"(c) baseline {kind}: {count} rows in PostgreSQL, expected {len(data)}")
+            out |= {f"{kind}_rows": len(data), f"{kind}_s": seconds, f"{kind}_rows_s": len(data) / seconds}
+            log(f"(c) baseline {kind}: {len(data):,} rows in {seconds:.1f} s = {len(data) / seconds:,.0f} rows/s")
+        engine.dispose()
+    return out
+
+
+# -- (e) planning at scale -------------------------------------------------------------------------------------
+
+SEG_COLS = ("entry_id, placement_id, segment_id, partition_id, base_segment_id, included_segment_ids, is_major, "
+            "row_count, deleted_rows, byte_size, sha256, min_version, max_version, key_min, key_max, origin_site_id, "
+            "epoch, schema_fingerprint, relpath, committed_us")  # fmt: skip
+MAJOR_EVERY = 16
+
+
+def build_plan_catalog(root: Path, url: str, schema: str, source: Path, partitions: int, total: int) -> Any:
+    """A catalog with ``partitions`` partitions x (leader + 2 replicas) and ``total`` segment entries, built with
+    COPY. Every chain holds the same history at the three placements (all acked both ways); ~100 partitions
+    have one new segment at the leader that no replica holds yet. Returns the definitions."""
+    import psycopg
+
+    catalog, defs = make_env(root, url, ["primary", "r1", "r2"], source, [])  # sites and the table row
+    with catalog.write() as s:
+        info = s.scalars(select(m.Table)).one()
+        table_id, fingerprint = info.table_id, info.schema_fingerprint
+        s.execute(update(m.Partition).values(leader_placement_id=None))
+        s.execute(m.Placement.__table__.delete())
+        s.execute(m.Partition.__table__.delete())
+    catalog.dispose()
+
+    history = (total - 100) // 3  # segments per chain summed over partitions (each chain is held 3 times)
+    new = total - 3 * history
+    per, extra = divmod(history, partitions)
+    new_every = max(partitions // new, 1)
+    now = time.time_ns() // 1000
+    t0 = now - 30 * 86400 * 1_000_000
+    step = max((now - 60_000_000 - t0) // (per + 2), 1)
+    width = 600
+    part_lines, pl_lines, seg_lines, ack_lines = [], [], [], []
+    entry = 0
+    for p in range(partitions):
+        pid = p + 1
+        leader, r1, r2 = 3 * p + 1, 3 * p + 2, 3 * p + 3
+        begin = "\\N" if p == 0 else str(p * width)
+        end = "\\N" if p == partitions - 1 else str((p + 1) * width)
+        n = per + (1 if p < extra else 0)
+        ids = [f"{pid:012x}{k:08x}{'0' * 12}" for k in range(n)]
+        has_new = p % new_every == 0 and p // new_every < new
+        new_id = f"{pid:012x}{n:08x}{'f' * 12}" if has_new else None
+        part_lines.append(f"{pid}\t{table_id}\t{begin}\t{end}\tLIVE\t\\N\t1\t{t0 + (n + 1) * step}\t\\N\t{t0}\n")
+        roots = {leader: new_id or ids[-1], r1: ids[-1], r2: ids[-1]}
+        for pl, site in ((leader, 1), (r1, 2), (r2, 3)):
+            pl_lines.append(f"{pl}\t{pid}\t{site}\tLIVE\t{roots[pl]}\t\\N\t\\N\tf\t{t0}\t\\N\n")
+            chain = [*ids, new_id] if (pl == leader and new_id) else ids
+            for k, sid in enumerate(chain):
+                entry += 1
+                major = k % MAJOR_EVERY == 0
+                base = "\\N" if k == 0 else chain[k - 1]
+                included = json.dumps(chain[max(k - MAJOR_EVERY + 1, 0) : k]) if major and k else "[]"
+                committed = now - 60_000_000 if sid == new_id else t0 + k * step + (0 if pl == leader else 1000)
+                version = committed - 500
+                seg_lines.append(
+                    f"{entry}\t{pl}\t{sid}\t{pid}\t{base}\t{included}\t{'t' if major else 'f'}\t10000\t0\t1000000\t"
+                    f"{'0' * 64}\t{version - 1000}\t{version}\t\\N\t\\N\t1\t1\t{fingerprint}\t"
+                    f"{TABLE}/{pid}/{sid}.parquet\t{committed}\n"
+                )
+        for sid in ids:
+            for holder, target in ((leader, r1), (leader, r2), (r1, leader), (r2, leader)):
+                ack_lines.append(f"{holder}\t{sid}\t{target}\t{now - 1000}\n")
+
+    conninfo = "postgresql://postgres@127.0.0.1:5432/test"
+    with psycopg.connect(conninfo, options=f"-csearch_path={schema}") as conn, conn.cursor() as cur:
+        for table, cols, lines in (
+            ("partitions", "partition_id, table_id, begin_key, end_key, state, leader_placement_id, epoch, "
+                           "last_version, parent_partition_id, created_us", part_lines),
+            ("placements", "placement_id, partition_id, site_id, state, root_segment_id, key_begin, key_end, "
+                           "needs_bootstrap, created_us, removed_us", pl_lines),
+            ("segments", SEG_COLS, seg_lines),
+            ("acks", "holder_placement_id, segment_id, target_placement_id, acked_us", ack_lines),
+        ):  # fmt: skip
+            with cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+                for off in range(0, len(lines), 50_000):
+                    copy.write("".join(lines[off : off + 50_000]))
+        cur.execute("UPDATE partitions SET leader_placement_id = 3 * partition_id - 2")
+        for table, col in (("partitions", "partition_id"), ("placements", "placement_id"), ("segments", "entry_id")):
+            cur.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{col}'), (SELECT max({col}) FROM {table}))")
+        conn.commit()
+        conn.autocommit = True
+        cur.execute("ANALYZE")
+        cur.execute("SELECT count(*) FROM segments")
+        segs = cur.fetchone()[0]
+        cur.execute("SELECT count(*) FROM acks")
+        acks = cur.fetchone()[0]
+    return defs, {"segments": segs, "acks": acks, "new_segments": new, "chain_per_partition": per}
+
+
+def profile_top(fn: Callable[..., Any], *args: Any, n: int = 15) -> list[str]:
+    prof = cProfile.Profile()
+    prof.enable()
+    fn(*args)
+    prof.disable()
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf).strip_dirs()
+    stats.sort_stats("tottime").print_stats(n)
+    stats.sort_stats("cumulative").print_stats(n)
+    return buf.getvalue().splitlines()
+
+
+def _child(url: str, config: str, what: str, repeats: int, queue: Any) -> None:
+    """In a child process: time ``what`` (plan_round or the catalog snapshot alone) ``repeats`` times."""
+    from segrep.planner import snapshot
+
+    catalog, defs = Catalog(url), load_definitions(Path(config))
+    for _ in range(repeats):
+        if what == "plan":
+            _, secs = timed(plan_round, catalog, defs, TABLE)
+        else:
+            with catalog.read() as s:
+                _, secs = timed(snapshot, s, TABLE)
+        queue.put(secs)
+
+
+def timed_child(url: str, config: Path, what: str, repeats: int, timeout_s: float) -> tuple[list[float], bool]:
+    """Times of up to ``repeats`` runs in a child process, stopped after ``timeout_s``; (times, timed_out)."""
+    import multiprocessing as mp
+    import queue as qu
+
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(url, str(config), what, repeats, q))
+    proc.start()
+    deadline = time.monotonic() + timeout_s
+    times: list[float] = []
+    while len(times) < repeats:
+        try:
+            times.append(q.get(timeout=max(deadline - time.monotonic(), 0.01)))
+        except qu.Empty:
+            break
+        if proc.exitcode not in (None, 0):
+            break
+    timed_out = len(times) == 0 and proc.is_alive()
+    if proc.is_alive():
+        proc.kill()
+    proc.join()
+    if not times and not timed_out:
+        raise SystemExit(f"(e) {what} failed in the child process (exit {proc.exitcode})")
+    return times, timed_out
+
+
+def bench_planning(source: Path, work: Path, args: argparse.Namespace) -> Results:
+    out: Results = {"partitions": args.plan_partitions, "targets": 2, "timeout_s": args.plan_timeout_s}
+    for label, total in (("1x", args.plan_segments), ("10x", args.plan_segments * 10)):
+        with pg_schema(f"bench_plan_{label}") as (schema, url):
+            root = work / f"plan-{label}"
+            (defs, facts), build_s = timed(build_plan_catalog, root, url, schema, source,
+                                           args.plan_partitions, total)  # fmt: skip
+            log(f"(e) {label}: built {facts} in {build_s:.1f} s")
+            out |= {f"{label}_{k}": v for k, v in facts.items()} | {f"{label}_build_s": build_s}
+            times, late = timed_child(url, root / "segrep.yaml", "plan", args.plan_repeats, args.plan_timeout_s)
+            out[f"{label}_plan_s"] = statistics.median(times) if times else None
+            out[f"{label}_plan_all_s"] = [round(t, 3) for t in times]
+            log(f"(e) {label}: plan_round {'timed out' if late else times}")
+            snap, snap_late = timed_child(url, root / "segrep.yaml", "snapshot", 1, args.snapshot_timeout_s)
+            out[f"{label}_snapshot_s"] = snap[0] if snap else None
+            log(f"(e) {label}: snapshot alone {'timed out' if snap_late else snap}")
+    one, ten = out["1x_plan_s"], out["10x_plan_s"]
+    out["growth"] = ten / one if one and ten else None
+    if one is None or one > 2.0 or ten is None or (out["growth"] or 0) > 1.5 or args.profile_plan:
+        # the full scale is too slow to profile in-process: profile a tenth of it (partitions and segments)
+        parts, segs = max(args.plan_partitions // 10, 10), max(args.plan_segments // 10, 1000)
+        with pg_schema("bench_plan_prof") as (schema, url):
+            defs, facts = build_plan_catalog(work / "plan-prof", url, schema, source, parts, segs)
+            catalog = Catalog(url)
+            (top, secs) = timed(profile_top, plan_round, catalog, defs, TABLE)
+            catalog.dispose()
+        out["profile"] = {"partitions": parts, "segments": facts["segments"], "seconds": secs, "top": top}
+        print(f"\n### cProfile of plan_round at {parts:,} partitions, {facts['segments']:,} segments "
+              f"({secs:.1f} s under the profiler)\n", file=sys.stderr)  # fmt: skip
+        print("\n".join(top), file=sys.stderr)
+    return out
+
+
+# -- report ----------------------------------------------------------------------------------------------------
+
+
+def verdict(ok: bool) -> str:
+    return "MET" if ok else "**NOT MET**"
+
+
+def table_rows(r: Results) -> list[tuple[str, str, str, str, str, str]]:
+    rows: list[tuple[str, str, str, str, str, str]] = []
+    a, c, e = r.get("a"), r.get("c"), r.get("e")
+    base = r.get("c_baselines")
+    if a:
+        mb = a["bytes"] / 1e6
+        for cache in ("cold", "warm"):
+            rows.append((
+                f"(a) fast-forward, {cache}{'-ish' if cache == 'cold' else ''} cache: whole round to one target "
+                f"({a['segments']} segments, {mb:,.0f} MB, {a['rows']:,} rows), MB/s | rows/s",
+                f"{a[f'seg_{cache}_MBps']:,.0f} MB/s, {a[f'seg_{cache}_rows_s']:,.0f} rows/s "
+                f"(copy step alone {a[f'segff_{cache}_MBps']:,.0f} MB/s)",
+                f"cp {a[f'cp_{cache}_MBps']:,.0f} MB/s (cp + sync {a[f'cpsync_{cache}_MBps']:,.0f} MB/s)",
+                f"{a[f'ratio_{cache}']:.2f}", "≥ 0.8 of cp", verdict(a[f"ratio_{cache}"] >= 0.8),
+            ))  # fmt: skip
+        rows.append(("(a) Spark applications launched by the fast-forward rounds", str(a["spark_apps_ff"]), "-",
+                     "-", "0", verdict(a["spark_apps_ff"] == 0)))  # fmt: skip
+        if "noop_total_s" in a:
+            rows.append((
+                f"(b) round with nothing to do ({a['noop_targets']} targets, 4 partitions): plan + fast-forward + "
+                f"commit, median s", f"{a['noop_total_s']:.3f} (plan {a['noop_plan_s']:.3f}, ff {a['noop_ff_s']:.3f}, "
+                f"commit {a['noop_commit_s']:.3f})", "-", "-", "≤ 1.5 s", verdict(a["noop_total_s"] <= 1.5),
+            ))  # fmt: skip
+            rows.append(("(b) Spark applications", str(a["spark_apps_noop"]), "-", "-", "0",
+                         verdict(a["spark_apps_noop"] == 0)))  # fmt: skip
+    if c and "error" in c:
+        rows.append(("(c) Spark merge of the fork, one spark-submit", f"FAILED: {c['error']}", "-", "-",
+                     "≥ 3x batched, ≥ 10x per-row", "**NOT MET**"))  # fmt: skip
+    elif c and base:
+        for kind, target in (("batched", 3), ("per_row", 10)):
+            ratio = c["merge_rows_s"] / base[f"{kind}_rows_s"]
+            label = (f"PostgreSQL upserts, executemany of {r['args']['batch_rows']:,} per commit"
+                     if kind == "batched" else "PostgreSQL upsert per row, commit every 100")  # fmt: skip
+            rows.append((
+                f"(c) Spark merge of {c['merge_rows_in']:,} rows, one spark-submit incl. start-up, rows/s",
+                f"{c['merge_rows_s']:,.0f} ({c['merge_submit_s']:.1f} s)",
+                f"{label}: {base[f'{kind}_rows_s']:,.0f} ({base[f'{kind}_rows']:,} rows)",
+                f"{ratio:.1f}", f"≥ {target}x", verdict(ratio >= target),
+            ))  # fmt: skip
+    elif c and "merge_rows_s" in c:
+        rows.append(("(c) Spark merge rows/s", f"{c['merge_rows_s']:,.0f}", "not measured", "-", "-", "-"))
+    if a and base:
+        ratio = a["seg_cold_rows_s"] / base["batched_rows_s"]
+        rows.append(("(d) fast-forward rows/s (a, cold-ish) vs batched row-based apply (c)",
+                     f"{a['seg_cold_rows_s']:,.0f}", f"{base['batched_rows_s']:,.0f}", f"{ratio:,.0f}", "≥ 100x",
+                     verdict(ratio >= 100)))  # fmt: skip
+    if e:
+
+        def secs(v: float | None) -> str:
+            return f"{v:.2f}" if v is not None else f"> {e['timeout_s']:.0f} (timed out)"
+
+        def snap(label: str) -> str:
+            return f" (catalog snapshot alone {secs(e[f'{label}_snapshot_s'])})"
+
+        one, ten = e["1x_plan_s"], e["10x_plan_s"]
+        rows.append((
+            f"(e) plan_round, {e['partitions']:,} partitions, 2 targets, {e['1x_segments']:,} segments "
+            f"({e['1x_new_segments']} new), median s", secs(one) + snap("1x"), "-", "-", "≤ 2 s",
+            verdict(one is not None and one <= 2.0),
+        ))  # fmt: skip
+        growth = f"{e['growth']:.2f}" if e["growth"] else "-"
+        rows.append((
+            f"(e) plan_round at ten times the history ({e['10x_segments']:,} segments), median s",
+            secs(ten) + snap("10x"), f"{secs(one)} (1x)", growth, "≤ 1.5x the 1x case",
+            verdict(e["growth"] is not None and e["growth"] <= 1.5),
+        ))  # fmt: skip
+    return rows
+
+
+def print_table(r: Results) -> None:
+    print("| measure | segrep | baseline (same run) | ratio | target | result |")
+    print("|---|---|---|---|---|---|")
+    for row in table_rows(r):
+        print("| " + " | ".join(row) + " |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", type=float, default=1.0, help="TPC-H scale factor (1 = 6M lineitem rows)")
+    ap.add_argument("--batches", type=int, default=10, help="write batches (= segments per partition)")
+    ap.add_argument("--repeats", type=int, default=3, help="(a) repeats; each one copy cold-ish and one warm")
+    ap.add_argument("--noop-repeats", type=int, default=7, help="(b) no-op rounds (median reported)")
+    ap.add_argument("--catalog", choices=["postgresql", "sqlite"], default="postgresql", help="catalog for a-c")
+    ap.add_argument(
+        "--spark-driver-memory",
+        default="4g",
+        help="(c) SPARK_DRIVER_MEMORY for spark-submit ('' = Spark's 1g, which fails at scale 1)",
+    )
+    ap.add_argument("--batched-sample", type=int, default=200_000, help="(c) rows for the batched baseline")
+    ap.add_argument("--row-sample", type=int, default=20_000, help="(c) rows for the per-row baseline")
+    ap.add_argument("--batch-rows", type=int, default=10_000, help="(c) rows per batched transaction")
+    ap.add_argument("--plan-partitions", type=int, default=10_000)
+    ap.add_argument("--plan-segments", type=int, default=200_000, help="(e) catalog segments (then 10x)")
+    ap.add_argument("--plan-repeats", type=int, default=5)
+    ap.add_argument("--plan-timeout-s", type=float, default=90.0, help="(e) give up on plan_round after this")
+    ap.add_argument("--snapshot-timeout-s", type=float, default=180.0, help="(e) same for the snapshot alone")
+    ap.add_argument("--profile-plan", action="store_true", help="(e) always profile one plan_round")
+    ap.add_argument("--skip-ff", action="store_true", help="skip (a), (b) and (d)")
+    ap.add_argument("--skip-noop", action="store_true", help="skip (b)")
+    ap.add_argument("--skip-merge", action="store_true", help="skip the Spark merge of (c)")
+    ap.add_argument("--skip-baselines", action="store_true", help="skip the row-based baselines of (c) and (d)")
+    ap.add_argument("--skip-plan", action="store_true", help="skip (e)")
+    ap.add_argument("--tpch-dir", type=Path, default=Path("data/tpch"))
+    ap.add_argument("--work-dir", type=Path, default=None, help="parent of the scratch directory (default: /tmp)")
+    ap.add_argument("--results-dir", type=Path, default=Path(__file__).parent / "results")
+    args = ap.parse_args()
+
+    results: Results = {"date": dt.date.today().isoformat(), "args": {k: str(v) if isinstance(v, Path) else v
+                                                                      for k, v in vars(args).items()}}  # fmt: skip
+    seconds: dict[str, float] = {}
+    if args.spark_driver_memory:
+        os.environ["SPARK_DRIVER_MEMORY"] = args.spark_driver_memory  # spark-submit reads it; sparkrun passes env
+    results["loadavg_start"] = os.getloadavg()
+    source = demo_data.generate_tpch("lineitem", args.scale, args.tpch_dir / f"sf{args.scale:g}").resolve()
+    rows = None
+    if not (args.skip_ff and args.skip_merge and args.skip_baselines):
+        rows = demo_data.normalized(pq.read_table(source))
+        rows = rows.sort_by([(k, "ascending") for k in PK])
+    with tempfile.TemporaryDirectory(prefix="segrep-bench-rounds-", dir=args.work_dir) as tmp:
+        work = Path(tmp)
+        if not args.skip_ff:
+            results["a"], seconds["a+b"] = timed(bench_fast_forward, rows, source, work, args)
+        if not args.skip_merge:
+            results["c"], seconds["c merge"] = timed(bench_merge, rows, source, work, args)
+        if not args.skip_baselines:
+            results["c_baselines"], seconds["c baselines"] = timed(bench_row_baselines, rows, args)
+        if not args.skip_plan:
+            results["e"], seconds["e"] = timed(bench_planning, source, work, args)
+    results["loadavg_end"] = os.getloadavg()
+    results["part_seconds"] = {k: round(v, 1) for k, v in seconds.items()}
+
+    print_table(results)
+    print("\nruntime per part: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()))
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    out = args.results_dir / f"rounds-{results['date']}.json"
+    out.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    print(f"results: {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
