@@ -154,7 +154,12 @@ def _live_if_nothing_to_copy(s: Session, part: m.Partition, pl: m.Placement) -> 
 
 
 def _reset_watermarks(s: Session, partition_id: int) -> None:
-    s.execute(update(m.Placement).where(m.Placement.partition_id == partition_id).values(settled_entry_id=0))
+    s.execute(
+        update(m.Placement)
+        .where(m.Placement.partition_id == partition_id)
+        .values(settled_entry_id=0)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def _adopt_problem(

@@ -7,6 +7,10 @@ in the seed. A tombstone is dropped only once its version is older than the tabl
 merge. The fold runs as the same Spark job as round merges; the commit is conditional on the root not having
 moved, so compaction is safe while rounds and writes run (a moved root just means "plan again"). Replicas
 take the major by fast-forward: a follower always accepts a major segment.
+
+Before tombstones go, every replica still holding rows the leader has not merged that are older than the
+cutoff (a fork written while it led, then away longer than the grace) is marked ``needs_bootstrap``: pushed
+later, those rows would beat the missing tombstones and resurrect deleted rows, so it re-bootstraps instead.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from typing import Any
 
 from segrep import hlc, sparkrun
 from segrep.catalog import Catalog
+from segrep.catalog import models as m
 from segrep.chain import visible_segments
 from segrep.config import Definitions, Policy
 from segrep.merge import Manifest, MergeItem, write_json_atomic
 from segrep.merge_commit import commit_results
-from segrep.planner import PartitionSnapshot, TableSnapshot, snapshot
+from segrep.planner import PartitionSnapshot, TableSnapshot, pushes_from, snapshot
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,7 @@ class CompactionPlan:
     candidates: list[Candidate] = field(default_factory=list)
     manifest: str | None = None
     result: str | None = None
+    needs_bootstrap: list[str] = field(default_factory=list)  # replicas stopped from pushing (see above)
 
 
 def minor_tail(part: PartitionSnapshot) -> tuple[int, int]:
@@ -100,10 +106,34 @@ def plan_compaction(
         item = _item(snap, part, key, "major", [])
         items.append(replace(item, tombstone_cutoff_us=cutoff))
     if items:
+        plan.needs_bootstrap = _stop_stale_pushers(catalog, table, [c.partition_id for c in plan.candidates], cutoff)
         folder = work_dir(defs, table, key)
         write_json_atomic(folder / "manifest.json", json.loads(Manifest(key, items).to_json()))
         plan.manifest, plan.result = str(folder / "manifest.json"), str(folder / "result.json")
     return plan
+
+
+def _stop_stale_pushers(catalog: Catalog, table: str, partition_ids: list[int], cutoff: int) -> list[str]:
+    """Mark ``needs_bootstrap`` on replicas whose unmerged segments hold rows older than the tombstone cutoff,
+    in partitions whose visible chain may hold tombstones that old (under the partition lock rounds take)."""
+    notes = []
+    with catalog.write() as s:
+        for pid in partition_ids:
+            s.get(m.Partition, pid, with_for_update=True)
+            for part in snapshot(s, table, [pid]).partitions:
+                visible = [part.segment(part.leader.placement_id, r.segment_id)
+                           for r in visible_segments(part.chain(part.leader))]  # fmt: skip
+                if not any(seg.deleted_rows and seg.min_version < cutoff for seg in visible):
+                    continue  # no tombstone can expire here
+                for replica in part.replicas:
+                    stale = [seg for seg in pushes_from(part, replica, 2**62) if seg.min_version < cutoff]
+                    if stale:
+                        replica.needs_bootstrap = True
+                        notes.append(
+                            f"partition {pid}: placement {replica.placement_id} holds {len(stale)} unmerged "
+                            "segment(s) older than the tombstone grace; it needs a bootstrap"
+                        )
+    return notes
 
 
 def compact(
@@ -117,7 +147,8 @@ def compact(
 ) -> dict[str, Any]:
     """Plan, fold on Spark (one application for every partition due), commit. Returns a report."""
     plan = plan_compaction(catalog, defs, table, partitions=partitions, force=force)
-    report: dict[str, Any] = {"table": table, "candidates": [c.__dict__ for c in plan.candidates], "spark_apps": 0}
+    report: dict[str, Any] = {"table": table, "candidates": [c.__dict__ for c in plan.candidates], "spark_apps": 0,
+                              "needs_bootstrap": plan.needs_bootstrap}  # fmt: skip
     if plan.manifest is None or plan.result is None:
         return {**report, "committed": 0}
     submit("merge", ["--manifest", plan.manifest, "--result", plan.result], name=f"segrep-compact-{table}")

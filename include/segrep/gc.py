@@ -93,7 +93,10 @@ def decide_partition(
         if replica.needs_bootstrap:
             continue  # already out of retention: it will be re-bootstrapped from the newest major
         acked = _acked_by_all(part, [replica])
-        if not would_go - acked:
+        # What it still needs of what would go: a segment whose covering majors it has acked none of (one it
+        # never received because it took the major instead needs nothing).
+        needed = {seg for seg in would_go if leader_action(chain, seg, acked) != LocalAction.DELETE}
+        if not needed:
             holding.append(replica)  # it needs nothing that would otherwise go: holding it costs nothing
             continue
         age_s = (now - _last_ack_us(s, leader.placement_id, replica)) / 1e6
@@ -107,7 +110,7 @@ def decide_partition(
             continue
         holding.append(replica)
         report.held.append(
-            f"partition {part.partition.partition_id}: {len(would_go - acked)} segment(s) held for {name} "
+            f"partition {part.partition.partition_id}: {len(needed)} segment(s) held for {name} "
             f"(last ack {age_s:.0f} s ago, retention {policy.max_retention_s} s)"
         )
     acked_all = _acked_by_all(part, holding)
@@ -174,14 +177,14 @@ def collect(
             deletions = _partition_pass(catalog, name, pid, sites, policy, now, dry_run, report)
             report.deletions.extend(deletions)
             if not dry_run:
-                report.files_removed += _remove_files(catalog, deletions, sites)
+                report.files_removed += _remove_files(catalog, deletions, sites, report)
     orphan_sites = {site.site_id for site in sites.values()}
     for site_id in sorted(orphan_sites):
         site_row = sites[site_id]
-        orphans = _orphans(catalog, Site(site_row.name, site_row.uri), site_id, names, now, defs, table)
+        orphans = _orphans(catalog, Site(site_row.name, site_row.uri), site_id, names, now, defs, table, report)
         report.deletions.extend(orphans)
         if not dry_run:
-            report.files_removed += _remove_files(catalog, orphans, sites)
+            report.files_removed += _remove_files(catalog, orphans, sites, report)
     return report
 
 
@@ -201,15 +204,24 @@ def _partition_pass(
             s.rollback()
             return deletions
         for d in deletions:
-            s.execute(delete(m.Ack).where(m.Ack.holder_placement_id == d.placement_id,
-                                          m.Ack.segment_id == d.segment_id))  # fmt: skip
-            s.execute(delete(m.Segment).where(m.Segment.placement_id == d.placement_id,
-                                              m.Segment.segment_id == d.segment_id))  # fmt: skip
+            s.execute(
+                delete(m.Ack)
+                .where(m.Ack.holder_placement_id == d.placement_id, m.Ack.segment_id == d.segment_id)
+                .execution_options(synchronize_session=False)
+            )
+            s.execute(
+                delete(m.Segment)
+                .where(m.Segment.placement_id == d.placement_id, m.Segment.segment_id == d.segment_id)
+                .execution_options(synchronize_session=False)
+            )
     return deletions
 
 
-def _remove_files(catalog: Catalog, deletions: list[Deletion], sites: dict[int, m.Site]) -> int:
-    """Delete files no catalog row at their site references any more (the rows went first)."""
+def _remove_files(
+    catalog: Catalog, deletions: list[Deletion], sites: dict[int, m.Site], report: GcReport | None = None
+) -> int:
+    """Delete files no catalog row at their site references any more (the rows went first). A site that
+    cannot be reached keeps its files (now orphans, removed by a later run); the other sites go on."""
     by_name = {site.name: site for site in sites.values()}
     removed = 0
     for d in deletions:
@@ -222,13 +234,26 @@ def _remove_files(catalog: Catalog, deletions: list[Deletion], sites: dict[int, 
                 .where(m.Placement.site_id == site.site_id, m.Segment.relpath == d.relpath)
             )
         if not still:
-            Site(site.name, site.uri).delete(d.relpath)
+            try:
+                Site(site.name, site.uri).delete(d.relpath)
+            except OSError as exc:
+                if report is not None:
+                    report.held.append(f"{d.site}:{d.relpath} not removed ({type(exc).__name__}: {exc}); a later "
+                                       "run removes it as an orphan")  # fmt: skip
+                continue
             removed += 1
     return removed
 
 
 def _orphans(
-    catalog: Catalog, site: Site, site_id: int, tables: list[str], now: int, defs: Definitions, only: str | None
+    catalog: Catalog,
+    site: Site,
+    site_id: int,
+    tables: list[str],
+    now: int,
+    defs: Definitions,
+    only: str | None,
+    report: GcReport | None = None,
 ) -> list[Deletion]:
     """Files under the site's table directories that the catalog does not know, older than the grace."""
     with catalog.read() as s:
@@ -244,7 +269,13 @@ def _orphans(
         grace_s = (defs.table(name).policy if name in defs.tables else Policy()).orphan_grace_s
         selector = pafs.FileSelector(site.path(name), recursive=True, allow_not_found=True)
         prefix = site.root.rstrip("/") + "/"
-        for info in site.fs.get_file_info(selector):
+        try:
+            infos = site.fs.get_file_info(selector)
+        except OSError as exc:  # the site is down: its orphans wait for a later run
+            if report is not None:
+                report.held.append(f"orphans at {site.name} not listed ({type(exc).__name__}: {exc})")
+            continue
+        for info in infos:
             if info.type != pafs.FileType.File:
                 continue
             rel = info.path[len(prefix) :] if info.path.startswith(prefix) else info.path

@@ -226,10 +226,12 @@ def _plan_merges(
 ) -> list[MergeItem]:
     """Follower -> leader: push what the leader lacks; the leader acks what it holds and leases the rest."""
     items = []
+    leader_ids = [part.leader.placement_id for part in snap.partitions]
+    ls.expire(s, leader_ids, now)
+    leases = ls.in_flight_many(s, leader_ids, now)
     for part in snap.partitions:
         leader = part.leader
-        ls.expire(s, leader.placement_id, now)
-        held = ls.in_flight(s, leader.placement_id, now)
+        held = leases.get(leader.placement_id, {})
         others = frozenset(seg for seg, holder in held.items() if holder != key)
         incoming: list[FileRef] = []
         for follower in part.replicas:
@@ -448,8 +450,13 @@ def _decide_batch(
                 if restarted:
                     report.needs_major.append(partition_id)  # the planner schedules a major segment
                     return [], True, False
-                s.execute(delete(m.Ack).where(m.Ack.holder_placement_id == part.leader.placement_id,
-                                              m.Ack.target_placement_id == replica_id))  # fmt: skip
+                s.execute(
+                    delete(m.Ack)
+                    .where(
+                        m.Ack.holder_placement_id == part.leader.placement_id, m.Ack.target_placement_id == replica_id
+                    )
+                    .execution_options(synchronize_session=False)
+                )
                 return [], False, True
             if reaction == Reaction.STOP:
                 if outcome == Outcome.OVERLOADED and batch:
@@ -491,52 +498,71 @@ def _copy_and_commit(
     outcomes = (big_copier if use_spark else copier)(items)  # type: ignore[misc]
     report.spark_apps += int(use_spark)
     faults.point("after_copy_before_commit")
-    for leased, copied in zip(batch, outcomes, strict=True):
+    copied_ok: list[_Leased] = []
+    failed: tuple[int, CopyOutcome] | None = None
+    for n, (leased, copied) in enumerate(zip(batch, outcomes, strict=True)):
         if not copied.ok:
-            _release_all(catalog, [b for b in batch if b is leased or batch.index(b) > batch.index(leased)], key)
-            if copied.invalid:
-                report.count(Outcome.INVALID)
-                report.status = "declined"
-                report.decline_reason = report.decline_reason or str(Outcome.INVALID)
-                return
-            raise TargetUnreachable(copied.error or "copy failed")
-        if not _receiver_commit(catalog, leased, key):
-            report.count(Outcome.INFLIGHT)
-            _release_all(catalog, batch[batch.index(leased) + 1 :], key)
-            return
+            failed = (n, copied)
+            break
+        copied_ok.append(leased)
+    committed = _receiver_commit(catalog, copied_ok, key) if copied_ok else []
+    if committed:
         faults.point("after_commit_before_ack")
-        with catalog.write() as s:
-            _ack(s, leased.leader_id, leased.segment.segment_id, leased.replica_id)
+        with catalog.write() as s:  # the sender's side: one transaction for the batch
+            for leased in committed:
+                _ack(s, leased.leader_id, leased.segment.segment_id, leased.replica_id)
+    for leased in committed:
         report.count(Outcome.FAST_FORWARD)
         report.segments_copied += 1
         report.bytes_copied += leased.segment.byte_size
+    if len(committed) < len(copied_ok):
+        report.count(Outcome.INFLIGHT)  # a concurrent execution of this round got there first
+        _release_all(catalog, batch[len(committed) :], key)
+        return
+    if failed is not None:
+        n, copied = failed
+        _release_all(catalog, batch[n:], key)
+        if copied.invalid:
+            report.count(Outcome.INVALID)
+            report.status = "declined"
+            report.decline_reason = report.decline_reason or str(Outcome.INVALID)
+            return
+        raise TargetUnreachable(copied.error or "copy failed")
 
 
-def _receiver_commit(catalog: Catalog, leased: _Leased, key: str) -> bool:
-    """The receiver registers the copied segment and moves its root (conditionally), notes that the sender
-    holds it, and drops the lease. False if the chain moved under us (a concurrent copy of this round won)."""
-    seg = leased.segment
+def _receiver_commit(catalog: Catalog, batch: list[_Leased], key: str) -> list[_Leased]:
+    """The receiver registers the copied segments in order, moving its root conditionally, notes that the
+    sender holds each, and drops the leases: one transaction for the batch (all of one partition). Returns
+    what it committed: nothing if leadership changed since the decision (the offer is stale) or the chain
+    moved under us (a concurrent execution of this round won; its next offer is answered SEGMENT_EXISTS)."""
+    first = batch[0]
     try:
         with catalog.write() as s:
-            part = s.get(m.Partition, leased.partition_id, with_for_update=True)
-            replica = s.get(m.Placement, leased.replica_id)
+            part = s.get(m.Partition, first.partition_id, with_for_update=True)
+            replica = s.get(m.Placement, first.replica_id)
             if part is None or replica is None or replica.removed_us is not None:
-                return False
-            if part.leader_placement_id != leased.leader_id or part.epoch != leased.epoch:
-                return False  # leadership changed since the decision: the offer is stale (INVALID at receipt)
-            exists = s.scalar(
-                select(m.Segment.entry_id).where(
-                    m.Segment.placement_id == leased.replica_id, m.Segment.segment_id == seg.segment_id
+                return []
+            if part.leader_placement_id != first.leader_id or part.epoch != first.epoch:
+                return []
+            present = set(
+                s.scalars(
+                    select(m.Segment.segment_id).where(
+                        m.Segment.placement_id == first.replica_id,
+                        m.Segment.segment_id.in_([b.segment.segment_id for b in batch]),
+                    )
                 )
             )
-            if exists is None:
-                register_segment(s, replica, leased.entry, seg.relpath, FileFacts(seg.byte_size, seg.sha256),
-                                 hlc.now_us(), expected_root=leased.expected_root)  # fmt: skip
-            _ack(s, leased.replica_id, seg.segment_id, leased.leader_id)
-            ls.release(s, leased.replica_id, seg.segment_id, key)
+            now = hlc.now_us()
+            for leased in batch:
+                seg = leased.segment
+                if seg.segment_id not in present:
+                    register_segment(s, replica, leased.entry, seg.relpath, FileFacts(seg.byte_size, seg.sha256),
+                                     now, expected_root=leased.expected_root)  # fmt: skip
+                _ack(s, leased.replica_id, seg.segment_id, leased.leader_id)
+                ls.release(s, leased.replica_id, seg.segment_id, key)
     except ConflictError:
-        return False
-    return True
+        return []
+    return batch
 
 
 def _release_all(catalog: Catalog, batch: list[_Leased], key: str) -> None:

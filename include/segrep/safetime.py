@@ -79,7 +79,7 @@ def _join_finalize(s: Session, part: PartitionSnapshot, replica: m.Placement) ->
     if root is not None and replica.placement_id not in part.acks.get((part.leader.placement_id, root), ()):
         return False
     s.execute(update(m.Placement).where(m.Placement.placement_id == replica.placement_id).values(
-        state=str(PlacementState.LIVE)))  # fmt: skip
+        state=str(PlacementState.LIVE)).execution_options(synchronize_session=False))  # fmt: skip
     replica.state = PlacementState.LIVE
     return True
 
@@ -143,6 +143,7 @@ def _settle(s: Session, part: PartitionSnapshot) -> None:
                 update(m.Placement)
                 .where(m.Placement.placement_id == placement.placement_id)
                 .values(settled_entry_id=mark, settled_epoch=epoch)
+                .execution_options(synchronize_session=False)
             )
 
 

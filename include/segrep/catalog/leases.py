@@ -25,16 +25,32 @@ def insert_ignore(s: Session, model: type[m.Base], values: dict[str, Any]) -> bo
     return bool(res.rowcount)
 
 
-def expire(s: Session, target_placement_id: int, now_us: int) -> None:
-    s.execute(delete(m.Lease).where(m.Lease.target_placement_id == target_placement_id, m.Lease.expires_us <= now_us))
+def expire(s: Session, target_placement_ids: int | list[int], now_us: int) -> None:
+    """Drop expired leases of these targets (a plain DELETE: no scan of the objects loaded in the session)."""
+    ids = [target_placement_ids] if isinstance(target_placement_ids, int) else target_placement_ids
+    if ids:
+        s.execute(
+            delete(m.Lease)
+            .where(m.Lease.target_placement_id.in_(ids), m.Lease.expires_us <= now_us)
+            .execution_options(synchronize_session=False)
+        )
 
 
 def in_flight(s: Session, target_placement_id: int, now_us: int) -> dict[str, str]:
     """Segment id -> lease holder of every unexpired receipt at the target."""
-    q = select(m.Lease.segment_id, m.Lease.holder).where(
-        m.Lease.target_placement_id == target_placement_id, m.Lease.expires_us > now_us
-    )
-    return {seg: holder for seg, holder in s.execute(q)}
+    return in_flight_many(s, [target_placement_id], now_us).get(target_placement_id, {})
+
+
+def in_flight_many(s: Session, target_placement_ids: list[int], now_us: int) -> dict[int, dict[str, str]]:
+    """Per target: segment id -> lease holder of every unexpired receipt (one query for many targets)."""
+    out: dict[int, dict[str, str]] = {}
+    if target_placement_ids:
+        q = select(m.Lease.target_placement_id, m.Lease.segment_id, m.Lease.holder).where(
+            m.Lease.target_placement_id.in_(target_placement_ids), m.Lease.expires_us > now_us
+        )
+        for target, seg, holder in s.execute(q):
+            out.setdefault(target, {})[seg] = holder
+    return out
 
 
 def acquire(s: Session, target_placement_id: int, segment_id: str, holder: str, expires_us: int) -> bool:
@@ -52,11 +68,13 @@ def acquire(s: Session, target_placement_id: int, segment_id: str, holder: str, 
 def release(s: Session, target_placement_id: int, segment_id: str, holder: str) -> bool:
     """Drop our lease; False if it is no longer ours (it expired and someone else took it)."""
     res = s.execute(
-        delete(m.Lease).where(
+        delete(m.Lease)
+        .where(
             m.Lease.target_placement_id == target_placement_id,
             m.Lease.segment_id == segment_id,
             m.Lease.holder == holder,
         )
+        .execution_options(synchronize_session=False)
     )
     return bool(res.rowcount)
 
