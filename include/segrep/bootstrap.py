@@ -104,7 +104,15 @@ def bootstrap(catalog: Catalog, defs: Definitions, table: str, site: str, mode: 
                     f"{new.placement_id} joins from the newest major segment"
                 )
                 continue
-            existing = partition_files(storage, table, pid)
+            # Files the catalog lists at this site (a removed placement's, e.g. of a site dropped from the
+            # replicas and added back) are ours: GC deletes or keeps them. Moving them aside would leave
+            # catalog rows pointing at nothing; only files the catalog does not know are the target's data.
+            known = set(s.scalars(
+                select(m.Segment.relpath)
+                .join(m.Placement, m.Placement.placement_id == m.Segment.placement_id)
+                .where(m.Placement.site_id == site_row.site_id, m.Placement.partition_id == pid)
+            ))  # fmt: skip
+            existing = [rel for rel in partition_files(storage, table, pid) if rel not in known]
             if existing and chosen == Mode.AUTO:
                 refusals.append(
                     f"{site} already holds {len(existing)} file(s) of {table} partition {pid} under "

@@ -92,6 +92,46 @@ def unsettled_partitions(table_id: int) -> Select[tuple[int]]:
     )
 
 
+def _unsettled_entries(
+    s: Session, placements: list[m.Placement], epochs: dict[int, int]
+) -> tuple[dict[int, list[m.Segment]], dict[tuple[int, str], set[int]]]:
+    """Only the list entries past each placement's settled watermark, and the acks those entries hold.
+
+    Everything at or below a watermark is acked by every replica (leader) or held by the leader (follower),
+    so it can produce no offer, push or pending segment; leaving it out makes a round's reads follow new
+    segments, not history. A chain walked over these entries stops where the settled part begins."""
+    out: dict[int, list[m.Segment]] = defaultdict(list)
+    acks: dict[tuple[int, str], set[int]] = defaultdict(set)
+    marks = {
+        pl.placement_id: pl.settled_entry_id if pl.settled_epoch == epochs.get(pl.partition_id) else 0
+        for pl in placements
+    }
+    if not marks:
+        return out, acks
+    pl = m.Placement
+    watermark = case((pl.settled_epoch == m.Partition.epoch, pl.settled_entry_id), else_=0)
+    fresh = (
+        select(m.Segment)
+        .join(pl, pl.placement_id == m.Segment.placement_id)
+        .join(m.Partition, m.Partition.partition_id == pl.partition_id)
+        .where(m.Segment.placement_id.in_(list(marks)), m.Segment.entry_id > watermark)
+        .order_by(m.Segment.entry_id)
+    )
+    for seg in s.scalars(fresh):
+        out[seg.placement_id].append(seg)
+    loaded = [(seg.placement_id, seg.segment_id) for segs in out.values() for seg in segs]
+    for off in range(0, len(loaded), 5000):  # bounded IN lists
+        chunk = loaded[off : off + 5000]
+        rows = s.execute(
+            select(m.Ack.holder_placement_id, m.Ack.segment_id, m.Ack.target_placement_id).where(
+                m.Ack.holder_placement_id.in_({h for h, _ in chunk}), m.Ack.segment_id.in_({x for _, x in chunk})
+            )
+        )
+        for holder, seg_id, target in rows:
+            acks[(holder, seg_id)].add(target)
+    return out, acks
+
+
 def snapshot(
     s: Session,
     table: str,
@@ -102,8 +142,10 @@ def snapshot(
 ) -> TableSnapshot:
     """Read everything a round needs about ``table`` in a few set-based queries.
 
-    ``active_only`` restricts it to partitions with unsettled entries (see :func:`unsettled_partitions`):
-    every other partition has nothing to offer, push or merge, so a round's cost follows new segments.
+    ``active_only`` restricts it to partitions with unsettled entries (see :func:`unsettled_partitions`), and
+    their lists to the unsettled entries (:func:`_unsettled_entries`): every other partition and entry has
+    nothing to offer, push or merge, so a round's reads follow new segments. Decisions that need whole
+    chains (each fast-forward batch, GC) read single partitions in full (``partition_ids``).
     Replicas marked ``needs_bootstrap`` (out of retention) get no offers and push nothing until they are
     re-bootstrapped; ``include_stalled`` keeps them (GC and status look at them).
     """
@@ -121,8 +163,10 @@ def snapshot(
     for pl in placements:
         by_partition[pl.partition_id].append(pl)
     ids = [pl.placement_id for pl in placements]
-    segments = q.segments_of(s, ids)
-    acks = q.acks_of(s, ids)
+    if active_only and partition_ids is None:
+        segments, acks = _unsettled_entries(s, placements, {p.partition_id: p.epoch for p in parts})
+    else:
+        segments, acks = q.segments_of(s, ids), q.acks_of(s, ids)
     out = []
     for part in parts:
         pls = by_partition.get(part.partition_id, [])

@@ -144,13 +144,31 @@ def plan_round(
                     if needs_major:
                         stuck.add(part.partition.partition_id)
             summary["targets"][site_name] = {"outcomes": dict(outcomes), "fast_forward_bytes": ff_bytes}
-        items = _plan_merges(s, snap, key, end, now, policy, summary)
-        merged = {it.partition_id for it in items}
-        for part in snap.partitions:
-            pid = part.partition.partition_id
-            if pid in stuck and pid not in merged:  # merges first; the major follows next round
-                items.append(_major_item(snap, part, key))
-                summary["majors"].append(pid)
+        # Merge and major items need whole chains (a major folds the whole visible chain; a merge compares
+        # against it): re-read the candidate partitions in full and decide again on that.
+        candidates = stuck | {
+            part.partition.partition_id
+            for part in snap.partitions
+            if any(pushes_from(part, follower, end) for follower in part.replicas)
+        }
+        items: list[MergeItem] = []
+        if candidates:
+            full = snapshot(s, table, sorted(candidates))
+            site_ids = {full.site_id(name) for name in targets}
+            stuck = {
+                part.partition.partition_id
+                for part in full.partitions
+                for replica in part.replicas
+                if replica.site_id in site_ids
+                and offers_to(part, replica, end, max_incoming=policy.max_incoming_segments, reoffer=reoffer)[1]
+            }
+            items = _plan_merges(s, full, key, end, now, policy, summary)
+            merged = {it.partition_id for it in items}
+            for part in full.partitions:
+                pid = part.partition.partition_id
+                if pid in stuck and pid not in merged:  # merges first; the major follows next round
+                    items.append(_major_item(full, part, key))
+                    summary["majors"].append(pid)
         rnd.report = {**(rnd.report or {}), "plan": summary}
     manifest = None
     if items:
@@ -457,6 +475,13 @@ def _decide_batch(
                     )
                     .execution_options(synchronize_session=False)
                 )
+                # the dropped acks make settled entries pending again: planning must look at them
+                s.execute(
+                    update(m.Placement)
+                    .where(m.Placement.partition_id == partition_id)
+                    .values(settled_entry_id=0)
+                    .execution_options(synchronize_session=False)
+                )
                 return [], False, True
             if reaction == Reaction.STOP:
                 if outcome == Outcome.OVERLOADED and batch:
@@ -615,6 +640,10 @@ def commit_round(
     faults.point("before_checkpoint")
     safe_times = update_checkpoints_and_safe_time(catalog, table, end_us)
     with catalog.write() as s:
+        # A finished round has nothing in flight. Leases it still holds were taken by an attempt that crashed
+        # and whose retry no longer needed them (the leader changed meanwhile): without this they would
+        # linger until they expire. A task of this round run again later simply takes its leases anew.
+        s.execute(delete(m.Lease).where(m.Lease.holder == round_key(table, end_us)))
         info = q.table_info(s, table)
         rnd = s.scalars(
             select(m.Round).where(m.Round.table_id == info.table_id, m.Round.interval_end_us == end_us)

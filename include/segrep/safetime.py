@@ -101,9 +101,11 @@ def settled_prefix(part: PartitionSnapshot, placement: m.Placement) -> int:
     """The entry id up to which this placement's list needs no more replication work, or 0.
 
     Leader: a visible segment every replica acked, or one behind (or folded into) a major every replica
-    acked. Follower: a segment the leader holds or acked. A leader's fork is never settled.
+    acked. Follower: a segment the leader holds or acked. A leader's fork is never settled. The snapshot holds
+    the entries past the current watermark, so the new one continues from it.
     """
-    segs = part.segments.get(placement.placement_id, [])
+    old = placement.settled_entry_id if placement.settled_epoch == part.partition.epoch else 0
+    segs = [x for x in part.segments.get(placement.placement_id, []) if x.entry_id > old]
     if placement.placement_id == part.leader.placement_id:
         chain = part.chain(placement)
         visible = {r.segment_id for r in visible_segments(chain)}
@@ -126,7 +128,7 @@ def settled_prefix(part: PartitionSnapshot, placement: m.Placement) -> int:
             acked = part.leader.placement_id in part.acks.get((placement.placement_id, seg.segment_id), ())
             return seg.segment_id in leader_has or acked
 
-    mark = 0
+    mark = old
     for seg in segs:
         if not settled(seg):
             break
@@ -155,6 +157,8 @@ def _upsert_checkpoint(
     values = {"partition_id": partition_id, "target_placement_id": target_id}
     ls.insert_ignore(s, m.Checkpoint, {**values, "segment_id": seg_id, "max_version": version, "updated_us": now})
     row = s.get(m.Checkpoint, (partition_id, target_id), with_for_update=True, populate_existing=True)
+    if seg_id is None and row.segment_id is not None:
+        return  # only unsettled entries were read: none acked yet says nothing about the settled ones
     if (row.segment_id, row.max_version) != (seg_id, version):
         row.segment_id, row.max_version, row.updated_us = seg_id, version, now
 

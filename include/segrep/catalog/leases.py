@@ -21,8 +21,9 @@ def insert_ignore(s: Session, model: type[m.Base], values: dict[str, Any]) -> bo
     """INSERT the row unless its key exists (ON CONFLICT DO NOTHING); True if a row was inserted."""
     dialect = s.get_bind().dialect.name
     ins = postgresql.insert(model) if dialect == "postgresql" else sqlite.insert(model)
-    res = s.execute(ins.values(**values).on_conflict_do_nothing())
-    return bool(res.rowcount)
+    key = list(model.__table__.primary_key.columns)
+    # RETURNING says whether a row went in; rowcount cannot (PostgreSQL drivers may report -1 for an INSERT)
+    return s.execute(ins.values(**values).on_conflict_do_nothing().returning(*key)).first() is not None
 
 
 def expire(s: Session, target_placement_ids: int | list[int], now_us: int) -> None:
