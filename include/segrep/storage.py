@@ -170,7 +170,9 @@ def atomic_local_write(final: str, write: Callable[[str], None]) -> FileFacts:
     return facts
 
 
-def atomic_local_write_stream(final: str, write: Callable[[HashingFileWriter], None]) -> FileFacts:
+def atomic_local_write_stream(
+    final: str, write: Callable[[HashingFileWriter], None], expected: FileFacts | None = None
+) -> FileFacts:
     """Run ``write(stream)`` onto a temporary file beside ``final``, then fsync it, rename it to ``final`` and
     fsync the directory: readers see the complete file or none. Returns the size and sha256 of the file.
 
@@ -181,7 +183,8 @@ def atomic_local_write_stream(final: str, write: Callable[[HashingFileWriter], N
     the disk, so it cannot see a bad write to the medium either. Corruption after the fact (a flipped bit at
     rest, a truncated or replaced file) is what ``Site.verify`` catches, from the bytes, whenever a file is
     checked against its catalog entry. Any error from write(2), fdatasync or fsync fails the write and
-    removes the temporary file, so nothing unverified ever gets the final name.
+    removes the temporary file, so nothing unverified ever gets the final name. With ``expected`` (a copy of
+    a known file), facts that differ raise CorruptSegmentError before the rename.
     """
     directory = os.path.dirname(final) or "."
     os.makedirs(directory, exist_ok=True)
@@ -191,6 +194,11 @@ def atomic_local_write_stream(final: str, write: Callable[[HashingFileWriter], N
         with HashingFileWriter(fd, tmp) as out:
             write(out)
             facts = out.finish()
+        if expected is not None and facts != expected:
+            raise CorruptSegmentError(
+                f"{final}: the bytes written ({facts.byte_size} bytes, sha256 {facts.sha256[:12]}...) do not match "
+                f"the catalog ({expected.byte_size} bytes, sha256 {expected.sha256[:12]}...)"
+            )
         os.rename(tmp, final)
         _fsync_dir(directory)
     except BaseException:
