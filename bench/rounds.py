@@ -420,10 +420,11 @@ def build_plan_catalog(root: Path, url: str, schema: str, source: Path, partitio
         part_lines.append(f"{pid}\t{table_id}\t{begin}\t{end}\tLIVE\t\\N\t1\t{t0 + (n + 1) * step}\t\\N\t{t0}\n")
         roots = {leader: new_id or ids[-1], r1: ids[-1], r2: ids[-1]}
         for pl, site in ((leader, 1), (r1, 2), (r2, 3)):
-            pl_lines.append(f"{pl}\t{pid}\t{site}\tLIVE\t{roots[pl]}\t\\N\t\\N\tf\t{t0}\t\\N\n")
             chain = [*ids, new_id] if (pl == leader and new_id) else ids
+            settled = 0  # as the commit step of earlier rounds left it: the history is acked everywhere
             for k, sid in enumerate(chain):
                 entry += 1
+                settled = entry if sid != new_id else settled
                 major = k % MAJOR_EVERY == 0
                 base = "\\N" if k == 0 else chain[k - 1]
                 included = json.dumps(chain[max(k - MAJOR_EVERY + 1, 0) : k]) if major and k else "[]"
@@ -434,6 +435,7 @@ def build_plan_catalog(root: Path, url: str, schema: str, source: Path, partitio
                     f"{'0' * 64}\t{version - 1000}\t{version}\t\\N\t\\N\t1\t1\t{fingerprint}\t"
                     f"{TABLE}/{pid}/{sid}.parquet\t{committed}\n"
                 )
+            pl_lines.append(f"{pl}\t{pid}\t{site}\tLIVE\t{roots[pl]}\t\\N\t\\N\tf\t{t0}\t\\N\t{settled}\t1\n")
         for sid in ids:
             for holder, target in ((leader, r1), (leader, r2), (r1, leader), (r2, leader)):
                 ack_lines.append(f"{holder}\t{sid}\t{target}\t{now - 1000}\n")
@@ -444,7 +446,7 @@ def build_plan_catalog(root: Path, url: str, schema: str, source: Path, partitio
             ("partitions", "partition_id, table_id, begin_key, end_key, state, leader_placement_id, epoch, "
                            "last_version, parent_partition_id, created_us", part_lines),
             ("placements", "placement_id, partition_id, site_id, state, root_segment_id, key_begin, key_end, "
-                           "needs_bootstrap, created_us, removed_us", pl_lines),
+                           "needs_bootstrap, created_us, removed_us, settled_entry_id, settled_epoch", pl_lines),
             ("segments", SEG_COLS, seg_lines),
             ("acks", "holder_placement_id, segment_id, target_placement_id, acked_us", ack_lines),
         ):  # fmt: skip

@@ -13,7 +13,8 @@ replica site, as the EventQL protocol prescribes (DESIGN section 6):
    pushed segments; skipped when nothing forked.
 4. **commit**: records the merge results, checkpoints and safe time.
 5. **report**: writes the round report and fails the run if a target failed, so `airflow backfill create
-   --reprocess-behavior failed` replays exactly the intervals that need it, in order.
+   --reprocess-behavior failed --max-active-runs 1` replays exactly the intervals that need it, in order (a
+   backfill ignores the DAG's max_active_runs and runs up to 10 intervals at once unless told otherwise).
 
 Trigger form: narrow a manual run to one `target` site, or `reoffer` every segment (repairs lost acks; the
 receiver answers SEGMENT_EXISTS for what it holds). Scheduled runs use the defaults.

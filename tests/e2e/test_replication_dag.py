@@ -1,0 +1,140 @@
+"""The replication DAG end to end through ``dag.test``: tasks run in-process, the merge task runs a real
+``spark-submit`` (local[*]) and both replica sites (dr, edge) end up reading exactly what the leader reads.
+
+Merge outputs are committed to the leader by the round's commit task, after that round's fast-forwards, so
+the replicas receive them in the next round: a fork takes two rounds to converge, the third has nothing to do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import EVENTS_DAG, events_batch, load_dag, read_sorted, rounds, set_leader, ti_states
+
+# A fixed interval: dag.test(logical_date=now) covers [now - 5 min, now), so everything written so far is due.
+POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 1, "retry_delay_s": 0}
+REPLICAS = ("dr", "edge")
+
+
+def _run(dag: Any, **kwargs: Any) -> Any:
+    import pendulum
+
+    return dag.test(logical_date=pendulum.now("UTC"), **kwargs)
+
+
+def _expected_rows(runs: list[tuple[range, str]]) -> dict[tuple[str, int], str]:
+    """Last writer wins per key, in the order the batches were written."""
+    rows: dict[tuple[str, int], str] = {}
+    for keys, tag in runs:
+        batch = events_batch(list(keys), tag)
+        for tenant, seq, payload in zip(*(batch[c].to_pylist() for c in ("tenant", "seq", "payload")), strict=True):
+            rows[(tenant, seq)] = payload
+    return rows
+
+
+def _rows(table: Any) -> dict[tuple[str, int], str]:
+    return {(t, s): p for t, s, p in zip(*(table[c].to_pylist() for c in ("tenant", "seq", "payload")), strict=True)}
+
+
+def _safe_time_problems(env: Any, report: dict[str, Any], label: str) -> list[str]:
+    """Safe time's promise, read through the public reader: as of its safe time, a replica site resolves every
+    key the way the leader does (nothing here leaves an unmerged fork at a replica, so equal is required)."""
+    from segrep.reader import read_table
+
+    problems = []
+    for site in REPLICAS:
+        safe = report["safe_time_us"][site]
+        lead = _rows(read_table(env.catalog, "events", as_of=safe))
+        there = _rows(read_table(env.catalog, "events", site, as_of=safe))
+        diff = sorted(k for k in lead.keys() | there.keys() if lead.get(k) != there.get(k))
+        if diff:
+            examples = ", ".join(f"{k}: leader {lead.get(k)!r}, {site} {there.get(k)!r}" for k in diff[:3])
+            problems.append(f"after the {label} round, {site} as of its safe time {safe} differs from the leader "
+                            f"in {len(diff)} keys ({examples})")  # fmt: skip
+    return problems
+
+
+@pytest.mark.spark
+def test_fork_is_merged_by_spark_and_replicas_match_the_leader(segrep_env: Any) -> None:
+    env = segrep_env(POLICY)
+    written = [(range(0, 100), "a"), (range(90, 120), "dr"), (range(95, 130), "p")]
+    from segrep.writer import write_batch
+
+    write_batch(env.catalog, "events", events_batch(list(written[0][0]), written[0][1]))
+    set_leader(env, "dr")  # failover: dr leads and takes writes the primary never saw ...
+    write_batch(env.catalog, "events", events_batch(list(written[1][0]), written[1][1]))
+    set_leader(env, "primary")  # ... then the primary leads again and writes on its own branch: a fork
+    write_batch(env.catalog, "events", events_batch(list(written[2][0]), written[2][1]))
+    dag = load_dag(EVENTS_DAG)
+    problems: list[str] = []
+
+    # Round 1: plan finds the fork and writes a merge manifest; the replicas fast-forward the leader's chain;
+    # one Spark application (the merge task, real spark-submit) merges dr's pushed writes into the leader.
+    run = _run(dag)
+
+    states = ti_states(run)
+    assert run.state == "success", states
+    assert states[("merge", -1)] == "success"
+    assert {states[("fast_forward", i)] for i in range(len(REPLICAS))} == {"success"}
+    assert {states[(t, -1)] for t in ("plan", "targets_of", "choose", "commit", "report")} == {"success"}
+    first = rounds(env)[-1]
+    assert first.status == "ok", first.report
+    assert first.report["merges"]["items"] >= 1
+    assert first.report["merges"]["committed"] == first.report["merges"]["items"]
+    assert first.report["spark_apps"] >= 1
+    assert sorted(first.report["targets"]) == list(REPLICAS)
+    leader = read_sorted(env)
+    assert _rows(leader) == _expected_rows(written)  # last writer wins, dr's surviving writes included
+    problems += _safe_time_problems(env, first.report, "merge")
+
+    # Round 2: the merge outputs were committed after round 1's fast-forwards: the replicas take them now.
+    run = _run(dag)
+
+    states = ti_states(run)
+    assert run.state == "success", states
+    assert states[("merge", -1)] == "skipped"
+    second = rounds(env)[-1]
+    assert second.report["spark_apps"] == 0
+    assert read_sorted(env).equals(leader)
+    for site in REPLICAS:
+        assert read_sorted(env, site).equals(leader), f"{site} differs from the leader"
+        assert second.report["safe_time_us"][site] == second.interval_end_us - 1
+    problems += _safe_time_problems(env, second.report, "catch-up")
+
+    # Round 3 has nothing to do: the branch skips the merge, so no Spark application starts.
+    run = _run(dag)
+
+    states = ti_states(run)
+    assert run.state == "success", states
+    assert states[("merge", -1)] == "skipped"
+    assert states[("commit", -1)] == "success" and states[("report", -1)] == "success"
+    idle = rounds(env)[-1]
+    assert idle.round_id != second.round_id
+    assert idle.report["spark_apps"] == 0
+    assert idle.report["merges"] == {"items": 0}
+    assert all(t["outcomes"] == {} and t["status"] == "ok" for t in idle.report["targets"].values())
+    for site in REPLICAS:
+        assert read_sorted(env, site).equals(leader)
+    problems += _safe_time_problems(env, idle.report, "idle")
+
+    assert not problems, "\n".join(problems)
+
+
+def test_trigger_narrowed_to_one_target(segrep_env: Any) -> None:
+    """The `target` Param limits a manual run to one replica site; the other is left alone (no Spark here)."""
+    env = segrep_env(POLICY)
+    from segrep.writer import write_batch
+
+    write_batch(env.catalog, "events", events_batch(list(range(40)), "a"))
+    dag = load_dag(EVENTS_DAG)
+
+    run = _run(dag, run_conf={"target": "edge"})
+
+    states = ti_states(run)
+    assert run.state == "success", states
+    assert ("fast_forward", 1) not in states and states[("fast_forward", 0)] == "success"
+    assert states[("merge", -1)] == "skipped"
+    assert sorted(rounds(env)[-1].report["targets"]) == ["edge"]
+    assert read_sorted(env, "edge").equals(read_sorted(env))
+    assert read_sorted(env, "dr").num_rows == 0
