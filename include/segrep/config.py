@@ -268,8 +268,10 @@ def _parse_policy(raw: Any, where: str) -> Policy:
         elif key.endswith("_s"):
             values[key] = _duration(value, f"{where} policy {key}")
         else:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SegrepError(f"{where} policy: {key} must be a positive integer")
+            low = 0 if key == "retries" else 1  # no retry is a valid choice; no segment in flight is not
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                kind = "a non-negative" if low == 0 else "a positive"
+                raise SegrepError(f"{where} policy: {key} must be {kind} integer")
             values[key] = value
     policy = Policy(**{**defaults.__dict__, **values})
     if policy.tombstone_grace_s < policy.max_retention_s:
