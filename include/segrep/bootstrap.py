@@ -10,7 +10,8 @@ skip such placements. ``bootstrap`` walks the decision tree for each partition:
   (accepted only if those files resolve to exactly the leader's rows; they stay in place and every copy is
   verified on arrival) or ``replace`` (the files are moved aside under ``.replaced/``, never deleted);
 - a replica that held data and fell out of retention: it is REMOVED and a new placement (new id, so no ack or
-  push of the old one can be mistaken for the new one: EventQL 3.6) joins from the newest major.
+  push of the old one can be mistaken for the new one: EventQL 3.6) joins from the newest major; the site's
+  safe time for the table is dropped until it is LIVE again (its readers now see the new placement).
 What a joining replica still needs is held from GC (it counts as a replica), and a lease covers each copy.
 JOIN_FINALIZE (JOINING -> LIVE) happens in a round's commit once the replica holds the leader's newest segment.
 """
@@ -23,7 +24,7 @@ from enum import StrEnum
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from segrep import hlc
@@ -151,6 +152,9 @@ def _rejoin(s: Session, part: m.Partition, old: m.Placement) -> m.Placement:
     s.add(new)
     s.flush()
     _reset_watermarks(s, part.partition_id)
+    # Readers at the site now see the new, empty placement: the site's safe time for the table no longer holds
+    # (invariant 4). It is set again by the round that makes the site LIVE, as for a site that joins.
+    s.execute(delete(m.SafeTime).where(m.SafeTime.table_id == part.table_id, m.SafeTime.site_id == old.site_id))
     return new
 
 

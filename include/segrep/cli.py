@@ -334,6 +334,8 @@ def compact_(obj: Context, table: str, partitions: tuple[int, ...], force: bool)
             f"partition {c['partition_id']}: {c['minors']} minor segment(s), {c['minor_bytes']:,} bytes ({c['reason']})"
         )
     click.echo(f"committed {report.get('committed', 0)} major segment(s); dropped: {report.get('dropped') or 'none'}")
+    for line in report.get("needs_bootstrap") or []:
+        click.echo(f"ALERT: {line}")
 
 
 @main.command("gc")

@@ -92,10 +92,12 @@ def decide_partition(
     for replica in part.replicas:
         if replica.needs_bootstrap:
             continue  # already out of retention: it will be re-bootstrapped from the newest major
-        acked = _acked_by_all(part, [replica])
-        # What it still needs of what would go: a segment whose covering majors it has acked none of (one it
-        # never received because it took the major instead needs nothing).
-        needed = {seg for seg in would_go if leader_action(chain, seg, acked) != LocalAction.DELETE}
+        # What it holds: what the leader saw it ack, and what its own list has (the same segment ids; after a
+        # leader change the new leader has acks for nothing yet). What it still needs of what would go: a
+        # segment none of whose covering majors it holds (one it never got because it took the major instead
+        # needs nothing).
+        holds = _acked_by_all(part, [replica]) | {x.segment_id for x in part.segments.get(replica.placement_id, [])}
+        needed = {seg for seg in would_go if leader_action(chain, seg, holds) != LocalAction.DELETE}
         if not needed:
             holding.append(replica)  # it needs nothing that would otherwise go: holding it costs nothing
             continue

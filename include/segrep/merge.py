@@ -140,7 +140,7 @@ def _run_item(spark: SparkSession, item: MergeItem) -> dict[str, Any]:
     try:
         for ref in (*item.incoming, *item.visible):
             Site(ref.site, ref.uri).verify(ref.relpath, ref.byte_size, ref.sha256)
-    except CorruptSegmentError as exc:
+    except (CorruptSegmentError, OSError) as exc:  # a corrupt file, or a site that is down: this item only
         return {**base, "status": "invalid", "error": str(exc), "output": None, "rows_in": 0, "rows_out": 0}
     schema = sch.schema_from_columns(dict(item.columns))
     rows_df, rows_in = _merge_rows(spark, item) if item.kind == "merge" else _major_rows(spark, item)

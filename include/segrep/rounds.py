@@ -141,7 +141,10 @@ def plan_round(
                                                     reoffer=reoffer)  # fmt: skip
                     outcomes.update(str(o) for _seg, o in offers)
                     ff_bytes += sum(seg.byte_size for seg, o in offers if o == Outcome.FAST_FORWARD)
-                    if needs_major:
+                    # Any OUT_OF_ORDER makes the partition a candidate: on the settled-only lists the replica's
+                    # chain can look shorter than it is, so the restart may seem to succeed (a major it would
+                    # fast-forward) although on its whole chain it is stuck. The full re-read below decides.
+                    if needs_major or any(o == Outcome.OUT_OF_ORDER for _seg, o in offers):
                         stuck.add(part.partition.partition_id)
             summary["targets"][site_name] = {"outcomes": dict(outcomes), "fast_forward_bytes": ff_bytes}
         # Merge and major items need whole chains (a major folds the whole visible chain; a merge compares
@@ -652,6 +655,8 @@ def commit_round(
         targets = {sites[t.site_id].name: {"status": t.status, **t.report} for t in
                    s.scalars(select(m.RoundTarget).where(m.RoundTarget.round_id == rnd.round_id))}  # fmt: skip
         planned = sorted((rnd.report or {}).get("plan", {}).get("targets", {}))
+        if "plan" in (rnd.report or {}):  # a retried round reports on its last plan's targets only: a site
+            targets = {t: r for t, r in targets.items() if t in planned}  # that led meanwhile is not one
         missing = [t for t in planned if t not in targets]
         for name in missing:
             targets[name] = {"status": "failed", "error": "its fast-forward task did not report (failed or not run)"}

@@ -87,7 +87,8 @@ def test_site_id_and_uri_changes(env: Env) -> None:
 def test_adding_and_removing_replicas(env: Env) -> None:
     write_batch(env.catalog, "orders", orders([1]))
     changes = apply_definitions(env.catalog, _redefine(env, "replicas: [dr]\n", "replicas: [dr, edge]\n"))
-    assert [str(c) for c in changes] == ["add     replica edge of table orders (JOINING: run `segrep bootstrap orders edge`)"]
+    joining = "add     replica edge of table orders (JOINING: run `segrep bootstrap orders edge`)"
+    assert [str(c) for c in changes] == [joining]
     with env.catalog.read() as s:
         states = s.scalars(select(m.Placement.state).where(m.Placement.site_id == 3, m.Placement.partition_id <= 4))
         assert set(states) == {"JOINING"}

@@ -1,0 +1,494 @@
+"""Garbage collection with retention (DESIGN sections 6, 7 and 9.7), on SQLite and PostgreSQL, without Spark.
+
+Majors are made by ``segrep.compaction.compact`` with a ``submit`` that runs the real merge job entry point
+(:func:`segrep.merge.run_manifest`: verification of the inputs, the segment entry, the output path, the
+result file) with only its row step done by pyarrow in this process instead of Spark; the commit is the
+real one. tests/spark covers the Spark row step itself.
+
+What is checked: a dry run lists every file that would go with its reason and changes nothing; a real run
+deletes exactly those, after which every site holds exactly the files its catalog lists and every list holds
+exactly what its chain needs; orphan files (a stray valid-looking segment, a temporary file) go only after
+the grace; an offline replica holds GC until the retention ends, then is marked as needing a bootstrap; a
+crash between the catalog delete and the file delete leaves orphans, never a dangling catalog row, and a
+later run removes them with nothing lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from sqlalchemy import select
+
+from segrep import gc as gc_mod
+from segrep import hlc
+from segrep import merge as merge_mod
+from segrep import schema as sch
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+from segrep.chain import visible_segments
+from segrep.compaction import compact
+from segrep.gc import collect
+from segrep.merge import Manifest, write_json_atomic
+from segrep.orchestrate import run_round
+from segrep.planner import snapshot
+from segrep.replication_status import status_rows
+from segrep.storage import Site
+from tests.conftest import ORDERS_YAML, Env, make_env
+from tests.integration.test_rounds import (
+    REPLICAS,
+    TABLE,
+    Model,
+    assert_files_match_catalog,
+    bring_up,
+    catalog_state,
+    cli,
+    no_spark,
+    partitions,
+    round_until_idle,
+    set_leader,
+    take_down,
+    triples,
+)
+
+SITES = ("primary", *REPLICAS)
+GC_YAML = ORDERS_YAML.replace(
+    "    replicas: [dr, edge]\n", "    replicas: [dr, edge]\n    policy: {retry_delay_s: 0, compact_min_segments: 2}\n"
+)
+DAY_US = 86400 * 1_000_000
+
+
+# -- helpers (imported by test_bootstrap and the Spark tests) -------------------------------------------------
+
+
+def _latest_with_tombstones(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:
+    """One row per primary key, the highest (_version, _origin); tombstones kept."""
+    sort_keys = [(k, "ascending") for k in primary_key] + [(sch.VERSION_COL, "descending"),
+                                                           (sch.ORIGIN_COL, "descending")]  # fmt: skip
+    ordered = rows.take(pc.sort_indices(rows, sort_keys=sort_keys))
+    keys = list(zip(*(ordered[k].to_pylist() for k in primary_key), strict=True))
+    first = [i for i, key in enumerate(keys) if i == 0 or key != keys[i - 1]]
+    return ordered.take(pa.array(first, pa.int64()))
+
+
+def _arrow_major_rows(_spark: Any, item: merge_mod.MergeItem) -> tuple[pa.Table, int]:
+    tables = [Site(r.site, r.uri).read_segment(r.relpath).replace_schema_metadata(None) for r in item.visible]
+    rows = pa.concat_tables(tables)
+    latest = _latest_with_tombstones(rows, item.primary_key)
+    if item.tombstone_cutoff_us is not None:
+        expired = pc.and_(latest[sch.DELETED_COL], pc.less(latest[sch.VERSION_COL], item.tombstone_cutoff_us))
+        latest = latest.filter(pc.invert(expired))
+    return latest, rows.num_rows
+
+
+def _arrow_segment_table(rows: pa.Table, schema: pa.Schema, primary_key: list[str]) -> pa.Table:
+    target = sch.segment_schema(schema)
+    return rows.select(target.names).cast(target).sort_by([(k, "ascending") for k in primary_key]).combine_chunks()
+
+
+def arrow_submit(calls: list[str] | None = None) -> Any:
+    """A ``submit`` for the merge job's *major* items, run in this process with pyarrow doing the row step."""
+
+    def submit(app: str, args: Sequence[str], *, name: str, master: str | None = None) -> None:
+        assert app == "merge", app
+        manifest, result = args[args.index("--manifest") + 1], args[args.index("--result") + 1]
+        loaded = Manifest.load(manifest)
+        assert {it.kind for it in loaded.items} == {"major"}, "this double only folds majors"
+        if calls is not None:
+            calls.append(name)
+        with (
+            mock.patch.object(merge_mod, "_major_rows", _arrow_major_rows),
+            mock.patch.object(merge_mod, "_to_segment_table", _arrow_segment_table),
+        ):
+            doc = merge_mod.run_manifest(None, loaded)  # type: ignore[arg-type]
+        write_json_atomic(result, doc)
+
+    return submit
+
+
+def files_at(env: Env, site: str) -> set[str]:
+    """Every file under the site's root (relative), except what a bootstrap moved aside under .replaced/."""
+    root = env.site_dir(site)
+    if not root.is_dir():
+        return set()
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.relative_to(root).parts[0]
+            != ".replaced"}  # fmt: skip
+
+
+def catalog_relpaths(env: Env, site: str) -> set[str]:
+    """Paths of every segment row of every placement (active or removed) at ``site``."""
+    with env.catalog.read() as s:
+        return set(
+            s.scalars(
+                select(m.Segment.relpath)
+                .join(m.Placement, m.Placement.placement_id == m.Segment.placement_id)
+                .join(m.Site, m.Site.site_id == m.Placement.site_id)
+                .where(m.Site.name == site)
+            )
+        )
+
+
+def assert_sites_hold_exactly_the_catalog(env: Env, sites: Iterable[str] = SITES) -> None:
+    for site in sites:
+        on_disk, listed = files_at(env, site), catalog_relpaths(env, site)
+        assert on_disk == listed, f"{site}: extra files {sorted(on_disk - listed)}, missing {sorted(listed - on_disk)}"
+
+
+def chain_report(env: Env, table: str = TABLE) -> dict[tuple[str, int], tuple[list[str], list[str]]]:
+    """(site, partition) -> (segment ids in the placement's list, ids of its visible chain)."""
+    out = {}
+    with env.catalog.read() as s:
+        snap = snapshot(s, table, include_stalled=True)
+        for part in snap.partitions:
+            for pl in (part.leader, *part.replicas):
+                listed = [x.segment_id for x in part.segments.get(pl.placement_id, [])]
+                visible = [r.segment_id for r in visible_segments(part.chain(pl))]
+                out[(snap.sites[pl.site_id].name, part.partition.partition_id)] = (listed, visible)
+    return out
+
+
+def assert_lists_hold_exactly_what_chains_need(env: Env, table: str = TABLE) -> None:
+    """After GC with every replica caught up: each list is its visible chain (newest major to root), which
+    starts with a major segment; no removed placement lists anything."""
+    for (site, pid), (listed, visible) in chain_report(env, table).items():
+        assert sorted(listed) == sorted(visible), f"{site} partition {pid}: list {listed}, chain needs {visible}"
+    with env.catalog.read() as s:
+        removed = s.scalars(
+            select(m.Segment.segment_id)
+            .join(m.Placement, m.Placement.placement_id == m.Segment.placement_id)
+            .where(m.Placement.removed_us.is_not(None))
+        ).all()
+        assert removed == [], removed
+        for part_id in partitions(env.catalog, table):
+            part = s.get(m.Partition, part_id)
+            leader = s.get(m.Placement, part.leader_placement_id)
+            segs = q.segments_of(s, [leader.placement_id]).get(leader.placement_id, [])
+            if segs:
+                chain = q.chain_of(leader, segs)
+                assert visible_segments(chain)[0].is_major, f"partition {part_id}: the leader's chain is cut"
+
+
+def all_sites_read_the_model(env: Env, model: Model, sites: Iterable[str] = SITES) -> None:
+    want = model.snapshot()
+    for site in sites:
+        assert triples(env.catalog, None if site == "primary" else site) == want, site
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def compacted(env: Env, model: Model) -> None:
+    """Three batches and a delete at the leader, a round, a compaction of both partitions, a round."""
+    model.upsert(env, range(60), "a")
+    model.upsert(env, range(40, 90), "b")
+    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark)["status"] == "ok"
+    model.upsert(env, range(80, 100), "c")
+    model.delete(env, range(0, 10))
+    report = compact(env.catalog, env.defs, TABLE, submit=arrow_submit())
+    assert report["committed"] == 2 and report["spark_apps"] == 1, report
+    rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    for site in REPLICAS:  # the c batch and the delete are behind the majors: only the majors travel
+        assert rep["targets"][site]["outcomes"] == {"FAST_FORWARD": 2}, rep["targets"][site]
+
+
+@pytest.fixture
+def gc_env(catalog_url: str, tmp_path: Path) -> Any:
+    e = make_env(tmp_path, catalog_url, GC_YAML)
+    yield e
+    e.catalog.dispose()
+
+
+@pytest.fixture
+def gc_sqlite(tmp_path: Path) -> Any:
+    e = make_env(tmp_path, f"sqlite:///{tmp_path}/catalog.db", GC_YAML)
+    yield e
+    e.catalog.dispose()
+
+
+# -- tests --------------------------------------------------------------------------------------------------------
+
+
+def test_dry_run_lists_each_file_and_why_then_gc_leaves_exactly_the_catalog(gc_env: Env) -> None:
+    env = gc_env
+    model = Model()
+    compacted(env, model)
+    all_sites_read_the_model(env, model)
+    expected = {}  # what must go: every listed segment its chain no longer needs (all are behind the majors)
+    for (site, _pid), (listed, visible) in chain_report(env).items():
+        for seg in set(listed) - set(visible):
+            expected[(site, seg)] = "leader: " if site == "primary" else "follower: "
+    assert len([k for k in expected if k[0] == "primary"]) == 8  # 4 minors in each of the 2 partitions
+    assert len([k for k in expected if k[0] == "dr"]) == 4  # the replicas had the first two batches
+
+    before = catalog_state(env)
+    dry = collect(env.catalog, env.defs, TABLE, dry_run=True)
+    assert catalog_state(env) == before and dry.files_removed == 0
+    assert dry.held == [] and dry.needs_bootstrap == []
+    reasons = {(d.site, d.segment_id): d.reason for d in dry.deletions}
+    assert len(reasons) == len(dry.deletions) and set(reasons) == set(expected)
+    assert all(reasons[key].startswith(prefix) for key, prefix in expected.items()), reasons
+    for d in dry.deletions:
+        assert d.relpath == f"{TABLE}/{_pid_of(env, d.segment_id)}/{d.segment_id}.parquet"
+        assert (env.site_dir(d.site) / d.relpath).exists()
+
+    code, out, err = cli(env, "gc", TABLE, "--dry-run")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len([x for x in lines if x.startswith("would delete ") and "  (" in x]) == len(expected)
+    assert any(x.startswith("would delete primary:events/") and "(leader: weakly referenced" in x for x in lines)
+    assert lines[-1] == f"would delete {len(expected)} segment(s)/orphan(s); {len(expected)} file(s)"
+    assert catalog_state(env) == before
+
+    real = collect(env.catalog, env.defs, TABLE)
+    assert sorted((d.site, d.relpath, d.reason) for d in real.deletions) == sorted(
+        (d.site, d.relpath, d.reason) for d in dry.deletions
+    )
+    assert real.files_removed == len(expected)
+    assert_sites_hold_exactly_the_catalog(env)
+    assert_lists_hold_exactly_what_chains_need(env)
+    assert_files_match_catalog(env)
+    all_sites_read_the_model(env, model)
+
+    after = catalog_state(env)
+    again = collect(env.catalog, env.defs)  # every table; nothing more to do
+    assert again.deletions == [] and again.files_removed == 0 and catalog_state(env) == after
+
+    model.upsert(env, range(100, 110), "d")  # replication goes on after GC
+    round_until_idle(env)
+    all_sites_read_the_model(env, model)
+
+
+def _pid_of(env: Env, segment_id: str) -> int:
+    with env.catalog.read() as s:
+        return s.scalars(select(m.Segment.partition_id).where(m.Segment.segment_id == segment_id)).first()
+
+
+def test_orphans_go_only_after_the_grace(gc_sqlite: Env) -> None:
+    env = gc_sqlite
+    model = Model()
+    model.upsert(env, range(30), "a")
+    round_until_idle(env)
+    pid = partitions(env.catalog)[0]
+    real = sorted(catalog_relpaths(env, "dr"))[0]
+    folder = env.site_dir("dr") / TABLE / str(pid)
+    stray = folder / f"{'ab' * 16}.parquet"  # a valid segment file under a name nobody lists
+    shutil.copyfile(env.site_dir("dr") / real, stray)
+    temp = folder / f".{'cd' * 16}.parquet.tmp-0a1b2c3d"  # what a crashed atomic write leaves
+    temp.write_bytes(b"partial")
+    keep = [folder / "NOTES.txt", env.site_dir("dr") / ".replaced" / "1" / TABLE / str(pid) / f"{'ef' * 16}.parquet"]
+    for path in keep:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"not ours to delete")
+    grace_us = env.defs.table(TABLE).policy.orphan_grace_s * 1_000_000
+    now = hlc.now_us()
+
+    for at in (now, now + grace_us - 60_000_000):  # young orphans stay
+        report = collect(env.catalog, env.defs, TABLE, now_us=at)
+        assert report.deletions == [] and report.files_removed == 0
+        assert stray.exists() and temp.exists()
+
+    before = catalog_state(env)
+    dry = collect(env.catalog, env.defs, TABLE, dry_run=True, now_us=now + grace_us + 60_000_000)
+    assert catalog_state(env) == before
+    assert sorted((d.site, d.relpath) for d in dry.deletions) == sorted(
+        [("dr", str(stray.relative_to(env.site_dir("dr")))), ("dr", str(temp.relative_to(env.site_dir("dr"))))]
+    )
+    assert all(d.reason.startswith("orphan: not in the catalog for ") and d.placement_id is None
+               for d in dry.deletions)  # fmt: skip
+
+    report = collect(env.catalog, env.defs, TABLE, now_us=now + grace_us + 60_000_000)
+    assert report.files_removed == 2 and not stray.exists() and not temp.exists()
+    assert all(path.exists() for path in keep)
+    assert files_at(env, "dr") == catalog_relpaths(env, "dr") | {str(keep[0].relative_to(env.site_dir("dr")))}
+    assert_files_match_catalog(env)
+    all_sites_read_the_model(env, model)
+
+
+def test_an_offline_replica_holds_gc_until_retention_ends(gc_env: Env) -> None:
+    env = gc_env
+    model = Model()
+    model.upsert(env, range(40), "a")
+    round_until_idle(env)
+    aside = take_down(env, "dr")
+    model.upsert(env, range(30, 70), "b")
+    model.delete(env, range(0, 5))
+    assert compact(env.catalog, env.defs, TABLE, submit=arrow_submit())["committed"] == 2
+    rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    assert rep["failed"] == ["dr"] and rep["targets"]["edge"]["status"] == "ok"
+    leader_before = set(catalog_relpaths(env, "primary"))
+
+    report = collect(env.catalog, env.defs, TABLE)
+    assert report.needs_bootstrap == []
+    assert len(report.held) == 2 and all("held for dr" in h for h in report.held), report.held
+    assert {d.site for d in report.deletions} == {"edge"}  # edge drops what it no longer needs; dr and the
+    assert catalog_relpaths(env, "primary") == leader_before  # leader keep what dr still needs
+    retention_us = env.defs.table(TABLE).policy.max_retention_s * 1_000_000
+    almost = collect(env.catalog, env.defs, TABLE, now_us=hlc.now_us() + retention_us - 60_000_000)
+    assert almost.needs_bootstrap == [] and len(almost.held) == 2 and almost.deletions == []
+    assert not any("NEEDS BOOTSTRAP" in r["note"] for r in status_rows(env.catalog, TABLE))
+
+    past = hlc.now_us() + retention_us + 60_000_000
+    code, out, err = cli(env, "gc", TABLE, "--dry-run")  # (real time: still held)
+    assert code == 0 and "held: partition" in out and "ALERT" not in out, (out, err)
+    report = collect(env.catalog, env.defs, TABLE, now_us=past)
+    assert len(report.needs_bootstrap) == 2 and all(" at dr " in x and "needs a bootstrap" in x
+                                                    for x in report.needs_bootstrap)  # fmt: skip
+    assert {d.site for d in report.deletions} == {"primary"}
+    notes = {r["target"]: r["note"] for r in status_rows(env.catalog, TABLE)}
+    assert "NEEDS BOOTSTRAP: run segrep bootstrap events dr" in notes["dr"] and "NEEDS" not in notes["edge"]
+    code, out, err = cli(env, "status", TABLE)
+    assert code == 0 and "NEEDS BOOTSTRAP" in out
+
+    bring_up(env, "dr", aside)
+    stale = triples(env.catalog, "dr")
+    rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    assert rep["targets"]["dr"]["outcomes"] == {} and triples(env.catalog, "dr") == stale  # no offers, no pushes
+    assert "dr" not in rep["safe_time_us"]
+    assert_files_match_catalog(env)
+    all_sites_read_the_model(env, model, ("primary", "edge"))
+
+
+def test_a_crash_between_the_catalog_delete_and_the_file_delete(gc_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = gc_env
+    model = Model()
+    compacted(env, model)
+    dry = collect(env.catalog, env.defs, TABLE, dry_run=True)
+    doomed = {(d.site, d.relpath) for d in dry.deletions}
+    assert doomed
+
+    calls = []
+    real_delete = Site.delete
+
+    def dying_delete(self: Site, relpath: str) -> None:  # the process dies after the first file went
+        calls.append(relpath)
+        if len(calls) == 2:
+            raise RuntimeError("killed")
+        real_delete(self, relpath)
+
+    monkeypatch.setattr(Site, "delete", dying_delete)
+    with pytest.raises(RuntimeError, match="killed"):
+        collect(env.catalog, env.defs, TABLE)
+    monkeypatch.setattr(Site, "delete", real_delete)
+    assert_files_match_catalog(env)  # no catalog row points at a missing file
+    all_sites_read_the_model(env, model)
+    first_partition_left = {(s, r) for s, r in doomed if (env.site_dir(s) / r).exists()}
+    assert len(first_partition_left) == len(doomed) - 1  # only the first file went before the crash
+
+    def dying_files(catalog: Any, deletions: list[Any], *args: Any) -> int:
+        if deletions:  # partition 5 has nothing left to delete; partition 6's rows are committed first
+            raise RuntimeError("killed before any file")
+        return 0
+
+    monkeypatch.setattr(gc_mod, "_remove_files", dying_files)
+    with pytest.raises(RuntimeError, match="killed before any file"):
+        collect(env.catalog, env.defs, TABLE)  # the second partition's rows go; no file does
+    monkeypatch.undo()
+    assert_files_match_catalog(env)
+    all_sites_read_the_model(env, model)
+
+    rerun = collect(env.catalog, env.defs, TABLE)  # nothing left in the catalog to delete; orphans are young
+    assert rerun.deletions == [] and rerun.files_removed == 0
+    grace_us = env.defs.table(TABLE).policy.orphan_grace_s * 1_000_000
+    left = {x for x in doomed if (env.site_dir(x[0]) / x[1]).exists()}
+    assert left == first_partition_left
+    later = collect(env.catalog, env.defs, TABLE, now_us=hlc.now_us() + grace_us + 1_000_000)
+    assert {(d.site, d.relpath) for d in later.deletions} == left
+    assert all(d.reason.startswith("orphan") for d in later.deletions)
+    assert_sites_hold_exactly_the_catalog(env)
+    assert_lists_hold_exactly_what_chains_need(env)
+    all_sites_read_the_model(env, model)
+    model.upsert(env, range(200, 210), "z")
+    round_until_idle(env)
+    all_sites_read_the_model(env, model)
+
+
+def test_gc_with_a_site_down_spares_it_and_finishes_the_others(gc_sqlite: Env) -> None:
+    env = gc_sqlite
+    model = Model()
+    compacted(env, model)
+    aside = take_down(env, "edge")
+    try:
+        report = collect(env.catalog, env.defs, TABLE)
+    finally:
+        bring_up(env, "edge", aside)
+    assert {d.site for d in report.deletions} == {"primary", "dr", "edge"}
+    assert any(h.startswith("edge:events/") and "not removed" in h for h in report.held), report.held
+    for site in ("primary", "dr"):
+        assert files_at(env, site) == catalog_relpaths(env, site)
+    assert_files_match_catalog(env)
+    all_sites_read_the_model(env, model)
+    grace_us = env.defs.table(TABLE).policy.orphan_grace_s * 1_000_000
+    collect(env.catalog, env.defs, TABLE, now_us=hlc.now_us() + grace_us + 1_000_000)
+    assert_sites_hold_exactly_the_catalog(env)
+    assert_lists_hold_exactly_what_chains_need(env)
+
+
+def test_a_caught_up_replica_is_never_out_of_retention(gc_sqlite: Env) -> None:
+    """Replicas that took the majors never received the minors folded before they came: they need nothing,
+    however long the table stays quiet, so GC neither holds for them nor sends them to a bootstrap."""
+    env = gc_sqlite
+    model = Model()
+    compacted(env, model)
+    retention_us = env.defs.table(TABLE).policy.max_retention_s * 1_000_000
+    report = collect(env.catalog, env.defs, TABLE, now_us=hlc.now_us() + 10 * retention_us)
+    assert report.needs_bootstrap == [] and report.held == []
+    assert not any(r["note"] for r in status_rows(env.catalog, TABLE))
+    assert_lists_hold_exactly_what_chains_need(env)
+    model.upsert(env, range(100, 120), "d")
+    reports = round_until_idle(env)
+    assert reports[0]["targets"]["dr"]["outcomes"] == {"FAST_FORWARD": 2}  # one new minor per partition
+    all_sites_read_the_model(env, model)
+
+
+def test_a_leader_change_does_not_send_caught_up_replicas_to_a_bootstrap(gc_sqlite: Env) -> None:
+    """The new leader has recorded no acks yet; the replicas hold its newest majors all the same (the same
+    segment ids in their own lists), so however old their last ack, they need nothing and stay."""
+    env = gc_sqlite
+    model = Model()
+    compacted(env, model)
+    set_leader(env.catalog, "dr")
+    far = hlc.now_us() + 10 * env.defs.table(TABLE).policy.max_retention_s * 1_000_000
+    report = collect(env.catalog, env.defs, TABLE, now_us=far)
+    assert report.needs_bootstrap == [], report.needs_bootstrap
+    assert not any("NEEDS BOOTSTRAP" in r["note"] for r in status_rows(env.catalog, TABLE))
+    assert {d.site for d in report.deletions} == {"primary", "edge"}  # the new leader waits for acks
+    rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # they answer SEGMENT_EXISTS: acks
+    assert rep["status"] == "ok" and rep["targets"]["edge"]["outcomes"] == {"SEGMENT_EXISTS": 2}
+    report = collect(env.catalog, env.defs, TABLE, now_us=far)
+    # dr drops what its majors cover; primary the minors it kept because dr never had them (folded into the
+    # majors first), which the round's pushes had dr answer SEGMENT_EXISTS for
+    assert report.needs_bootstrap == [] and {d.site for d in report.deletions} == {"dr", "primary"}
+    assert_sites_hold_exactly_the_catalog(env)
+    assert_lists_hold_exactly_what_chains_need(env)
+    model.upsert(env, range(300, 310), "n")  # written at dr, the leader now
+    round_until_idle(env)
+    assert triples(env.catalog, "primary") == triples(env.catalog) == model.snapshot()
+    assert triples(env.catalog, "edge") == model.snapshot()
+
+
+def test_compact_cli_selects_partitions_and_launches_nothing_when_nothing_is_due(gc_sqlite: Env) -> None:
+    env = gc_sqlite
+    model = Model()
+    compacted(env, model)  # both partitions end with a major: nothing is due, even forced
+    p0, p1 = partitions(env.catalog)
+    model.upsert(env, range(0, 40, 4), "d")  # tenant a only: one minor in p0
+    code, out, err = cli(env, "compact", TABLE, "--partition", str(p1), "--force")
+    assert (code, out.strip()) == (0, f"{TABLE}: no partition is due for compaction"), err
+    code, out, err = cli(env, "compact", TABLE)  # one minor < compact_min_segments 2
+    assert (code, out.strip()) == (0, f"{TABLE}: no partition is due for compaction"), err
+    calls: list[str] = []
+    report = compact(env.catalog, env.defs, TABLE, partitions=[p0], force=True, submit=arrow_submit(calls))
+    assert [c["partition_id"] for c in report["candidates"]] == [p0] and report["committed"] == 1
+    assert calls == [f"segrep-compact-{TABLE}"]
+    code, _out, err = cli(env, "compact", "nope")
+    assert code == 2 and err.startswith("segrep: error: unknown table 'nope'")
+    round_until_idle(env)
+    all_sites_read_the_model(env, model)

@@ -1,0 +1,167 @@
+"""Forks merged by Spark in a replication round (DESIGN sections 6 and 8), with real ``spark-submit``.
+
+A follower that led for a while holds segments the leader lacks; the round pushes them, one Spark application
+merges them (last writer wins: newer versions win, deletes stay deleted), and the stuck follower is given a
+major segment. The merge job is also crashed after its first output file (``in_merge_job``): the retried round
+writes the same deterministic output and registers it once. Three Spark applications in all (~20 s each); the
+repeated-merge check runs in the session's SparkSession instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import delete, select
+
+from segrep import faults, hlc
+from segrep.catalog import models as m
+from segrep.errors import SegrepError
+from segrep.merge import Manifest, run_manifest, write_json_atomic
+from segrep.orchestrate import format_report, run_round
+from segrep.rounds import manifest_path, result_path
+from tests.conftest import Env
+from tests.integration.test_rounds import (
+    REPLICAS,
+    TABLE,
+    Model,
+    assert_acks_are_prefixes,
+    assert_each_segment_once,
+    assert_files_match_catalog,
+    assert_replicas_equal_leader,
+    assert_safe_time_honest,
+    lease_count,
+    no_spark,
+    partitions,
+    safe_times,
+    segment_rows,
+    set_leader,
+    triples,
+)
+
+pytestmark = pytest.mark.spark
+
+
+def fork(env: Env) -> Model:
+    """primary leads and replicates; dr leads for a while (updates, deletes, new keys); primary leads again
+    and writes over some of dr's keys. Returns the rows everyone must end with."""
+    model = Model()
+    model.upsert(env, range(60), "a")
+    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark)["status"] == "ok"
+    set_leader(env.catalog, "dr")
+    model.upsert(env, range(40, 70), "dr")  # 40-49 updated, 60-69 new
+    model.delete(env, range(0, 5))  # deleted at dr only
+    set_leader(env.catalog, "primary")
+    model.upsert(env, range(50, 60), "p")  # newer than dr's 50-59: must win
+    model.delete(env, range(45, 48))  # newer delete of keys dr updated: must stay deleted
+    return model
+
+
+def leader_files(env: Env) -> dict[str, str]:
+    root = env.site_dir("primary")
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*.parquet")}
+
+
+def test_fork_merged_by_spark_submit_with_a_crash_in_the_job(sqlite_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = sqlite_env
+    model = fork(env)
+    expected = model.snapshot()
+    assert [k for _t, k, _p in expected if k < 5 or 45 <= k < 48] == []
+    end = hlc.now_us()
+
+    monkeypatch.setenv(faults.FAULTS_ENV, "in_merge_job")  # passed on to spark-submit's environment
+    # (the error carries the tail of Spark's log, which after spark.stop() is INFO lines, not the traceback)
+    with pytest.raises(SegrepError, match="Spark job merge failed"):
+        run_round(env.catalog, env.defs, TABLE, end)  # Spark application 1: dies after its first output
+    monkeypatch.delenv(faults.FAULTS_ENV)
+    manifest = Manifest.load(manifest_path(env.defs, TABLE, end))
+    assert [it.kind for it in manifest.items] == ["merge", "merge"]  # dr wrote to both partitions
+    outputs = {it.output_segment_id: it.output_relpath for it in manifest.items}
+    first = manifest.items[0]
+    assert (env.site_dir("primary") / first.output_relpath).exists()  # written before the crash...
+    assert not (env.site_dir("primary") / manifest.items[1].output_relpath).exists()  # and it died right there
+    assert not set(outputs) & {seg for _p, seg, _h, _r in segment_rows(env.catalog, "primary")}  # ...not committed
+    assert not result_path(env.defs, TABLE, end).exists()
+
+    retry = run_round(env.catalog, env.defs, TABLE, end)  # Spark application 2: the retried merge
+    assert retry["spark_apps"] == 1, format_report(retry)
+    assert retry["merges"]["committed"] == 2 and retry["merges"]["dropped"] == []
+    # rows kept: dr's 40-44, 48-49, 60-69 and its deletes of 0-4 (its 45-47 and 50-59 lost to newer writes)
+    assert retry["merges"]["rows_merged"] == 5 + 2 + 10 + 5 and retry["merges"]["rows_in"] == 35
+    assert Manifest.load(manifest_path(env.defs, TABLE, end)).items == manifest.items  # the same plan again
+    assert triples(env.catalog) == expected  # the leader has every winner now
+    assert retry["targets"]["dr"]["outcomes"].get("OUT_OF_ORDER")  # dr's own chain cannot take the leader's
+
+    reports = []
+    for _ in range(4):  # Spark application 3: the major segment dr needs; then fast-forwards; then idle
+        rep = run_round(env.catalog, env.defs, TABLE)
+        reports.append(rep)
+        for site in REPLICAS:
+            assert_safe_time_honest(env.catalog, TABLE, site, rep["safe_time_us"][site])
+        assert_acks_are_prefixes(env.catalog, TABLE)
+        if all(not t["outcomes"] for t in rep["targets"].values()) and not rep["merges"].get("items"):
+            break
+    else:
+        pytest.fail("\n".join(format_report(r) for r in reports))
+    assert sum(r["spark_apps"] for r in reports) == 1, [format_report(r) for r in reports]
+    assert reports[0]["plan"]["majors"] == partitions(env.catalog) and reports[0]["merges"]["committed"] == 2
+
+    assert triples(env.catalog) == expected
+    assert_replicas_equal_leader(env.catalog)
+    assert_each_segment_once(env.catalog, ["primary", *REPLICAS])
+    assert_files_match_catalog(env)
+    assert lease_count(env.catalog) == 0
+    leader_ids = [seg for _p, seg, _h, _r in segment_rows(env.catalog, "primary")]
+    for seg in outputs:
+        assert leader_ids.count(seg) == 1  # the merged segment is registered once, crash or not
+    listed = {rel for _p, _s, _h, rel in segment_rows(env.catalog, "primary")}
+    assert set(leader_files(env)) == listed  # no second copy of any merge output on disk
+
+
+def inprocess_submit(spark: Any, calls: list[str]) -> Any:
+    """A ``submit`` that runs the merge job in this process's SparkSession (no spark-submit start-up)."""
+
+    def submit(app: str, args: Sequence[str], *, name: str, master: str | None = None) -> None:
+        assert app == "merge", app
+        calls.append(name)
+        manifest, result = args[args.index("--manifest") + 1], args[args.index("--result") + 1]
+        write_json_atomic(result, run_manifest(spark, Manifest.load(manifest)))
+
+    return submit
+
+
+def test_a_repeated_merge_keeps_nothing_new(sqlite_env: Env, spark: Any) -> None:
+    env = sqlite_env
+    model = fork(env)
+    calls: list[str] = []
+    submit = inprocess_submit(spark, calls)
+    first = run_round(env.catalog, env.defs, TABLE, submit=submit)
+    assert first["merges"]["committed"] == 2 and len(calls) == 1
+    assert triples(env.catalog) == model.snapshot()
+    leader_before = segment_rows(env.catalog, "primary")
+    files_before = leader_files(env)
+    acks_before = safe_times(env.catalog)
+
+    # the leader forgets that it merged dr's fork (a lost ack): the next round pushes the same segments again
+    with env.catalog.write() as s:
+        leader_ids = select(m.Placement.placement_id).join(m.Site, m.Site.site_id == m.Placement.site_id)
+        dr_ids = leader_ids.where(m.Site.name == "dr")
+        s.execute(
+            delete(m.Ack).where(
+                m.Ack.holder_placement_id.in_(dr_ids),
+                m.Ack.target_placement_id.in_(leader_ids.where(m.Site.name == "primary")),
+            )
+        )
+    again = run_round(env.catalog, env.defs, TABLE, submit=submit)
+    assert len(calls) == 2 and again["merges"]["items"] == 2
+    assert again["merges"]["rows_in"] == 35 and again["merges"]["rows_merged"] == 0  # every pushed row loses
+    result = json.loads(Path(result_path(env.defs, TABLE, again["end_us"])).read_text())
+    assert [it["output"] for it in result["items"]] == [None, None] and result["items"][0]["rows_out"] == 0
+    assert segment_rows(env.catalog, "primary") == leader_before  # nothing new at the leader
+    assert leader_files(env) == files_before
+    assert triples(env.catalog) == model.snapshot()
+    assert all(safe_times(env.catalog)[s] >= acks_before[s] for s in REPLICAS)

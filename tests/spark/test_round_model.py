@@ -1,0 +1,279 @@
+"""Model-based test of the rounds engine with real files, a real catalog (SQLite) and Spark merges in-process.
+
+A hypothesis state machine interleaves, on a two-partition table replicated primary -> dr, edge:
+- writes (upserts and deletes of a few of ten keys) at the current leader of each partition;
+- rounds, each with at most one fault: a crash at a named fault point (``SEGREP_FAULTS``), a copier that
+  corrupts bytes in transit to one site, or one site made unreachable (its directory replaced by a file).
+  A crashed round is retried with the same interval end next time, as Airflow retries a failed task;
+- leader changes (epoch + 1, done directly in the catalog), which leave forks for the next rounds to merge.
+
+Merges run ``segrep.merge.run_manifest`` in the session's SparkSession (no spark-submit start-up).
+
+After every step (DESIGN section 9): committed files match their sha256 (1), the stored safe time of every
+site never decreases (4) and every write the leaders hold at or before it is readable at that site (4), and
+the acks of each replica over the leader's visible chain form a prefix of the offer order (5: nothing was
+taken before its predecessor). At the end, with faults off, rounds run until idle, then the leaders hold
+exactly the last-writer-wins replay of every write ever made (2) and every replica equals them (3).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from sqlalchemy import select
+
+from segrep import faults, hlc
+from segrep import rounds as rounds_mod
+from segrep.catalog import models as m
+from segrep.errors import SegrepError
+from segrep.merge import Manifest, run_manifest, write_json_atomic
+from segrep.orchestrate import format_report, run_round
+from segrep.reader import read_table
+from segrep.rounds import CopyItem, CopyOutcome, copy_one
+from segrep.writer import write_batch
+from tests.conftest import make_env
+from tests.integration.test_rounds import (
+    assert_acks_are_prefixes,
+    assert_each_segment_once,
+    assert_files_match_catalog,
+    assert_safe_time_honest,
+    bring_up,
+    corrupting_copier,
+    lease_count,
+    partitions,
+    safe_times,
+    set_leader,
+    take_down,
+)
+
+pytestmark = pytest.mark.spark
+
+TABLE = "kv"
+SITES = ("primary", "dr", "edge")
+SITE_IDS = {"primary": 1, "dr": 2, "edge": 3}
+KEYS = range(10)
+SPLIT = 5
+MODEL_YAML = """
+data_dir: data
+sites:
+  primary: {id: 1, uri: sites/primary}
+  dr: {id: 2, uri: sites/dr}
+  edge: {id: 3, uri: sites/edge}
+tables:
+  kv:
+    columns: {k: int64, v: string}
+    primary_key: [k]
+    split_points: [5]
+    leader: primary
+    replicas: [dr, edge]
+    policy: {retry_delay_s: 0}
+"""
+POINTS = ("before_copy", "after_copy_before_commit", "after_commit_before_ack", "in_merge_job", "before_checkpoint")
+FAULTS = ("none", "none", *POINTS, "corrupt", "down")
+
+
+def spark_submit_in(spark: Any) -> Any:
+    """``submit`` running the merge job in this SparkSession; a failing job is a SegrepError, as with
+    spark-submit, except the injected crash, which propagates as itself."""
+
+    def submit(app: str, args: Sequence[str], *, name: str, master: str | None = None) -> None:
+        assert app == "merge", app
+        manifest, result = args[args.index("--manifest") + 1], args[args.index("--result") + 1]
+        try:
+            doc = run_manifest(spark, Manifest.load(manifest))
+        except faults.InjectedFault:
+            raise
+        except Exception as exc:
+            raise SegrepError(f"Spark job merge failed: {type(exc).__name__}: {str(exc)[:200]}") from None
+        write_json_atomic(result, doc)
+
+    return submit
+
+
+def corrupting_to(site: str) -> Any:
+    def copy(items: list[CopyItem]) -> list[CopyOutcome]:
+        return [corrupting_copier([i])[0] if i.target == site else copy_one(i) for i in items]
+
+    return copy
+
+
+class RoundsMachine(RuleBasedStateMachine):
+    spark: ClassVar[Any] = None
+    stats: ClassVar[Counter[str]] = Counter()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="segrep-model-"))
+        self.env = make_env(self.tmp, f"sqlite:///{self.tmp}/catalog.db", MODEL_YAML)
+        self.pids = partitions(self.env.catalog, TABLE)
+        assert len(self.pids) == 2
+        self.leaders = dict.fromkeys(self.pids, "primary")
+        self.expected: dict[int, tuple[int, int, bool, str]] = {}  # key -> winning (version, origin, deleted, v)
+        self.safe: dict[str, int] = {}
+        self.pending_end: int | None = None  # a crashed round's interval, retried next
+        self.counter = 0
+        self.submit = spark_submit_in(self.spark)
+        self.log: list[str] = []
+
+    def pid_of(self, key: int) -> int:
+        return self.pids[0] if key < SPLIT else self.pids[1]
+
+    # -- rules ---------------------------------------------------------------------------------------------
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=4, unique=True), deleting=st.booleans())
+    def write(self, keys: list[int], deleting: bool) -> None:
+        self.counter += 1
+        rows = pa.table({"k": pa.array(keys, pa.int64()), "v": [f"w{self.counter}k{k}" for k in keys]})
+        result = write_batch(self.env.catalog, TABLE, rows.select(["k"]) if deleting else rows, delete=deleting)
+        version = {seg.partition_id: (seg.version, SITE_IDS[seg.site]) for seg in result.segments}
+        for k in keys:
+            v, origin = version[self.pid_of(k)]
+            assert SITE_IDS[self.leaders[self.pid_of(k)]] == origin  # written at the partition's leader
+            old = self.expected.get(k)
+            if old is None or (v, origin) > old[:2]:
+                self.expected[k] = (v, origin, deleting, f"w{self.counter}k{k}")
+        self.log.append(f"write {keys} delete={deleting}")
+
+    @rule(fault=st.sampled_from(FAULTS), site=st.sampled_from(SITES))
+    def replication_round(self, fault: str, site: str) -> None:
+        end = self.pending_end or hlc.now_us()
+        self.log.append(f"round end={end} fault={fault} site={site} retry={self.pending_end is not None}")
+        aside = take_down(self.env, site) if fault == "down" else None
+        if fault == "corrupt":
+            rounds_mod.local_copier = corrupting_to(site)  # type: ignore[assignment]
+        if fault in POINTS:
+            os.environ[faults.FAULTS_ENV] = fault
+        try:
+            report = run_round(self.env.catalog, self.env.defs, TABLE, end, submit=self.submit)
+        except faults.InjectedFault as exc:
+            assert fault in POINTS and fault in str(exc)
+            self.stats[f"crash {fault}"] += 1
+            self.pending_end = end
+            return
+        except SegrepError as exc:  # a merge could not read the files of a site that is down
+            assert fault == "down" and "Spark job merge failed" in str(exc), exc
+            self.stats["merge failed, site down"] += 1
+            self.pending_end = end
+            return
+        finally:
+            os.environ.pop(faults.FAULTS_ENV, None)
+            rounds_mod.local_copier = ORIGINAL_COPIER  # type: ignore[assignment]
+            if aside is not None:
+                bring_up(self.env, site, aside)
+        self.pending_end = None
+        self.log.append("  " + format_report(report).replace("\n", "\n  "))
+        self.count(report)
+        if fault == "none":
+            assert report["status"] in ("ok", "partial"), format_report(report)
+        if report["failed"]:
+            assert fault == "down", format_report(report)
+
+    @rule(
+        site=st.sampled_from(SITES),
+        which=st.sampled_from(("first", "second", "both")),
+        then_write=st.lists(st.sampled_from(KEYS), max_size=3, unique=True),
+    )
+    def leader_change(self, site: str, which: str, then_write: list[int]) -> None:
+        """A new leader (epoch + 1), often writing at once: what the old leader had not replicated, and what
+        the new one writes before the next round, are the forks the rounds must merge."""
+        pids = {"first": self.pids[:1], "second": self.pids[1:], "both": self.pids}[which]
+        set_leader(self.env.catalog, site, TABLE, pids)
+        for pid in pids:
+            self.leaders[pid] = site
+        self.log.append(f"leader of {pids} -> {site}")
+        if then_write:
+            self.write(then_write, False)
+
+    def count(self, report: dict[str, Any]) -> None:
+        merges = report["merges"]
+        self.stats["rounds"] += 1
+        self.stats["merges committed"] += merges.get("committed", 0)
+        self.stats["merge rows kept"] += merges.get("rows_merged", 0)
+        for target in report["targets"].values():
+            for outcome, n in (target.get("outcomes") or {}).items():
+                self.stats[outcome] += n
+            self.stats[f"target {target['status']}"] += 1
+
+    # -- invariants ------------------------------------------------------------------------------------------
+
+    @invariant()
+    def committed_files_never_change(self) -> None:
+        assert_files_match_catalog(self.env)
+
+    @invariant()
+    def safe_time_never_decreases_and_is_honest(self) -> None:
+        now = safe_times(self.env.catalog, TABLE)
+        for site, us in now.items():
+            assert us >= self.safe.get(site, us), (site, us, self.safe[site])
+            assert_safe_time_honest(self.env.catalog, TABLE, site, us)
+        self.safe = now
+
+    @invariant()
+    def acks_follow_offer_order(self) -> None:
+        assert_acks_are_prefixes(self.env.catalog, TABLE)
+
+    # -- quiescence --------------------------------------------------------------------------------------------
+
+    def teardown(self) -> None:
+        try:
+            self.quiesce()
+        finally:
+            self.env.catalog.dispose()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def quiesce(self) -> None:
+        reports = []
+        for _ in range(10):
+            retry, self.pending_end = self.pending_end, None
+            report = run_round(self.env.catalog, self.env.defs, TABLE, retry, submit=self.submit)
+            reports.append(report)
+            self.count(report)
+            self.log.append("  quiesce " + format_report(report).replace("\n", "\n  "))
+            busy = any(t.get("outcomes") or t["status"] != "ok" for t in report["targets"].values())
+            if not busy and not report["merges"].get("items") and retry is None:  # idle up to now
+                break
+        else:
+            pytest.fail("no idle round:\n" + "\n".join(self.log + [format_report(r) for r in reports[-3:]]))
+        self.safe_time_never_decreases_and_is_honest()
+        self.acks_follow_offer_order()
+        want = sorted((k, v) for k, (_ver, _o, deleted, v) in self.expected.items() if not deleted)
+        leader = read_table(self.env.catalog, TABLE).sort_by("k")
+        assert list(zip(leader["k"].to_pylist(), leader["v"].to_pylist(), strict=True)) == want, "\n".join(self.log)
+        for site in SITES:
+            got = read_table(self.env.catalog, TABLE, site).sort_by("k")
+            assert got.equals(leader), (site, got.to_pylist(), leader.to_pylist(), "\n".join(self.log))
+        assert_each_segment_once(self.env.catalog, SITES)
+        assert lease_count(self.env.catalog) == 0
+        with self.env.catalog.read() as s:  # every current target's last attempt succeeded
+            targets = {SITE_IDS[site] for site in SITES for leader in self.leaders.values() if site != leader}
+            backoffs = s.scalars(select(m.Backoff.site_id)).all()
+            assert not targets & set(backoffs), backoffs
+
+
+ORIGINAL_COPIER = rounds_mod.local_copier
+
+
+def test_rounds_state_machine(spark: Any) -> None:
+    RoundsMachine.spark = spark
+    run_state_machine_as_test(
+        RoundsMachine,
+        settings=settings(
+            max_examples=int(os.environ.get("SEGREP_MODEL_EXAMPLES", "8")),
+            stateful_step_count=10,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+        ),
+    )
+    print(dict(sorted(RoundsMachine.stats.items())))
