@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint format bench constraints clean spark-zip
+.PHONY: venv demo test lint format bench bench-rounds bench-maintenance constraints clean spark-zip
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	@scripts/check_prereqs.sh $(PYTHON)
@@ -24,7 +24,7 @@ test: venv
 	@scripts/ensure_postgres.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .
@@ -36,6 +36,13 @@ format: venv
 
 bench: venv
 	$(BIN)/python bench/write_read.py
+
+bench-rounds: venv
+	@scripts/ensure_postgres.sh
+	$(BIN)/python bench/rounds.py --scale 1
+
+bench-maintenance: venv
+	$(BIN)/python bench/maintenance.py --scale 1
 
 # The segrep package as a zip for spark-submit --py-files (Spark clusters whose nodes lack the package):
 # export SEGREP_SPARK_PY_FILES=$$PWD/build/segrep.zip and both `segrep round` and the DAGs pass it on.
