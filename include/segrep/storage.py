@@ -171,7 +171,11 @@ def atomic_local_write(final: str, write: Callable[[str], None]) -> FileFacts:
 
 
 def atomic_local_write_stream(
-    final: str, write: Callable[[HashingFileWriter], None], expected: FileFacts | None = None
+    final: str,
+    write: Callable[[HashingFileWriter], None],
+    expected: FileFacts | None = None,
+    *,
+    sync_every: int | None = _SYNC_EVERY,
 ) -> FileFacts:
     """Run ``write(stream)`` onto a temporary file beside ``final``, then fsync it, rename it to ``final`` and
     fsync the directory: readers see the complete file or none. Returns the size and sha256 of the file.
@@ -191,7 +195,7 @@ def atomic_local_write_stream(
     tmp = _tmp_name(final)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
-        with HashingFileWriter(fd, tmp) as out:
+        with HashingFileWriter(fd, tmp, sync_every=sync_every) as out:
             write(out)
             facts = out.finish()
         if expected is not None and facts != expected:
@@ -219,8 +223,11 @@ class HashingFileWriter:
     thread is raised by the next ``write`` and by ``finish``; the file descriptor stays the caller's.
     """
 
-    def __init__(self, fd: int, name: str = "") -> None:
+    def __init__(self, fd: int, name: str = "", *, sync_every: int | None = _SYNC_EVERY) -> None:
         self.name = name
+        # While pyarrow encodes, early fdatasyncs overlap the disk with the CPU; a plain copy has no CPU work
+        # to overlap, and there one fsync at the end lets the kernel write the file back in one go.
+        self._sync_every = sync_every
         self._fd = fd
         self._digest = hashlib.sha256()
         self._pending = bytearray()
@@ -312,7 +319,7 @@ class HashingFileWriter:
                     view = view[os.write(self._fd, view) :]
                 self._written += len(chunk)
                 unsynced += len(chunk)
-                if unsynced >= _SYNC_EVERY:
+                if self._sync_every is not None and unsynced >= self._sync_every:
                     _fdatasync(self._fd)
                     unsynced = 0
             except BaseException as exc:

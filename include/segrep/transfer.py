@@ -3,7 +3,7 @@ fsynced and renamed into place only if its size and sha256 equal the catalog's, 
 
 No row is read: a fast-forward is a byte copy (DESIGN section 6). Locally the copy goes through the same
 writer as new segments (``storage.atomic_local_write_stream``): a background thread hashes and writes while
-this one reads, and the data is flushed towards the disk as it goes, so the closing fsync waits for a tail.
+this one reads; one fsync at the end (no early flushes: a copy has no encoding to overlap them with).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def copy_verified(source: Site, target: Site, relpath: str, byte_size: int, sha2
 
     if target.local:
         try:
-            return atomic_local_write_stream(target.path(relpath), _copy, expected)
+            return atomic_local_write_stream(target.path(relpath), _copy, expected, sync_every=None)
         except CorruptSegmentError:
             raise CorruptSegmentError(mismatch) from None
     # object stores and HDFS: the store's own copy, then read back to verify
