@@ -8,6 +8,8 @@ target. For a round ending at ``end``, a partition vouches for ``end - 1``, or o
 the oldest row version among the leader's visible segments the target still lacks if that is earlier (a row
 is stamped before it commits, so any write committed at or before that instant lies in an acked segment).
 Segments committed after ``end`` count too: a major or a merge output committed later holds older rows.
+So do the forks replicas hold that the leader has not merged yet (written while they led), for every replica
+and for the leader's own site where it follows other partitions.
 The table's safe time is the minimum over partitions, and it only ever moves forward.
 """
 
@@ -21,8 +23,10 @@ from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.chain import is_referenced, newest_major, visible_segments
-from segrep.planner import PartitionSnapshot, snapshot
+from segrep.planner import PartitionSnapshot, pushes_from, snapshot
 from segrep.protocol import PlacementState
+
+FOREVER_US = 2**63 - 1
 
 
 def partition_vouches(part: PartitionSnapshot, replica: m.Placement, end_us: int) -> tuple[str | None, int, int]:
@@ -41,9 +45,23 @@ def partition_vouches(part: PartitionSnapshot, replica: m.Placement, end_us: int
         # Every segment it lacks counts, even one committed at or after ``end``: a major or merge output
         # committed after the interval still carries rows written (and committed elsewhere) before it.
         safe = min(safe, seg.min_version - 1)
+    # A fork a replica wrote while it led is not merged (nor replicated) yet: its writes were committed at the
+    # leader of the time, and the other replicas cannot read them. Nor can the replica that wrote it for long:
+    # once it fast-forwards a major of the leader, the fork is off its chain until the merge output arrives.
+    safe = min(safe, leader_vouches(part))
     if checkpoint is None:
         return None, 0, safe
     return checkpoint.segment_id, checkpoint.max_version, safe
+
+
+def leader_vouches(part: PartitionSnapshot) -> int:
+    """The safe time a partition vouches for at its leader's site: the instant before the oldest write the
+    leader has not merged yet (forks its followers wrote while they led), else no bound."""
+    safe = FOREVER_US
+    for follower in part.replicas:
+        for seg in pushes_from(part, follower, FOREVER_US):
+            safe = min(safe, seg.min_version - 1)
+    return safe
 
 
 def update_checkpoints_and_safe_time(catalog: Catalog, table: str, end_us: int) -> dict[str, int]:
@@ -61,6 +79,8 @@ def update_checkpoints_and_safe_time(catalog: Catalog, table: str, end_us: int) 
                 _upsert_checkpoint(s, part.partition.partition_id, replica.placement_id, seg_id, version, now)
                 candidate[replica.site_id] = min(candidate.get(replica.site_id, safe), safe)
                 joined |= _join_finalize(s, part, replica)
+            if part.leader.site_id in candidate:  # a site that leads this partition and follows others
+                candidate[part.leader.site_id] = min(candidate[part.leader.site_id], leader_vouches(part))
             _settle(s, part)
         joining = _joining_sites(s, snap.info.table_id) if joined else snap.joining_site_ids
         out: dict[str, int] = {}
