@@ -97,5 +97,13 @@ def submit(app: str, args: Sequence[str], *, name: str, master: str | None = Non
     cmd = command(app, args, name=name, master=master)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=spark_env())
     if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-        raise SegrepError(f"Spark job {app} failed (exit {proc.returncode}):\n{tail}")
+        raise SegrepError(
+            f"Spark job {app} failed (exit {proc.returncode}):\n{failure_excerpt(proc.stderr or proc.stdout)}"
+        )
+
+
+def failure_excerpt(log: str, lines: int = 20) -> str:
+    """The Python traceback of a failed job if its log has one (Spark's shutdown lines follow it), else the tail."""
+    text = log.strip().splitlines()
+    starts = [i for i, line in enumerate(text) if line.startswith("Traceback (most recent call last)")]
+    return "\n".join(text[starts[-1] : starts[-1] + lines] if starts else text[-lines:])
