@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from segrep import hlc, keys
@@ -181,13 +181,7 @@ def _create_table(s: Session, tdef: TableDef, changes: list[Change], verb: str =
 
 def _add_placement(s: Session, part: m.Partition, site_name: str, state: str) -> m.Placement:
     site = q.site_by_name(s, site_name)
-    # A new replica makes every entry of the partition relevant again: reset the settled watermarks.
-    s.execute(
-        update(m.Placement)
-        .where(m.Placement.partition_id == part.partition_id)
-        .values(settled_entry_id=0)
-        .execution_options(synchronize_session=False)
-    )
+    q.reset_watermarks(s, part.partition_id)  # a new replica makes every entry of the partition relevant again
     pl = m.Placement(partition_id=part.partition_id, site_id=site.site_id, state=state, created_us=hlc.now_us())
     s.add(pl)
     s.flush()

@@ -24,7 +24,7 @@ from enum import StrEnum
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from segrep import hlc
@@ -131,7 +131,7 @@ def bootstrap(catalog: Catalog, defs: Definitions, table: str, site: str, mode: 
                 moves += [(storage, rel) for rel in existing]
                 report.actions.append(f"partition {pid}: {len(existing)} existing file(s) moved aside")
             pl.needs_bootstrap = False
-            _reset_watermarks(s, pid)
+            q.reset_watermarks(s, pid)
             _live_if_nothing_to_copy(s, part, pl)
             report.joining.append(pl.placement_id)
             report.actions.append(f"partition {pid}: placement {pl.placement_id} JOINING, fed from the newest major")
@@ -151,7 +151,7 @@ def _rejoin(s: Session, part: m.Partition, old: m.Placement) -> m.Placement:
                       created_us=hlc.now_us())  # fmt: skip
     s.add(new)
     s.flush()
-    _reset_watermarks(s, part.partition_id)
+    q.reset_watermarks(s, part.partition_id)
     # Readers at the site now see the new, empty placement: the site's safe time for the table no longer holds
     # (invariant 4). It is set again by the round that makes the site LIVE, as for a site that joins.
     s.execute(delete(m.SafeTime).where(m.SafeTime.table_id == part.table_id, m.SafeTime.site_id == old.site_id))
@@ -163,15 +163,6 @@ def _live_if_nothing_to_copy(s: Session, part: m.Partition, pl: m.Placement) -> 
     leader = s.get(m.Placement, part.leader_placement_id) if part.leader_placement_id else None
     if leader is not None and leader.root_segment_id is None:
         pl.state = PlacementState.LIVE
-
-
-def _reset_watermarks(s: Session, partition_id: int) -> None:
-    s.execute(
-        update(m.Placement)
-        .where(m.Placement.partition_id == partition_id)
-        .values(settled_entry_id=0)
-        .execution_options(synchronize_session=False)
-    )
 
 
 def _adopt_problem(

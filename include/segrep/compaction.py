@@ -91,7 +91,7 @@ def plan_compaction(
     from segrep.rounds import _item  # one builder for every leader-side Spark item
 
     now = hlc.now_us() if now_us is None else now_us
-    policy = defs.table(table).policy if table in defs.tables else Policy()
+    policy = defs.policy(table)
     key = f"{table}-compact-{now}"
     with catalog.read() as s:
         snap: TableSnapshot = snapshot(s, table, partitions)

@@ -90,6 +90,10 @@ class Definitions:
             raise SegrepError(f"unknown site {name!r}; defined: {', '.join(sorted(self.sites)) or 'none'}")
         return self.sites[name]
 
+    def policy(self, name: str) -> Policy:
+        """The table's policy, or the defaults for a table the catalog has but this file no longer defines."""
+        return self.tables[name].policy if name in self.tables else Policy()
+
     def table(self, name: str) -> TableDef:
         check_name("table", name)
         if name not in self.tables:

@@ -174,7 +174,7 @@ def collect(
         sites = q.sites_by_id(s)
         pids = {name: [p.partition_id for p in q.partitions_of(s, q.table_info(s, name))] for name in names}
     for name in names:
-        policy = defs.table(name).policy if name in defs.tables else Policy()
+        policy = defs.policy(name)
         for pid in pids[name]:
             deletions = _partition_pass(catalog, name, pid, sites, policy, now, dry_run, report)
             report.deletions.extend(deletions)
@@ -268,7 +268,7 @@ def _orphans(
         )
     out = []
     for name in tables:
-        grace_s = (defs.table(name).policy if name in defs.tables else Policy()).orphan_grace_s
+        grace_s = (defs.policy(name)).orphan_grace_s
         selector = pafs.FileSelector(site.path(name), recursive=True, allow_not_found=True)
         prefix = site.root.rstrip("/") + "/"
         try:

@@ -12,3 +12,10 @@ def now_us() -> int:
 def next_version(last_version: int, now: int | None = None) -> int:
     """``max(now_us, last_version + 1)``: follows wall time, never repeats or goes back."""
     return max(now_us() if now is None else now, last_version + 1)
+
+
+def iso(us: int) -> str:
+    """A catalog time (microseconds since the epoch, UTC) as ISO-8601, for people."""
+    import pendulum
+
+    return pendulum.from_timestamp(us / 1_000_000).to_iso8601_string()

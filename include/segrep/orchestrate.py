@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from segrep import sparkrun
+from segrep import hlc, sparkrun
 from segrep.catalog import Catalog
 from segrep.config import Definitions
 from segrep.merge import write_json_atomic
@@ -81,7 +81,7 @@ def run_round(
 
 def format_report(report: dict[str, Any], sites: Sequence[str] | None = None) -> str:
     """A few lines a person can read: per target what happened, merges, safe times."""
-    lines = [f"round {report['round_id']} of {report['table']} up to {_iso(report['end_us'])}: {report['status']}"]
+    lines = [f"round {report['round_id']} of {report['table']} up to {hlc.iso(report['end_us'])}: {report['status']}"]
     for site, r in sorted(report.get("targets", {}).items()):
         if sites and site not in sites:
             continue
@@ -96,12 +96,6 @@ def format_report(report: dict[str, Any], sites: Sequence[str] | None = None) ->
             f" kept of {merges.get('rows_in', 0):,} pushed"
         )
     for site, us in sorted((report.get("safe_time_us") or {}).items()):
-        lines.append(f"  safe time at {site}: {_iso(us)}")
+        lines.append(f"  safe time at {site}: {hlc.iso(us)}")
     lines.append(f"  spark applications: {report.get('spark_apps', 0)}")
     return "\n".join(lines)
-
-
-def _iso(us: int) -> str:
-    import pendulum
-
-    return pendulum.from_timestamp(us / 1_000_000).to_iso8601_string()

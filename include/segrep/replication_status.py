@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-import pendulum
 from sqlalchemy import select
 
 from segrep import hlc
@@ -73,7 +72,7 @@ def status_rows(catalog: Catalog, table: str | None = None) -> list[dict[str, An
                         "lag_s": None if safe_us is None else round((now - safe_us) / 1e6, 1),
                         "pending_segments": pending[site_id],
                         "pending_bytes": pending_bytes[site_id],
-                        "last_round": None if last is None else f"{_iso(last.interval_end_us)} {last.status}",
+                        "last_round": None if last is None else f"{hlc.iso(last.interval_end_us)} {last.status}",
                         "last_status": report.get("status"),
                         "declines": declines,
                         "note": "; ".join(notes),
@@ -87,7 +86,7 @@ def status_table(rows: list[dict[str, Any]]) -> list[list[object]]:
         [
             r["table"],
             r["target"],
-            "-" if r["safe_time_us"] is None else _iso(r["safe_time_us"]),
+            "-" if r["safe_time_us"] is None else hlc.iso(r["safe_time_us"]),
             "-" if r["lag_s"] is None else r["lag_s"],
             r["pending_segments"],
             r["pending_bytes"],
@@ -97,7 +96,3 @@ def status_table(rows: list[dict[str, Any]]) -> list[list[object]]:
         ]
         for r in rows
     ]
-
-
-def _iso(us: int) -> str:
-    return pendulum.from_timestamp(us / 1_000_000).to_iso8601_string()

@@ -124,7 +124,7 @@ def plan_round(
 ) -> PlanResult:
     """Create (or find) the round, predict every offer, lease and write the merge manifest."""
     end = clamp_end(end_us)
-    policy = defs.table(table).policy if table in defs.tables else Policy()
+    policy = defs.policy(table)
     key = round_key(table, end)
     with catalog.write() as s:
         snap = snapshot(s, table, active_only=not reoffer)
@@ -378,7 +378,7 @@ def fast_forward_target(
     """
     started = time.perf_counter()
     end = clamp_end(end_us)
-    policy = defs.table(table).policy if table in defs.tables else Policy()
+    policy = defs.policy(table)
     key = round_key(table, end)
     report = TargetReport(site)
     with catalog.write() as s:
@@ -505,13 +505,7 @@ def _decide_batch(
                     )
                     .execution_options(synchronize_session=False)
                 )
-                # the dropped acks make settled entries pending again: planning must look at them
-                s.execute(
-                    update(m.Placement)
-                    .where(m.Placement.partition_id == partition_id)
-                    .values(settled_entry_id=0)
-                    .execution_options(synchronize_session=False)
-                )
+                q.reset_watermarks(s, partition_id)  # the dropped acks make settled entries pending again
                 return [], False, True
             if reaction == Reaction.STOP:
                 if outcome == Outcome.OVERLOADED and batch:

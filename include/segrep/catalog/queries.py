@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from segrep import keys
@@ -140,3 +140,14 @@ def acks_of(s: Session, holder_ids: Sequence[int]) -> dict[tuple[int, str], set[
 def segment_count(s: Session, table_id: int) -> int:
     q = select(func.count()).select_from(m.Segment).join(m.Partition).where(m.Partition.table_id == table_id)
     return int(s.scalar(q) or 0)
+
+
+def reset_watermarks(s: Session, partition_id: int) -> None:
+    """Make every list entry of the partition relevant to planning again (a new replica, a rejoin, or acks
+    dropped by an OUT_OF_ORDER restart): the settled watermarks go back to 0."""
+    s.execute(
+        update(m.Placement)
+        .where(m.Placement.partition_id == partition_id)
+        .values(settled_entry_id=0)
+        .execution_options(synchronize_session=False)
+    )
