@@ -66,6 +66,7 @@ from tests.integration.test_rounds import (
     safe_times,
     take_down,
 )
+from tests.spark.test_round_model import MODEL_YAML as ROUND_MODEL_YAML
 from tests.spark.test_round_model import spark_submit_in
 
 pytestmark = pytest.mark.spark
@@ -75,21 +76,11 @@ SITES = ("primary", "dr", "edge")
 REPLICAS = ("dr", "edge")
 KEYS = range(10)
 HOUR_US = 3600 * 1_000_000
-MODEL_YAML = """
-data_dir: data
-sites:
-  primary: {id: 1, uri: sites/primary}
-  dr: {id: 2, uri: sites/dr}
-  edge: {id: 3, uri: sites/edge}
-tables:
-  kv:
-    columns: {k: int64, v: string}
-    primary_key: [k]
-    split_points: [5]
-    leader: primary
-    replicas: [dr, edge]
-    policy: {retry_delay_s: 0, compact_min_segments: 3, tombstone_grace_s: 1h, max_retention_s: 1h}
-"""
+# the rounds model's table and sites, with thresholds that make compaction and retention happen in a few steps
+MODEL_YAML = ROUND_MODEL_YAML.replace(
+    "policy: {retry_delay_s: 0}",
+    "policy: {retry_delay_s: 0, compact_min_segments: 3, tombstone_grace_s: 1h, max_retention_s: 1h}",
+)
 
 
 class MaintenanceMachine(RuleBasedStateMachine):
