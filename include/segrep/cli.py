@@ -399,6 +399,40 @@ def round_(obj: Context, table: str, until: str | None, target: str | None, reof
         _fail(f"round of {table}: target(s) {', '.join(report['failed'])} failed; re-run to retry", 1)
 
 
+@main.command("split")
+@click.argument("table")
+@click.argument("partition", type=int)
+@click.option("--at", "split_keys", multiple=True, help="A split key (repeatable); omit to resume the split under way.")
+@click.option("--async", "is_async", is_flag=True, help="Finalize at once; the data follows through UNLOAD.")
+@click.option("--json", "as_json", is_flag=True, help="Print the split report as JSON.")
+@click.pass_obj
+@_user_errors
+def split_(
+    obj: Context, table: str, partition: int, split_keys: tuple[str, ...], is_async: bool, as_json: bool
+) -> None:
+    """Split PARTITION of TABLE at the --at keys while writes continue (see `segrep table describe` for ids).
+
+    Rewrites the parent's segments for each child with Spark, finalizes, unloads what the children still
+    lack from every parent replica, and retires the parent. Re-run it (with or without --at) to resume.
+    Exits 1 if the split is still waiting for a parent replica to push (its site is down)."""
+    import json
+
+    from segrep.orchestrate import run_split
+    from segrep.split import format_progress, split_progress
+
+    obj.defs.table(table)
+    report = run_split(obj.catalog(), obj.defs, table, partition, list(split_keys), is_async=is_async)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
+    else:
+        for p in report["passes"]:
+            click.echo(f"{p['phase']} pass: {p['rewrites']} rewrite(s), {p['merges']} merge(s), "
+                       f"{p['exists']} already held")  # fmt: skip
+        click.echo(format_progress(split_progress(obj.catalog(), table, include_done=True)[-1:]))
+    if report["state"] != "DONE":
+        _fail(f"split {report['split_id']} of {table} waits: {report.get('waiting')}; re-run to continue", 1)
+
+
 @main.command()
 @click.argument("table", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -409,12 +443,16 @@ def status(obj: Context, table: str | None, as_json: bool) -> None:
     import json
 
     from segrep.replication_status import HEADER, status_rows, status_table
+    from segrep.split import format_progress, split_progress
 
     rows = status_rows(obj.catalog(), table)
+    splits = split_progress(obj.catalog(), table)
     if as_json:
-        click.echo(json.dumps(rows, indent=2, sort_keys=True))
-    else:
-        click.echo(format_rows(HEADER, status_table(rows)) if rows else "no replicas")
+        click.echo(json.dumps({"replication": rows, "splits": splits}, indent=2, sort_keys=True))
+        return
+    click.echo(format_rows(HEADER, status_table(rows)) if rows else "no replicas")
+    if splits:
+        click.echo(format_progress(splits))
 
 
 def run() -> None:

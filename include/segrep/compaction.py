@@ -15,7 +15,6 @@ later, those rows would beat the missing tombstones and resurrect deleted rows, 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,7 +25,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.chain import visible_segments
 from segrep.config import Definitions, Policy
-from segrep.merge import Manifest, MergeItem, write_json_atomic
+from segrep.merge import Manifest, MergeItem
 from segrep.merge_commit import commit_results
 from segrep.planner import PartitionSnapshot, TableSnapshot, pushes_from, snapshot
 
@@ -108,7 +107,7 @@ def plan_compaction(
     if items:
         plan.needs_bootstrap = _stop_stale_pushers(catalog, table, [c.partition_id for c in plan.candidates], cutoff)
         folder = work_dir(defs, table, key)
-        write_json_atomic(folder / "manifest.json", json.loads(Manifest(key, items).to_json()))
+        Manifest(key, items).write(folder / "manifest.json")
         plan.manifest, plan.result = str(folder / "manifest.json"), str(folder / "result.json")
     return plan
 

@@ -29,3 +29,7 @@ class ConflictError(Exception):
 
 class CorruptSegmentError(SegrepError):
     """A segment file whose size or sha256 does not match what the catalog recorded."""
+
+
+class SplitIncompleteError(SegrepError):
+    """SPLIT_FINALIZE refused: some child still lacks segments of the parent up to the pass's cut."""

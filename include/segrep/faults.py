@@ -16,6 +16,10 @@ POINTS = (
     "after_commit_before_ack",  # the receiver committed the segment; the sender has not recorded the ack
     "in_merge_job",  # inside the Spark merge job, after the first output file was written
     "before_checkpoint",  # acks and merges are committed; checkpoints and safe time are not
+    "split_after_start",  # the split and its children exist; nothing was rewritten yet
+    "split_before_finalize",  # every child acked the copy pass; SPLIT_FINALIZE has not committed
+    "split_after_finalize",  # writes go to the children; no parent placement has unloaded yet
+    "split_before_parent_files",  # UNLOAD_FINAL committed; the parent's files are still on the sites
 )
 
 

@@ -1,10 +1,14 @@
 """Row-level merges on Spark: a manifest of work items in, new local segments and a result file out.
 
-Two kinds of item, both at a partition's leader:
-- ``merge``: segments pushed by followers (forks). Keep the incoming rows that win under last-writer-wins
-  against the partition, so a repeated merge keeps nothing new (DESIGN section 6).
+Three kinds of item, each for one partition's leader:
+- ``merge``: segments pushed by followers (forks), or by a split parent's placements (UNLOAD). Keep the
+  incoming rows inside the partition's key range that win under last-writer-wins against the partition, so a
+  repeated merge keeps nothing new (DESIGN section 6).
 - ``major``: fold the leader's visible chain into one major segment (tombstones kept), for a replica that can
   no longer fast-forward the leader's minor segments (OUT_OF_ORDER after a restart).
+- ``split``: rewrite one segment of a splitting parent for a child's key range (EventQL 3.8): the rows in
+  range, tombstones included, under the same ``segment_id``, ``base_segment_id`` and major flag, so the
+  child's chain mirrors the parent's and a replay is recognised as SEGMENT_EXISTS.
 
 Output paths are deterministic (the plan fixes each output's segment id), so a retried job overwrites its
 own files and never duplicates; the catalog commit is done afterwards by a Python task from the result file.
@@ -24,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from segrep import faults
+from segrep import faults, keys
 from segrep import schema as sch
 from segrep.errors import CorruptSegmentError, SegrepError
 from segrep.segments import SegmentEntry, entry_stats
@@ -50,7 +54,7 @@ class FileRef:
 @dataclass(frozen=True)
 class MergeItem:
     item_id: str
-    kind: str  # "merge" | "major"
+    kind: str  # "merge" | "major" | "split"
     table: str
     partition_id: int
     columns: list[tuple[str, str]]  # (name, type) in table order: JSON objects would lose the order
@@ -69,6 +73,11 @@ class MergeItem:
     output_segment_id: str = ""
     # major only: tombstones with a row version before this are dropped (None keeps all; DESIGN 7, grace)
     tombstone_cutoff_us: int | None = None
+    # merge and split: incoming rows outside [partition_begin, partition_end) on this column are left out
+    partition_key: str = ""
+    # split only: the source segment's shape, kept by the rewrite
+    is_major: bool = False
+    included_segment_ids: list[str] = field(default_factory=list)
 
     @property
     def output_relpath(self) -> str:
@@ -82,6 +91,9 @@ class Manifest:
 
     def to_json(self) -> str:
         return json.dumps({"format": MANIFEST_FORMAT, **asdict(self)}, sort_keys=True)
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        write_json_atomic(path, json.loads(self.to_json()))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Manifest:
@@ -143,22 +155,27 @@ def _run_item(spark: SparkSession, item: MergeItem) -> dict[str, Any]:
     except (CorruptSegmentError, OSError) as exc:  # a corrupt file, or a site that is down: this item only
         return {**base, "status": "invalid", "error": str(exc), "output": None, "rows_in": 0, "rows_out": 0}
     schema = sch.schema_from_columns(dict(item.columns))
-    rows_df, rows_in = _merge_rows(spark, item) if item.kind == "merge" else _major_rows(spark, item)
+    rows_df, rows_in = _item_rows(spark, item)
     rows = _to_segment_table(rows_df, schema, item.primary_key)
-    if rows.num_rows == 0:
+    if rows.num_rows == 0 and item.kind != "split":  # a split rewrite keeps its place in the chain, even empty
         return {**base, "status": "ok", "output": None, "rows_in": rows_in, "rows_out": 0}
+    if item.kind == "split":
+        is_major, included = item.is_major, tuple(item.included_segment_ids)
+    else:
+        is_major = item.kind == "major"
+        included = tuple(ref.segment_id for ref in item.visible)[-64:] if is_major else ()
     entry = SegmentEntry(
         segment_id=item.output_segment_id,
         table=item.table,
         partition_id=item.partition_id,
         base_segment_id=item.base_segment_id,
-        is_major=item.kind == "major",
+        is_major=is_major,
         origin_site_id=item.leader_site_id,
         epoch=item.epoch,
         schema_fingerprint=item.schema_fingerprint,
         partition_begin=item.partition_begin,
         partition_end=item.partition_end,
-        included_segment_ids=tuple(ref.segment_id for ref in item.visible)[-64:] if item.kind == "major" else (),
+        included_segment_ids=included,
         **entry_stats(rows, item.primary_key),
     )
     facts = Site(item.leader_site, item.leader_uri).write_segment(item.output_relpath, rows, entry.to_meta())
@@ -196,7 +213,7 @@ def _merge_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
     """Incoming rows that beat the partition's current winner for their key (or whose key it lacks)."""
     from pyspark.sql import functions as F
 
-    incoming = spark.read.parquet(*_paths(item.incoming))
+    incoming = _in_range(spark.read.parquet(*_paths(item.incoming)), item)
     rows_in = _row_count(item.incoming)
     incoming = _latest(incoming, item.primary_key)
     if not item.visible:
@@ -225,6 +242,34 @@ def _major_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
         expired = F.col(sch.DELETED_COL) & (F.col(sch.VERSION_COL) < F.lit(item.tombstone_cutoff_us))
         latest = latest.where(~expired)
     return latest, _row_count(item.visible)
+
+
+def _split_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
+    """The source segment's rows inside the child's key range, as they are (each key occurs once)."""
+    return _in_range(spark.read.parquet(*_paths(item.incoming)), item), _row_count(item.incoming)
+
+
+def _in_range(df: DataFrame, item: MergeItem) -> DataFrame:
+    """Rows with ``partition_begin <= key < partition_end`` (None: unbounded); all rows without a key column."""
+    from pyspark.sql import functions as F
+
+    if not item.partition_key:
+        return df
+    dtype = sch.schema_from_columns(dict(item.columns)).field(item.partition_key).type
+    col = F.col(item.partition_key)
+    if item.partition_begin is not None:
+        df = df.where(col >= F.lit(keys.decode(item.partition_begin, dtype)))
+    if item.partition_end is not None:
+        df = df.where(col < F.lit(keys.decode(item.partition_end, dtype)))
+    return df
+
+
+def _item_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
+    if item.kind == "merge":
+        return _merge_rows(spark, item)
+    if item.kind == "split":
+        return _split_rows(spark, item)
+    return _major_rows(spark, item)
 
 
 def _to_segment_table(df: DataFrame, schema: pa.Schema, primary_key: list[str]) -> pa.Table:

@@ -3,9 +3,9 @@
 For each item the output segment is registered at the leader with a conditional root move. A merge output
 whose planned base is no longer the root (a write landed meanwhile) is re-based: its rows won against an
 older state, and under last-writer-wins they may sit on top of newer segments too, so only the footer's base
-changes. A major segment must include everything up to its base, so a moved root drops it (the next round
-plans another). Pushed segments are then acked by the leader and their leases released. Registering an output
-that is already there is a no-op, so the step can run twice.
+changes. A major segment must include everything up to its base, and a split rewrite keeps its source's
+base, so a moved root drops either (the next pass plans again). Pushed segments are then acked by the leader
+and their leases released. Registering an output that is already there is a no-op, so the step can run twice.
 """
 
 from __future__ import annotations
@@ -95,11 +95,12 @@ def _commit_item(catalog: Catalog, item: MergeItem, output: dict[str, Any] | Non
                 entry = SegmentEntry.from_meta(output["entry"])
                 facts = FileFacts(output["byte_size"], output["sha256"])
                 site.verify(item.output_relpath, facts.byte_size, facts.sha256)
-                if leader.root_segment_id != entry.base_segment_id:
-                    if item.kind == "major":
-                        site.delete(item.output_relpath)  # never referenced; the next round plans a new one
+                fast_forward = leader.root_segment_id is None and entry.is_major
+                if leader.root_segment_id != entry.base_segment_id and not (item.kind == "split" and fast_forward):
+                    if item.kind in ("major", "split"):
+                        site.delete(item.output_relpath)  # never referenced; the next pass plans anew
                         _release_in(s, item, key)
-                        return "root moved under the major segment"
+                        return f"root moved under the {item.kind} segment"
                     entry, facts = _rebase(site, item, entry, leader.root_segment_id)
                 register_segment(s, leader, entry, item.output_relpath, facts, hlc.now_us(),
                                  expected_root=leader.root_segment_id)  # fmt: skip

@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from segrep import hlc, sparkrun
+from segrep import faults, hlc, sparkrun
 from segrep.catalog import Catalog
 from segrep.config import Definitions
+from segrep.errors import SplitIncompleteError
 from segrep.merge import write_json_atomic
 from segrep.rounds import (
     Copier,
@@ -77,6 +78,53 @@ def run_round(
     if plan.manifest:
         run_merge(defs, table, plan.end_us, plan.manifest, submit)
     return commit_round(catalog, defs, table, plan.end_us, merge_ran=plan.manifest is not None)
+
+
+def run_split(
+    catalog: Catalog,
+    defs: Definitions,
+    table: str,
+    partition_id: int,
+    split_keys: Sequence[Any] | None = None,
+    *,
+    is_async: bool = False,
+    submit: Submit = sparkrun.submit,
+    max_passes: int = 3,
+) -> dict[str, Any]:
+    """A whole split without Airflow (``segrep split``): start (or resume), copy passes until SPLIT_FINALIZE,
+    an unload pass, UNLOAD_FINAL. One Spark application per pass that has rewrites or merges to run.
+    If a parent placement cannot push yet (its site is down), the split stays in UNLOAD and a re-run
+    continues it."""
+    from segrep import split as sp
+
+    if split_keys:
+        ref = sp.start_split(catalog, table, partition_id, list(split_keys), is_async=is_async)
+    else:
+        ref = sp.find_split(catalog, table, partition_id)
+    faults.point("split_after_start")
+    passes: list[dict[str, Any]] = []
+
+    def one_pass() -> sp.PassPlan:
+        plan = sp.plan_pass(catalog, defs, ref.split_id)
+        if plan.manifest:
+            submit("merge", ["--manifest", plan.manifest, "--result", str(plan.result)], name=f"segrep-split-{table}")
+        passes.append({**plan.to_dict(), "commit": sp.commit_pass(catalog, plan)})
+        return plan
+
+    for attempt in range(1, max_passes + 1):
+        if sp.find_split(catalog, table, partition_id).state != sp.SplitState.SPLITTING:
+            break
+        plan = one_pass()
+        try:
+            sp.finalize(catalog, ref.split_id, plan.cut_entry_id)
+        except SplitIncompleteError:
+            if attempt == max_passes:
+                raise
+    faults.point("split_after_finalize")
+    if sp.find_split(catalog, table, partition_id).state == sp.SplitState.UNLOAD:
+        one_pass()
+    finished = sp.finish(catalog, defs, ref.split_id)
+    return {"split_id": ref.split_id, "table": table, "children": ref.children, "passes": passes, **finished}
 
 
 def format_report(report: dict[str, Any], sites: Sequence[str] | None = None) -> str:

@@ -57,7 +57,7 @@ def placement_files(catalog: Catalog, table: str, site: str | None = None) -> tu
     """The files to read for a table at a site (default: each partition's leader), partitions in key order."""
     with catalog.read() as s:
         info = q.table_info(s, table)
-        parts = q.partitions_of(s, info, q.WRITABLE_STATES)
+        parts = q.serving_partitions(s, info)
         placements = q.active_placements(s, [p.partition_id for p in parts])
         sites = q.sites_by_id(s)
         site_row = q.site_by_name(s, site) if site is not None else None

@@ -13,7 +13,6 @@ A round for the interval ending at ``end_us`` offers only segments committed bef
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter
@@ -32,7 +31,7 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.config import Definitions, Policy
 from segrep.errors import ConflictError, CorruptSegmentError, NotFoundError, SegrepError
-from segrep.merge import FileRef, Manifest, MergeItem, output_segment_id, write_json_atomic
+from segrep.merge import FileRef, Manifest, MergeItem, output_segment_id
 from segrep.merge_commit import commit_merge_results
 from segrep.names import check_name
 from segrep.planner import (
@@ -178,7 +177,7 @@ def plan_round(
     manifest = None
     if items:
         path = manifest_path(defs, table, end)
-        write_json_atomic(path, json.loads(Manifest(key, items).to_json()))
+        Manifest(key, items).write(path)
         manifest = str(path)
     return PlanResult(rnd.round_id, table, end, targets, manifest, summary)
 

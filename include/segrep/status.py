@@ -24,7 +24,7 @@ def table_overview(catalog: Catalog) -> list[list[object]]:
         sites = q.sites_by_id(s)
         for row in s.scalars(select(m.Table).order_by(m.Table.name)):
             info = q.TableInfo.of(row)
-            parts = q.partitions_of(s, info, q.WRITABLE_STATES)
+            parts = q.serving_partitions(s, info)
             placements = q.active_placements(s, [p.partition_id for p in parts])
             leader_ids = {p.leader_placement_id for p in parts}
             leaders = sorted({sites[pl.site_id].name for pl in placements if pl.placement_id in leader_ids})

@@ -144,7 +144,7 @@ def _attempt(
 
 def _targets(catalog: Catalog, info: q.TableInfo) -> list[_Target]:
     with catalog.read() as s:
-        parts = q.partitions_of(s, info, q.WRITABLE_STATES)
+        parts = q.serving_partitions(s, info)
         if not parts:
             raise SegrepError(f"table {info.name} has no writable partition")
         placements = {p.placement_id: p for p in q.active_placements(s, [p.partition_id for p in parts])}

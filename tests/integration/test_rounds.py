@@ -691,7 +691,9 @@ def test_cli_round_and_status(env: Env) -> None:
 
     code, out, err = cli(env, "status", "--json")
     assert code == 0, err
-    rows = {(r["table"], r["target"]): r for r in json.loads(out)}
+    doc = json.loads(out)
+    assert doc["splits"] == []
+    rows = {(r["table"], r["target"]): r for r in doc["replication"]}
     assert set(rows) == {(TABLE, "dr"), (TABLE, "edge"), ("orders", "dr")}
     for site in REPLICAS:
         r = rows[(TABLE, site)]

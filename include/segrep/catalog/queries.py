@@ -89,6 +89,17 @@ def partitions_of(s: Session, info: TableInfo, states: Iterable[str] | None = No
     return sort_partitions(info, list(s.scalars(q)))
 
 
+def serving_partitions(s: Session, info: TableInfo) -> list[m.Partition]:
+    """The partitions that take the table's writes and answer its reads, in key order: they tile the key
+    space. A split's children are LOADING until SPLIT_FINALIZE, while their parent (SPLITTING) still serves;
+    at finalize the children go LIVE and the parent leaves (UNLOAD)."""
+    return [
+        p
+        for p in partitions_of(s, info, WRITABLE_STATES)
+        if not (p.state == PartitionState.LOADING and p.parent_partition_id is not None)
+    ]
+
+
 def sort_partitions(info: TableInfo, parts: list[m.Partition]) -> list[m.Partition]:
     """Partitions in key order, the one with an unbounded begin first."""
     parts.sort(key=lambda p: (p.begin_key is not None, info.decode_key(p.begin_key) if p.begin_key is not None else 0))
