@@ -154,3 +154,17 @@ def sqlite_env(tmp_path: Path) -> Iterator[Env]:
     e = make_env(tmp_path, f"sqlite:///{tmp_path}/catalog.db")
     yield e
     e.catalog.dispose()
+
+
+OUTAGE_YAML = ORDERS_YAML.replace(
+    "    replicas: [dr, edge]\n", "    replicas: [dr, edge]\n    policy: {retry_delay_s: 0}\n"
+)
+
+
+@pytest.fixture
+def outage_env(catalog_url: str, tmp_path: Path) -> Iterator[Env]:
+    """`env` with the events policy retrying at once (a test cannot wait out a back-off after an outage)."""
+    assert OUTAGE_YAML != ORDERS_YAML
+    e = make_env(tmp_path, catalog_url, OUTAGE_YAML)
+    yield e
+    e.catalog.dispose()

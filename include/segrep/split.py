@@ -224,9 +224,10 @@ def _view(s: Session, split_id: int) -> _View:
         sources = [pl for pl in parent_pls if pl.placement_id == parent.leader_placement_id]
     else:  # UNLOAD: every replica is equal; one out of retention holds nothing that may still be merged
         sources = [pl for pl in parent_pls if not pl.needs_bootstrap]
-    child_pls = q.active_placements(s, [c.partition_id for c in children])
-    leaders = {c.partition_id: next(pl for pl in child_pls if pl.placement_id == c.leader_placement_id)
-               for c in children}  # fmt: skip
+    child_pls = {pl.placement_id: pl for pl in q.active_placements(s, [c.partition_id for c in children])}
+    # a finished split's child may have split in turn (retired, no placements): it takes no part any more
+    leaders = {c.partition_id: child_pls[c.leader_placement_id] for c in children if c.leader_placement_id in child_pls}
+    children = [c for c in children if c.partition_id in leaders]
     ids = [pl.placement_id for pl in (*parent_pls, *leaders.values())]
     acked: dict[int, set[str]] = defaultdict(set)
     if parent_pls:
@@ -285,15 +286,17 @@ def split_dir(defs: Definitions, table: str, split_id: int) -> Path:
     return defs.data_dir / "work" / "splits" / table / str(split_id)
 
 
-def plan_pass(catalog: Catalog, defs: Definitions, split_id: int) -> PassPlan:
+def plan_pass(catalog: Catalog, defs: Definitions, split_id: int, phase: str | None = None) -> PassPlan:
     """Decide, for every (source placement, child), each segment the child lacks: SEGMENT_EXISTS (acked
-    now), a rewrite (fast-forward) or a merge; write the Spark manifest if there is anything to run."""
+    now), a rewrite (fast-forward) or a merge; write the Spark manifest if there is anything to run.
+    ``phase`` (copy or unload) plans only if the split is in that phase: a DAG's copy step does nothing for
+    an async or already finalized split."""
     now = hlc.now_us()
     with catalog.write() as s:
         view = _view(s, split_id)
-        phase = COPY if view.split.state == SplitState.SPLITTING else UNLOAD
-        plan = PassPlan(split_id, view.info.name, phase, view.split.state)
-        if view.split.state == SplitState.DONE:
+        current = COPY if view.split.state == SplitState.SPLITTING else UNLOAD
+        plan = PassPlan(split_id, view.info.name, current, view.split.state)
+        if view.split.state == SplitState.DONE or (phase is not None and phase != current):
             return plan
         key = f"{view.info.name}-split{split_id}"
         items: list[MergeItem] = []

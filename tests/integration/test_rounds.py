@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from segrep.rounds import (
 from segrep.storage import Site
 from segrep.transfer import copy_verified
 from segrep.writer import write_batch
-from tests.conftest import ORDERS_YAML, Env, make_env
+from tests.conftest import Env, make_env
 
 TABLE = "events"
 REPLICAS = ("dr", "edge")
@@ -477,20 +477,6 @@ def test_corrupting_copier_through_run_round(env: Env, monkeypatch: pytest.Monke
     rep = run_round(env.catalog, env.defs, TABLE, reoffer=True, submit=no_spark)
     assert rep["status"] == "ok"
     assert_replicas_equal_leader(env.catalog)
-
-
-OUTAGE_YAML = ORDERS_YAML.replace(
-    "    replicas: [dr, edge]\n", "    replicas: [dr, edge]\n    policy: {retry_delay_s: 0}\n"
-)
-
-
-@pytest.fixture
-def outage_env(catalog_url: str, tmp_path: Path) -> Iterator[Env]:
-    """`env` with the events policy retrying at once (the test cannot wait out a back-off)."""
-    assert OUTAGE_YAML != ORDERS_YAML
-    e = make_env(tmp_path, catalog_url, OUTAGE_YAML)
-    yield e
-    e.catalog.dispose()
 
 
 def take_down(env: Env, site: str) -> Path:

@@ -38,7 +38,6 @@ from tests.integration.test_rounds import (
     bring_up,
     cli,
     no_spark,
-    outage_env,  # noqa: F401 (a fixture: the events policy retries at once)
     set_leader,
     take_down,
     triples,
