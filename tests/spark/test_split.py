@@ -197,8 +197,7 @@ def test_a_crash_at_each_step_then_a_rerun_converges(
     converge(env)
 
 
-def test_a_leader_change_mid_split_resumes_from_the_acks(sqlite_env: Env, spark: Any) -> None:
-    env = sqlite_env
+def test_a_leader_change_mid_split_resumes_from_the_acks(env: Env, spark: Any) -> None:
     model = Model()
     for n in range(2):
         model.upsert(env, range(n * 30, n * 30 + 30), f"w{n}")
