@@ -25,6 +25,7 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.chain import visible_segments
 from segrep.errors import NotFoundError
+from segrep.protocol import PartitionState
 from segrep.storage import Site
 
 
@@ -73,20 +74,50 @@ def placement_files(catalog: Catalog, table: str, site: str | None = None) -> tu
                 where = f"site {site}" if site else "its leader"
                 raise NotFoundError(f"table {table}: partition {part.partition_id} has no placement at {where}")
             chosen.append(candidates[0])
-        seg_lists = q.segments_of(s, [pl.placement_id for pl in chosen])
+        unloading = _unloading_parents(s, info, parts, chosen)
+        seg_lists = q.segments_of(s, [pl.placement_id for pl in (*chosen, *unloading.values())])
     key_types = [info.schema.field(k).type for k in info.primary_key]
+    by_partition = {p.partition_id: p for p in parts}
     out = []
     for pl in chosen:
-        segs = seg_lists.get(pl.placement_id, [])
-        by_id = {x.segment_id: x for x in segs}
-        visible = tuple(by_id[ref.segment_id] for ref in visible_segments(q.chain_of(pl, segs)))
-        st = sites[pl.site_id]
+        visible = _visible(pl, seg_lists)
+        begin, end = pl.key_begin, pl.key_end
         disjoint = segments_disjoint(visible, lambda v: tuple(map(keys.decode, v, key_types)))
-        site_obj = Site(st.name, st.uri)
-        out.append(
-            PlacementFiles(pl.placement_id, pl.partition_id, site_obj, visible, pl.key_begin, pl.key_end, disjoint)
-        )
+        parent_pl = unloading.get(pl.placement_id)
+        if parent_pl is not None:  # the parent's rows in this child's range, until UNLOAD_FINAL
+            part = by_partition[pl.partition_id]
+            visible = (*visible, *_visible(parent_pl, seg_lists))
+            begin, end, disjoint = part.begin_key, part.end_key, False
+        site_obj = Site(sites[pl.site_id].name, sites[pl.site_id].uri)
+        out.append(PlacementFiles(pl.placement_id, pl.partition_id, site_obj, visible, begin, end, disjoint))
     return info, out
+
+
+def _visible(pl: m.Placement, seg_lists: dict[int, list[m.Segment]]) -> tuple[m.Segment, ...]:
+    segs = seg_lists.get(pl.placement_id, [])
+    by_id = {x.segment_id: x for x in segs}
+    return tuple(by_id[ref.segment_id] for ref in visible_segments(q.chain_of(pl, segs)))
+
+
+def _unloading_parents(
+    s: Any, info: q.TableInfo, parts: Sequence[m.Partition], chosen: Sequence[m.Placement]
+) -> dict[int, m.Placement]:
+    """Child placement id -> its parent's placement at the same site, for children of a parent in UNLOAD.
+
+    After SPLIT_FINALIZE the children serve, but until UNLOAD completes the parent may hold rows they lack
+    (all of them, for an async split): reading both, restricted to the child's range, last writer wins,
+    answers what the parent would have. After UNLOAD_FINAL the children hold everything."""
+    parents = {p.partition_id for p in q.partitions_of(s, info, [PartitionState.UNLOAD])}
+    children = {p.partition_id: p.parent_partition_id for p in parts if p.parent_partition_id in parents}
+    if not children:
+        return {}
+    at = {(pl.partition_id, pl.site_id): pl for pl in q.active_placements(s, sorted(parents))}
+    out = {}
+    for pl in chosen:
+        parent_pl = at.get((children.get(pl.partition_id), pl.site_id))
+        if parent_pl is not None:
+            out[pl.placement_id] = parent_pl
+    return out
 
 
 def read_table(

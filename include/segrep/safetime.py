@@ -10,6 +10,7 @@ is stamped before it commits, so any write committed at or before that instant l
 Segments committed after ``end`` count too: a major or a merge output committed later holds older rows.
 So do the forks replicas hold that the leader has not merged yet (written while they led), for every replica
 and for the leader's own site where it follows other partitions.
+While a split parent is in UNLOAD, its rows that the children still lack bound every site too.
 The table's safe time is the minimum over partitions, and it only ever moves forward.
 """
 
@@ -25,6 +26,7 @@ from segrep.catalog import models as m
 from segrep.chain import is_referenced, newest_major, visible_segments
 from segrep.planner import PartitionSnapshot, pushes_from, snapshot
 from segrep.protocol import PlacementState
+from segrep.split import unload_safe_bound
 
 FOREVER_US = 2**63 - 1
 
@@ -83,8 +85,11 @@ def update_checkpoints_and_safe_time(catalog: Catalog, table: str, end_us: int) 
                 candidate[part.leader.site_id] = min(candidate[part.leader.site_id], leader_vouches(part))
             _settle(s, part)
         joining = _joining_sites(s, snap.info.table_id) if joined else snap.joining_site_ids
+        unloading = unload_safe_bound(s, snap.info.table_id)
         out: dict[str, int] = {}
         for site_id, safe in candidate.items():
+            if unloading is not None:
+                safe = min(safe, unloading)
             if site_id in joining or site_id in snap.stalled_site_ids:
                 continue  # a joining replica is not readable yet; one that needs a bootstrap is stuck
             out[snap.sites[site_id].name] = _advance(s, snap.info.table_id, site_id, safe, now)

@@ -135,7 +135,7 @@ def start_split(
                 if pl.state == PlacementState.REMOVED:
                     continue
                 cpl = m.Placement(partition_id=child.partition_id, site_id=pl.site_id, state=PlacementState.LIVE,
-                                  key_begin=begin, key_end=end, created_us=now)  # fmt: skip
+                                  created_us=now)  # fmt: skip
                 s.add(cpl)
                 s.flush()
                 if pl.placement_id == leader.placement_id:
@@ -404,21 +404,39 @@ def commit_pass(catalog: Catalog, plan: PassPlan | dict[str, Any]) -> dict[str, 
 # -- finalize and finish ----------------------------------------------------------------------------------------
 
 
-def _lacking(view: _View, cut_entry_id: int | None) -> dict[int, int]:
-    """Per child: how many segments of the sources (up to the cut, if given) it neither references nor acked."""
-    out: dict[int, int] = {}
+def _lacking_segments(view: _View, cut_entry_id: int | None) -> dict[int, list[m.Segment]]:
+    """Per child: the sources' segments (up to the cut, if given) it neither references nor acked."""
+    out: dict[int, list[m.Segment]] = {}
     for child in view.children:
         target = view.child_leaders[child.partition_id]
         chain = view.chain(target)
-        n = sum(
-            1
+        segs = [
+            seg
             for source in view.sources
             for seg in _candidates(view, source, target)
             if (cut_entry_id is None or seg.entry_id <= cut_entry_id) and not is_referenced(chain, seg.segment_id)
-        )
-        if n:
-            out[child.partition_id] = n
+        ]
+        if segs:
+            out[child.partition_id] = segs
     return out
+
+
+def _lacking(view: _View, cut_entry_id: int | None) -> dict[int, int]:
+    return {child: len(segs) for child, segs in _lacking_segments(view, cut_entry_id).items()}
+
+
+def unload_safe_bound(s: Session, table_id: int) -> int | None:
+    """The instant before the oldest row that the children of a parent in UNLOAD still lack, or None.
+
+    Such rows are readable where the parent's placement holds them (the reader adds it), but no replication
+    of the children vouches for them yet: no site's safe time may pass them until they are merged."""
+    bound: int | None = None
+    query = select(m.Split.split_id).where(m.Split.table_id == table_id, m.Split.state == SplitState.UNLOAD)
+    for split_id in s.scalars(query).all():
+        for segs in _lacking_segments(_view(s, split_id), None).values():
+            low = min(seg.min_version for seg in segs) - 1
+            bound = low if bound is None else min(bound, low)
+    return bound
 
 
 def finalize(catalog: Catalog, split_id: int, cut_entry_id: int | None = None) -> SplitRef:

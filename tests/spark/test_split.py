@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from segrep import faults
 from segrep.catalog import models as m
@@ -35,6 +35,7 @@ from tests.integration.test_rounds import (
     TABLE,
     Model,
     assert_replicas_equal_leader,
+    assert_safe_time_honest,
     bring_up,
     cli,
     no_spark,
@@ -143,9 +144,16 @@ def test_async_split_finalizes_at_once_and_converges(env: Env, spark: Any) -> No
     model.upsert(env, range(0, 60), "a")
     model.delete(env, range(0, 4))
     converge(env)
+    model.upsert(env, range(60, 70), "late")  # only the parent's leader holds these when the split starts
     ref = start_split(env.catalog, TABLE, PARENT, ["aa", "b"], is_async=True)
     assert ref.state == SplitState.UNLOAD and len(ref.children) == 3
     model.upsert(env, range(0, 12), "new")  # straight into the children, newer than everything in the parent
+    assert triples(env.catalog) == model.snapshot()  # reads add the unloading parent's rows: nothing is missing
+    report = run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # the children's new rows reach dr, edge
+    for site in REPLICAS:  # but not the parent's late rows: no site's safe time may claim them yet
+        assert_safe_time_honest(env.catalog, TABLE, site, report["safe_time_us"][site])
+        late = [p for _t, k, p in triples(env.catalog, site) if 60 <= k < 70]
+        assert late == [p for _t, k, p in model.snapshot() if 60 <= k < 70 and _t in ("x", "y")], site
     manifests: list[Manifest] = []
     report = run_split(env.catalog, env.defs, TABLE, PARENT, submit=inprocess(spark, manifests))
     assert report["state"] == SplitState.DONE and len(manifests) == 1
