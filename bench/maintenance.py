@@ -40,28 +40,12 @@ from segrep.orchestrate import run_round
 from segrep.reader import read_table, resolve
 from segrep.writer import write_batch
 
-YAML = """
-data_dir: data
-sites:
-  primary: {{id: 1, uri: sites/primary}}
-  dr: {{id: 2, uri: sites/dr}}
-  edge: {{id: 3, uri: sites/edge}}
-tables:
-  lineitem:
-    schema_from: {source}
-    primary_key: [l_orderkey, l_linenumber]
-    partition_key: l_orderkey
-    split_points: {splits}
-    leader: primary
-    replicas: {replicas}
-    policy: {{compact_min_segments: 2}}
-"""
 KEY = [("l_orderkey", "ascending"), ("l_linenumber", "ascending")]
 
 
 def setup(root: Path, source: Path, splits: list[int], replicas: list[str]) -> tuple[Catalog, Path]:
     config = root / "segrep.yaml"
-    config.write_text(YAML.format(source=source, splits=splits, replicas=replicas))
+    config.write_text(demo_data.lineitem_yaml(source, splits, replicas, {"compact_min_segments": 2}))
     catalog = Catalog(f"sqlite:///{root}/catalog.db")
     upgrade(catalog)
     apply_definitions(catalog, load_definitions(config))
@@ -139,7 +123,7 @@ def bench_bootstrap(work: Path) -> dict[str, float]:
         return elapsed
 
     cp_times = [cp()]
-    config.write_text(config.read_text().replace("replicas: ['dr']", "replicas: ['dr', 'edge']"))
+    config.write_text(config.read_text().replace("replicas: [dr]", "replicas: [dr, edge]"))
     defs = load_definitions(config)
     apply_definitions(catalog, defs)
     bootstrap(catalog, defs, "lineitem", "edge")

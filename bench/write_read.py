@@ -41,21 +41,6 @@ from segrep.writer import write_batch
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
-LINEITEM_YAML = """
-data_dir: data
-sites:
-  primary: {{id: 1, uri: sites/primary}}
-  dr: {{id: 2, uri: sites/dr}}
-tables:
-  lineitem:
-    schema_from: {source}
-    primary_key: [l_orderkey, l_linenumber]
-    partition_key: l_orderkey
-    split_points: {splits}
-    leader: primary
-    replicas: [dr]
-"""
-
 
 def timed(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
     start = time.perf_counter()
@@ -66,7 +51,7 @@ def timed(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
 def setup(root: Path, source: Path, splits: list[int], url: str | None = None) -> Catalog:
     root.mkdir(parents=True, exist_ok=True)
     config = root / "segrep.yaml"
-    config.write_text(LINEITEM_YAML.format(source=source, splits=splits))
+    config.write_text(demo_data.lineitem_yaml(source, splits, ["dr"]))
     catalog = Catalog(url or f"sqlite:///{root}/catalog.db")
     upgrade(catalog)
     apply_definitions(catalog, load_definitions(config))

@@ -88,3 +88,31 @@ a, b = (pq.read_table(p).sort_by("o_orderkey") for p in sys.argv[1:])
 assert a.equals(b), "dr differs from primary"
 print(f"OK: dr reads exactly what primary reads ({a.num_rows} rows)")
 PY
+
+say "split partition 1 of orders at 50000 and 100000 while it is live: airflow dags test segrep_split"
+log="$DATA/demo/airflow-split.log"
+if ! airflow dags test segrep_split -c '{"table": "orders", "partition": 1, "split_keys": [50000, 100000]}' \
+    > "$log" 2>&1; then
+  tail -40 "$log"; echo "the split run failed; full log in $log" >&2; exit 1
+fi
+grep -E "^\s*(split [0-9]+ of|  child )" "$log" | sed 's/^.*\(split [0-9]\)/\1/; s/^.*\(  child \)/\1/' || true
+segrep write orders "$(sed -n 1p "$DATA/demo/batches.tsv" | cut -f1)" > /dev/null  # a write after the split
+round 3
+
+say "segrep table describe orders   (partition 1 retired; three children serve its range)"
+segrep table describe orders
+
+say "after the split: primary and dr read exactly the replay of the batches (plus batch 1 written again)"
+segrep read orders -o "$DATA/demo/orders_primary.parquet"
+segrep read orders --site dr -o "$DATA/demo/orders_dr.parquet"
+python - "$DATA/demo/orders_primary.parquet" "$DATA/demo/orders_dr.parquet" "$DATA/demo/batches" <<'PY'
+import sys, pyarrow.parquet as pq
+from pathlib import Path
+from segrep import demo_data
+a, b = (pq.read_table(p).sort_by("o_orderkey") for p in sys.argv[1:3])
+batches = demo_data.read_batch_files(Path(sys.argv[3]))
+expected = demo_data.expected_rows([*batches, batches[0]], "o_orderkey")
+assert demo_data.compare(a, expected, "o_orderkey") == [], "primary differs from the replay"
+assert a.equals(b), "dr differs from primary"
+print(f"OK: after the split, dr reads exactly what primary reads ({a.num_rows} rows), as the replay says")
+PY

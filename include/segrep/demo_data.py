@@ -38,6 +38,28 @@ def generate_tpch(table: str, scale: float, out_dir: Path) -> Path:
     return out
 
 
+def lineitem_yaml(
+    source: Path, split_points: list[int], replicas: list[str], policy: dict[str, object] | None = None
+) -> str:
+    """Definitions of TPC-H ``lineitem`` (key l_orderkey, l_linenumber; schema from ``source``) led by
+    ``primary``, for the benchmarks and the TPC-H tests. Lists are written inline: ``replicas: [dr]``."""
+    import yaml
+
+    table: dict[str, object] = {
+        "schema_from": str(source),
+        "primary_key": ["l_orderkey", "l_linenumber"],
+        "partition_key": "l_orderkey",
+        "split_points": list(split_points),
+        "leader": "primary",
+        "replicas": list(replicas),
+    }
+    if policy:
+        table["policy"] = policy
+    sites = {name: {"id": n, "uri": f"sites/{name}"} for n, name in enumerate(("primary", "dr", "edge"), start=1)}
+    doc = {"data_dir": "data", "sites": sites, "tables": {"lineitem": table}}
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
+
+
 def normalized(table: pa.Table) -> pa.Table:
     """Cast TPC-H's Parquet types (string_view...) onto segrep's vocabulary."""
     return table.cast(sch.schema_from_arrow(table.schema))

@@ -37,6 +37,9 @@ from segrep.storage import Site, segment_relpath
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from segrep.catalog import models as m
+    from segrep.catalog.queries import TableInfo
+
 MANIFEST_FORMAT = 1
 
 
@@ -110,6 +113,44 @@ class Manifest:
             raw["incoming"] = [FileRef(**f) for f in raw["incoming"]]
             items.append(MergeItem(**raw))
         return cls(doc["round_key"], items)
+
+
+def leader_item(
+    info: TableInfo,
+    partition: m.Partition,
+    leader: m.Placement,
+    site: m.Site,
+    *,
+    item_id: str,
+    kind: str,
+    base: str | None,
+    visible: list[FileRef],
+    incoming: list[FileRef],
+    output_segment_id: str,
+    **extra: Any,
+) -> MergeItem:
+    """An item that writes into ``partition`` at its leader placement (rounds, compaction and splits)."""
+    return MergeItem(
+        item_id=item_id,
+        kind=kind,
+        table=info.name,
+        partition_id=partition.partition_id,
+        columns=list(info.row.columns.items()),
+        primary_key=list(info.primary_key),
+        schema_fingerprint=info.row.schema_fingerprint,
+        leader_site=site.name,
+        leader_uri=site.uri,
+        leader_placement_id=leader.placement_id,
+        leader_site_id=site.site_id,
+        epoch=partition.epoch,
+        base_segment_id=base,
+        partition_begin=partition.begin_key,
+        partition_end=partition.end_key,
+        visible=visible,
+        incoming=incoming,
+        output_segment_id=output_segment_id,
+        **extra,
+    )
 
 
 def output_segment_id(round_key: str, kind: str, partition_id: int, base: str | None, inputs: list[str]) -> str:

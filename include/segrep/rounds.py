@@ -31,7 +31,7 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.config import Definitions, Policy
 from segrep.errors import ConflictError, CorruptSegmentError, NotFoundError, SegrepError
-from segrep.merge import FileRef, Manifest, MergeItem, output_segment_id
+from segrep.merge import FileRef, Manifest, MergeItem, leader_item, output_segment_id
 from segrep.merge_commit import commit_merge_results
 from segrep.names import check_name
 from segrep.planner import (
@@ -217,26 +217,10 @@ def _item(snap: TableSnapshot, part: PartitionSnapshot, key: str, kind: str, inc
     visible = _visible_refs(snap, part)
     base = part.leader.root_segment_id
     inputs = [f.segment_id for f in (incoming if kind == "merge" else visible)]
-    return MergeItem(
-        item_id=f"{kind}-{part.partition.partition_id}",
-        kind=kind,
-        table=snap.info.name,
-        partition_id=part.partition.partition_id,
-        columns=list(snap.info.row.columns.items()),
-        primary_key=list(snap.info.primary_key),
-        schema_fingerprint=snap.info.row.schema_fingerprint,
-        leader_site=site.name,
-        leader_uri=site.uri,
-        leader_placement_id=part.leader.placement_id,
-        leader_site_id=site.site_id,
-        epoch=part.partition.epoch,
-        base_segment_id=base,
-        partition_begin=part.partition.begin_key,
-        partition_end=part.partition.end_key,
-        visible=visible,
-        incoming=incoming,
-        output_segment_id=output_segment_id(key, kind, part.partition.partition_id, base, inputs),
-    )
+    pid = part.partition.partition_id
+    return leader_item(snap.info, part.partition, part.leader, site, item_id=f"{kind}-{pid}", kind=kind, base=base,
+                       visible=visible, incoming=incoming,
+                       output_segment_id=output_segment_id(key, kind, pid, base, inputs))  # fmt: skip
 
 
 def _major_item(snap: TableSnapshot, part: PartitionSnapshot, key: str) -> MergeItem:

@@ -40,7 +40,7 @@ from segrep.catalog import queries as q
 from segrep.chain import Chain, is_reference_weak, is_referenced, offer_order, visible_segments
 from segrep.config import Definitions
 from segrep.errors import NotFoundError, SegrepError, SplitIncompleteError
-from segrep.merge import FileRef, Manifest, MergeItem, output_segment_id
+from segrep.merge import FileRef, Manifest, MergeItem, leader_item, output_segment_id
 from segrep.merge_commit import commit_results
 from segrep.protocol import PartitionState, PlacementState, apply_fast_forward
 from segrep.storage import Site
@@ -354,42 +354,21 @@ def _file_ref(view: _View, placement: m.Placement, seg: m.Segment) -> FileRef:
 
 def _item(view: _View, child: m.Partition, target: m.Placement, key: str, kind: str, incoming: list[FileRef],
           seg: m.Segment | None, base: str | None = None) -> MergeItem:  # fmt: skip
-    site = view.sites[target.site_id]
-    info = view.info
+    """A ``split`` rewrite of ``seg`` for the child (same id, base and shape), or a ``merge`` of ``incoming``
+    into it; both keep only rows inside the child's range."""
+    site, pid, pkey = view.sites[target.site_id], child.partition_id, view.info.partition_key
     if kind == "split":
         assert seg is not None
-        visible: list[FileRef] = []
-        out_id, base = seg.segment_id, seg.base_segment_id
-        item_id = f"split-{child.partition_id}-{seg.segment_id}"
-    else:
-        chain = view.chain(target)
-        segs = view.by_id(target)
-        visible = [_file_ref(view, target, segs[r.segment_id]) for r in visible_segments(chain)]
-        out_id = output_segment_id(key, kind, child.partition_id, base, [f.segment_id for f in incoming])
-        item_id = f"merge-{child.partition_id}-{incoming[0].holder_placement_id}"
-    return MergeItem(
-        item_id=item_id,
-        kind=kind,
-        table=info.name,
-        partition_id=child.partition_id,
-        columns=list(info.row.columns.items()),
-        primary_key=list(info.primary_key),
-        schema_fingerprint=info.row.schema_fingerprint,
-        leader_site=site.name,
-        leader_uri=site.uri,
-        leader_placement_id=target.placement_id,
-        leader_site_id=site.site_id,
-        epoch=child.epoch,
-        base_segment_id=base,
-        partition_begin=child.begin_key,
-        partition_end=child.end_key,
-        visible=visible,
-        incoming=incoming,
-        output_segment_id=out_id,
-        partition_key=info.partition_key,
-        is_major=bool(seg.is_major) if seg is not None else False,
-        included_segment_ids=list(seg.included_segment_ids or []) if seg is not None else [],
-    )
+        shape = {"is_major": bool(seg.is_major), "included_segment_ids": list(seg.included_segment_ids or [])}
+        return leader_item(view.info, child, target, site, item_id=f"split-{pid}-{seg.segment_id}", kind=kind,
+                           base=seg.base_segment_id, visible=[], incoming=incoming,
+                           output_segment_id=seg.segment_id, partition_key=pkey, **shape)  # fmt: skip
+    segs = view.by_id(target)
+    visible = [_file_ref(view, target, segs[r.segment_id]) for r in visible_segments(view.chain(target))]
+    out_id = output_segment_id(key, kind, pid, base, [f.segment_id for f in incoming])
+    return leader_item(view.info, child, target, site, item_id=f"merge-{pid}-{incoming[0].holder_placement_id}",
+                       kind=kind, base=base, visible=visible, incoming=incoming, output_segment_id=out_id,
+                       partition_key=pkey)  # fmt: skip
 
 
 def commit_pass(catalog: Catalog, plan: PassPlan | dict[str, Any]) -> dict[str, Any]:

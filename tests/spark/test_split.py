@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from segrep import faults
 from segrep.catalog import models as m
@@ -178,8 +178,10 @@ def test_bad_split_requests_name_the_problem_and_change_nothing(env: Env) -> Non
         assert s.scalars(select(m.Split)).all() == []
 
 
-@pytest.mark.parametrize("point", ["split_after_start", "in_merge_job", "split_before_finalize",
-                                   "split_after_finalize", "split_before_parent_files"])  # fmt: skip
+SPLIT_POINTS = [x for x in faults.POINTS if x.startswith("split_")]
+
+
+@pytest.mark.parametrize("point", ["in_merge_job", *SPLIT_POINTS])
 def test_a_crash_at_each_step_then_a_rerun_converges(
     sqlite_env: Env, spark: Any, point: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -32,22 +32,6 @@ PK = ["l_orderkey", "l_linenumber"]
 SPLIT_POINTS = [1_500_000, 3_000_000, 4_500_000]  # l_orderkey runs to 6,000,000: four partitions
 PARENT = 2  # [1.5M, 3M)
 SPLIT_AT = [2_000_000, 2_500_000]  # three children
-YAML = """
-data_dir: data
-sites:
-  primary: {{id: 1, uri: sites/primary}}
-  dr: {{id: 2, uri: sites/dr}}
-  edge: {{id: 3, uri: sites/edge}}
-tables:
-  lineitem:
-    schema_from: {source}
-    primary_key: [l_orderkey, l_linenumber]
-    partition_key: l_orderkey
-    split_points: {splits}
-    leader: primary
-    replicas: [dr, edge]
-    policy: {{retry_delay_s: 0}}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +43,9 @@ def lineitem() -> tuple[Path, pa.Table]:
 @pytest.fixture
 def pg_env(pg_server: str, tmp_path: Path, lineitem: tuple[Path, pa.Table]) -> Iterator[Env]:
     for url in pg_schema_url(pg_server):
-        env = make_env(tmp_path, url, YAML.format(source=lineitem[0], splits=SPLIT_POINTS))
+        env = make_env(
+            tmp_path, url, demo_data.lineitem_yaml(lineitem[0], SPLIT_POINTS, ["dr", "edge"], {"retry_delay_s": 0})
+        )
         yield env
         env.catalog.dispose()
 
