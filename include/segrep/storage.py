@@ -213,6 +213,56 @@ def atomic_local_write_stream(
     return facts
 
 
+def atomic_local_copy(source: str, final: str, expected: FileFacts) -> FileFacts:
+    """Copy a local file to ``final`` inside the kernel (copy_file_range: no trip through Python, as cp
+    does), then hash the copy's bytes while it is fsynced, and rename it into place only if they equal
+    ``expected`` (else CorruptSegmentError and nothing appears). The hash is of the destination file as
+    the kernel holds it, so a bad source and a bad copy are both caught. OSError if the kernel cannot copy
+    between these files (the caller falls back to a streamed copy) or a site is unreachable."""
+    directory = os.path.dirname(final) or "."
+    os.makedirs(directory, exist_ok=True)
+    tmp = _tmp_name(final)
+    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        with open(source, "rb", buffering=0) as src:
+            left = os.fstat(src.fileno()).st_size
+            while left > 0:
+                n = os.copy_file_range(src.fileno(), out, left)
+                if n == 0:  # the source shrank under us: the size check below reports it
+                    break
+                left -= n
+        synced: list[BaseException | None] = []
+        flusher = threading.Thread(target=lambda: synced.append(_call(os.fsync, out)), name="segrep-copy-fsync")
+        flusher.start()  # write-back runs while this thread hashes the same bytes from the page cache
+        try:
+            facts = _hash_local(tmp, fsync=False)
+        finally:
+            flusher.join()
+        if synced[0] is not None:
+            raise synced[0]
+        if facts != expected:
+            raise CorruptSegmentError(
+                f"{final}: the copy ({facts.byte_size} bytes, sha256 {facts.sha256[:12]}...) does not match the "
+                f"catalog ({expected.byte_size} bytes, sha256 {expected.sha256[:12]}...)"
+            )
+        os.rename(tmp, final)
+        _fsync_dir(directory)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    finally:
+        os.close(out)
+    return facts
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> BaseException | None:
+    try:
+        fn(*args)
+    except BaseException as exc:  # handed to the waiting thread
+        return exc
+    return None
+
+
 class HashingFileWriter:
     """A write-only binary stream onto an open file that hashes every byte exactly once, on its way out.
 

@@ -534,3 +534,47 @@ def test_hashing_writer_refuses_writes_after_close(tmp_path: Path) -> None:
         assert out.finish() == FileFacts(3, hashlib.sha256(b"abc").hexdigest())
     finally:
         os.close(fd)
+
+
+# -- verified copies between local sites (transfer.copy_verified) ------------------------------------------
+
+
+def _segment_at(site: Site) -> tuple[str, FileFacts]:
+    rel = segment_relpath("orders", 1, ids.new_segment_id())
+    return rel, site.write_segment(rel, rows(200), META)
+
+
+def test_kernel_copy_is_verified_and_a_corrupt_source_is_refused(tmp_path: Path) -> None:
+    from segrep.transfer import copy_verified
+
+    a, b = Site("a", str(tmp_path / "a")), Site("b", str(tmp_path / "b"))
+    rel, facts = _segment_at(a)
+    assert copy_verified(a, b, rel, facts.byte_size, facts.sha256) == facts
+    assert b.facts(rel) == facts
+
+    rel2, facts2 = _segment_at(a)
+    data = bytearray(Path(a.path(rel2)).read_bytes())
+    data[len(data) // 2] ^= 0x01  # bit rot at the source: the copy has the catalog's size, not its hash
+    Path(a.path(rel2)).write_bytes(bytes(data))
+    with pytest.raises(CorruptSegmentError, match="does not match the catalog"):
+        copy_verified(a, b, rel2, facts2.byte_size, facts2.sha256)
+    assert sorted(p.name for p in Path(b.path(rel2)).parent.iterdir()) == [Path(rel).name]  # no tmp, no rel2
+
+
+def test_copy_falls_back_to_a_stream_where_the_kernel_cannot_copy(tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    from segrep.transfer import copy_verified
+
+    calls: list[int] = []
+
+    def refuse(*_args: Any) -> int:
+        calls.append(1)
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "copy_file_range", refuse)
+    a, b = Site("a", str(tmp_path / "a")), Site("b", str(tmp_path / "b"))
+    rel, facts = _segment_at(a)
+    assert copy_verified(a, b, rel, facts.byte_size, facts.sha256) == facts
+    assert calls == [1] and b.facts(rel) == facts
+    assert [p.name for p in Path(b.path(rel)).parent.iterdir()] == [Path(rel).name]
