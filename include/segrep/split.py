@@ -301,13 +301,13 @@ def plan_pass(catalog: Catalog, defs: Definitions, split_id: int, phase: str | N
         key = f"{view.info.name}-split{split_id}"
         items: list[MergeItem] = []
         for source in view.sources:
-            if phase == COPY:
+            if current == COPY:
                 plan.cut_entry_id = max((x.entry_id for x in view.segments.get(source.placement_id, [])), default=0)
             for child in view.children:
                 items += _decide(s, view, source, child, key, plan)
         if items:
             folder = split_dir(defs, view.info.name, split_id)
-            mpath, rpath = folder / f"{phase}-{now}-manifest.json", folder / f"{phase}-{now}-result.json"
+            mpath, rpath = folder / f"{current}-{now}-manifest.json", folder / f"{current}-{now}-result.json"
             Manifest(key, items).write(mpath)
             plan.manifest, plan.result = str(mpath), str(rpath)
     return plan

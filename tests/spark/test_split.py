@@ -9,6 +9,7 @@ parent retired: UNLOAD_FINAL, no segment rows, no files.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from sqlalchemy import select
 
 from segrep import faults
 from segrep.catalog import models as m
-from segrep.errors import SegrepError
+from segrep.errors import SegrepError, SplitIncompleteError
 from segrep.merge import Manifest, run_manifest, write_json_atomic
 from segrep.orchestrate import run_round, run_split
 from segrep.split import (
@@ -105,8 +106,10 @@ def test_split_while_writes_continue(env: Env, spark: Any) -> None:
     model.upsert(env, range(100, 140), "during")  # SPLITTING: the parent still takes writes
     run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # and replicates them (children are LOADING)
 
+    assert plan_pass(env.catalog, env.defs, ref.split_id, "unload").manifest is None  # not that phase yet
     plan = plan_pass(env.catalog, env.defs, ref.split_id)
     assert plan.phase == "copy" and plan.rewrites == 2 * 5 and plan.merges == 0  # 5 parent segments, 2 children
+    assert plan.cut_entry_id > 0 and "copy-" in Path(str(plan.manifest)).name
     model.upsert(env, range(0, 20), "after_cut")  # after the cut: reaches the children through UNLOAD
     manifests: list[Manifest] = []
     inprocess(spark, manifests)("merge", ["--manifest", str(plan.manifest), "--result", str(plan.result)], name="t")
@@ -137,6 +140,38 @@ def test_split_while_writes_continue(env: Env, spark: Any) -> None:
     assert triples(env.catalog) == model.snapshot()  # after_finalize rows kept over the older after_cut ones
     converge(env)
     assert split_progress(env.catalog, TABLE) == []
+
+
+def test_finalize_waits_for_every_segment_up_to_the_cut(sqlite_env: Env, spark: Any) -> None:
+    env = sqlite_env
+    model = Model()
+    for n in range(2):
+        model.upsert(env, range(n * 30, n * 30 + 30), f"w{n}")
+    converge(env)
+    ref = start_split(env.catalog, TABLE, PARENT, ["b"])
+    with env.catalog.read() as s:
+        first = s.scalars(
+            select(m.Segment).where(m.Segment.partition_id == PARENT).order_by(m.Segment.entry_id).limit(1)
+        ).one()
+    path = env.site_dir("primary") / first.relpath
+    good = path.read_bytes()
+    path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # the parent's oldest file rots before the copy
+    manifests: list[Manifest] = []
+    submit = inprocess(spark, manifests)
+    plan = plan_pass(env.catalog, env.defs, ref.split_id)
+    submit("merge", ["--manifest", str(plan.manifest), "--result", str(plan.result)], name="t")
+    summary = commit_pass(env.catalog, plan)
+    assert len(summary["invalid"]) == 2 and summary["committed"] == 0  # its rewrite for each child; the
+    # second segment continues the first, so neither child could take it: nothing else was registered
+    with pytest.raises(SplitIncompleteError, match="still lack segments"):
+        finalize(env.catalog, ref.split_id, plan.cut_entry_id)
+    assert partition_states(env)[PARENT] == "SPLITTING"
+
+    path.write_bytes(good)  # repaired (in real life: a re-bootstrap from a replica's copy)
+    report = run_split(env.catalog, env.defs, TABLE, PARENT, submit=submit)
+    assert report["state"] == SplitState.DONE and report["passes"][0]["rewrites"] == 2 * 2
+    assert triples(env.catalog) == model.snapshot()
+    assert_parent_retired(env)
 
 
 def test_async_split_finalizes_at_once_and_converges(env: Env, spark: Any) -> None:
