@@ -8,6 +8,9 @@
 3. **commit_compaction** registers the majors (only where the leader's root did not move meanwhile).
 4. **gc** deletes what no chain needs any more, holds what a LIVE or JOINING replica still needs up to
    `max_retention_s` (then marks that replica as needing a bootstrap and says so), removes old orphans.
+5. **continue_splits** resumes every split of the table that has not finished (one whose parent replica was
+   down, say): the same steps as the split DAG, Spark through the `spark_default` connection. A split that
+   still waits is reported in the log and by `segrep status`.
 
 Replicas take the new majors by fast-forward in the next replication round. Trigger form: `force` compacts
 every partition with a minor segment; `gc_dry_run` lists what GC would delete, and why, without deleting.
@@ -21,7 +24,7 @@ from typing import Any
 from airflow.sdk import Param, dag, task
 
 from segrep.config import TableDef, load_definitions
-from segrep_airflow.common import catalog_for, merge_job, timetable, utc
+from segrep_airflow.common import catalog_for, hook_submit, merge_job, timetable, utc
 
 
 def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
@@ -83,12 +86,26 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
             return {"deleted": len(report.deletions), "files_removed": report.files_removed,
                     "needs_bootstrap": report.needs_bootstrap, "held": report.held}  # fmt: skip
 
+        @task(trigger_rule="all_done")
+        def continue_splits() -> list[dict[str, Any]]:
+            from segrep.orchestrate import run_split
+            from segrep.split import split_progress
+
+            defs = load_definitions()
+            catalog = catalog_for(defs)
+            out = []
+            for row in split_progress(catalog, name):
+                report = run_split(catalog, defs, name, row["parent_partition_id"], submit=hook_submit)
+                print(f"split {report['split_id']} of {name}: {report['state']} {report.get('waiting') or ''}")
+                out.append({k: report.get(k) for k in ("split_id", "state", "waiting")})
+            return out
+
         planned = plan_compaction()
         branch = choose(planned)
         committed = commit_compaction(planned)
         branch >> [compact, committed]
         compact >> committed
-        committed >> gc()
+        committed >> gc() >> continue_splits()
 
     return maintenance()
 

@@ -1,8 +1,8 @@
 """TPC-H `lineitem` (scale 1, 6,001,215 rows) in four partitions on PostgreSQL; one partition is split into
 three with a real spark-submit while a writer keeps updating and deleting rows all over the table. Afterwards
 the children together, at every site, read exactly what an independent replay of the same writes gives
-(issue 5); the same again with an async split. Roughly two minutes each: the data is generated once into
-data/tpch/sf1 (git-ignored) and reused."""
+(issue 5); another partition is then split async under the same writer. About three minutes: the data is
+generated once into data/tpch/sf1 (git-ignored) and reused."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select
 
-from segrep import demo_data
+from segrep import demo_data, hlc
 from segrep.catalog import models as m
 from segrep.orchestrate import run_round, run_split
 from segrep.reader import read_table
@@ -33,6 +33,8 @@ PK = ["l_orderkey", "l_linenumber"]
 SPLIT_POINTS = [1_500_000, 3_000_000, 4_500_000]  # l_orderkey runs to 6,000,000: four partitions
 PARENT = 2  # [1.5M, 3M)
 SPLIT_AT = [2_000_000, 2_500_000]  # three children
+ASYNC_PARENT = 3  # [3M, 4.5M), split async while the writer still runs
+ASYNC_AT = [3_500_000, 4_000_000]
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +61,7 @@ class Writer(threading.Thread):
         self.env, self.source = env, source
         self.batches: list[tuple[pa.Table, bool]] = []
         self.partitions: list[set[int]] = []
+        self.started_us: list[int] = []
         self.stop = threading.Event()
         self.error: BaseException | None = None
 
@@ -74,6 +77,7 @@ class Writer(threading.Thread):
                 else:
                     rows = rows.set_column(rows.schema.get_field_index("l_comment"), "l_comment",
                                            pa.array([f"update {n}"] * rows.num_rows))  # fmt: skip
+                self.started_us.append(hlc.now_us())
                 result = write_batch(self.env.catalog, "lineitem", rows, delete=delete)
                 self.batches.append((rows, delete))
                 self.partitions.append({seg.partition_id for seg in result.segments})
@@ -96,9 +100,8 @@ def replay(base: pa.Table, batches: list[tuple[pa.Table, bool]]) -> pa.Table:
     return won.select(base.column_names).sort_by([(k, "ascending") for k in PK])
 
 
-@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
-def test_split_a_lineitem_partition_in_three_while_writes_continue(
-    pg_env: Env, lineitem: tuple[Path, pa.Table], is_async: bool
+def test_split_lineitem_partitions_in_three_sync_and_async_while_writes_continue(
+    pg_env: Env, lineitem: tuple[Path, pa.Table]
 ) -> None:
     env = pg_env
     _path, source = lineitem
@@ -109,20 +112,28 @@ def test_split_a_lineitem_partition_in_three_while_writes_continue(
 
     writer = Writer(env, source)
     writer.start()
-    report = run_split(env.catalog, env.defs, "lineitem", PARENT, SPLIT_AT, is_async=is_async)  # spark-submits
+    sync = run_split(env.catalog, env.defs, "lineitem", PARENT, SPLIT_AT)  # two spark-submits
+    written_sync = len(writer.partitions)
+    async_ = run_split(env.catalog, env.defs, "lineitem", ASYNC_PARENT, ASYNC_AT, is_async=True)  # one
     writer.stop.set()
     writer.join(timeout=600)
     assert writer.error is None, writer.error
-    assert report["state"] == SplitState.DONE and len(report["children"]) == 3
-    children = set(report["children"])
-    if not is_async:  # an async split finalizes at once: every write goes to the children
-        assert any(PARENT in p for p in writer.partitions), "no write reached the parent while it was splitting"
+    with env.catalog.read() as s:  # an async split finalizes as it starts: no later write reaches its parent
+        started = s.scalar(select(m.Split.created_us).where(m.Split.parent_partition_id == ASYNC_PARENT))
+    late = [parts for at, parts in zip(writer.started_us, writer.partitions, strict=True) if at > started]
+    assert late and not any(ASYNC_PARENT in parts for parts in late)
+    for report in (sync, async_):
+        assert report["state"] == SplitState.DONE and len(report["children"]) == 3
+    children = set(sync["children"])
+    assert any(PARENT in p for p in writer.partitions[:written_sync]), "no write reached the splitting parent"
     assert any(p & children for p in writer.partitions), "no write reached the children after finalize"
+    assert any(p & set(async_["children"]) for p in writer.partitions[written_sync:])
 
     with env.catalog.read() as s:
         states = {p.partition_id: p.state for p in s.scalars(select(m.Partition))}
-    assert states[PARENT] == "UNLOAD_FINAL" and {states[c] for c in children} == {"LIVE"}
-    assert not list((env.site_dir("primary") / "lineitem" / str(PARENT)).glob("*.parquet"))
+    for parent, report in ((PARENT, sync), (ASYNC_PARENT, async_)):
+        assert states[parent] == "UNLOAD_FINAL" and {states[c] for c in report["children"]} == {"LIVE"}
+        assert not list((env.site_dir("primary") / "lineitem" / str(parent)).glob("*.parquet"))
 
     for _ in range(2):
         run_round(env.catalog, env.defs, "lineitem")  # the children reach dr and edge
