@@ -190,26 +190,11 @@ def atomic_local_write_stream(
     removes the temporary file, so nothing unverified ever gets the final name. With ``expected`` (a copy of
     a known file), facts that differ raise CorruptSegmentError before the rename.
     """
-    directory = os.path.dirname(final) or "."
-    os.makedirs(directory, exist_ok=True)
-    tmp = _tmp_name(final)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
+    with _temporary_beside(final) as (tmp, fd):
         with HashingFileWriter(fd, tmp, sync_every=sync_every) as out:
             write(out)
             facts = out.finish()
-        if expected is not None and facts != expected:
-            raise CorruptSegmentError(
-                f"{final}: the bytes written ({facts.byte_size} bytes, sha256 {facts.sha256[:12]}...) do not match "
-                f"the catalog ({expected.byte_size} bytes, sha256 {expected.sha256[:12]}...)"
-            )
-        os.rename(tmp, final)
-        _fsync_dir(directory)
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
-    finally:
-        os.close(fd)
+        _publish(tmp, final, facts, expected, "the bytes written")
     return facts
 
 
@@ -219,11 +204,7 @@ def atomic_local_copy(source: str, final: str, expected: FileFacts) -> FileFacts
     ``expected`` (else CorruptSegmentError and nothing appears). The hash is of the destination file as
     the kernel holds it, so a bad source and a bad copy are both caught. OSError if the kernel cannot copy
     between these files (the caller falls back to a streamed copy) or a site is unreachable."""
-    directory = os.path.dirname(final) or "."
-    os.makedirs(directory, exist_ok=True)
-    tmp = _tmp_name(final)
-    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
+    with _temporary_beside(final) as (tmp, out):
         with open(source, "rb", buffering=0) as src:
             left = os.fstat(src.fileno()).st_size
             while left > 0:
@@ -240,19 +221,35 @@ def atomic_local_copy(source: str, final: str, expected: FileFacts) -> FileFacts
             flusher.join()
         if synced[0] is not None:
             raise synced[0]
-        if facts != expected:
-            raise CorruptSegmentError(
-                f"{final}: the copy ({facts.byte_size} bytes, sha256 {facts.sha256[:12]}...) does not match the "
-                f"catalog ({expected.byte_size} bytes, sha256 {expected.sha256[:12]}...)"
-            )
-        os.rename(tmp, final)
-        _fsync_dir(directory)
+        _publish(tmp, final, facts, expected, "the copy")
+    return facts
+
+
+@contextlib.contextmanager
+def _temporary_beside(final: str) -> Iterator[tuple[str, int]]:
+    """A new temporary file beside ``final``, open for writing; removed on any error (``_publish`` renames it)."""
+    os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
+    tmp = _tmp_name(final)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        yield tmp, fd
     except BaseException:
         _remove_quietly(tmp)
         raise
     finally:
-        os.close(out)
-    return facts
+        os.close(fd)
+
+
+def _publish(tmp: str, final: str, facts: FileFacts, expected: FileFacts | None, what: str) -> None:
+    """Give a synced temporary file its final name (then sync the directory), unless it is not what the
+    catalog expects: CorruptSegmentError, and the caller's ``_temporary_beside`` removes it."""
+    if expected is not None and facts != expected:
+        raise CorruptSegmentError(
+            f"{final}: {what} ({facts.byte_size} bytes, sha256 {facts.sha256[:12]}...) does not match the catalog "
+            f"({expected.byte_size} bytes, sha256 {expected.sha256[:12]}...)"
+        )
+    os.rename(tmp, final)
+    _fsync_dir(os.path.dirname(final) or ".")
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> BaseException | None:
