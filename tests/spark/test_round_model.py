@@ -5,15 +5,19 @@ A hypothesis state machine interleaves, on a two-partition table replicated prim
 - rounds, each with at most one fault: a crash at a named fault point (``SEGREP_FAULTS``), a copier that
   corrupts bytes in transit to one site, or one site made unreachable (its directory replaced by a file).
   A crashed round is retried with the same interval end next time, as Airflow retries a failed task;
-- leader changes (epoch + 1, done directly in the catalog), which leave forks for the next rounds to merge.
+- leader changes (epoch + 1, done directly in the catalog), which leave forks for the next rounds to merge;
+- a split of the first partition (sync or async, at key 2 or 3) started at some step and advanced one pass
+  (plan, Spark job, commit, SPLIT_FINALIZE or UNLOAD_FINAL when due) at others, with writes, rounds, faults
+  and leader changes (of the parent or of a child) in between.
 
 Merges run ``segrep.merge.run_manifest`` in the session's SparkSession (no spark-submit start-up).
 
 After every step (DESIGN section 9): committed files match their sha256 (1), the stored safe time of every
 site never decreases (4) and every write the leaders hold at or before it is readable at that site (4), and
 the acks of each replica over the leader's visible chain form a prefix of the offer order (5: nothing was
-taken before its predecessor). At the end, with faults off, rounds run until idle, then the leaders hold
-exactly the last-writer-wins replay of every write ever made (2) and every replica equals them (3).
+taken before its predecessor). At the end, with faults off, the split is finished and rounds run until idle;
+then the leaders hold exactly the last-writer-wins replay of every write ever made (2) and every replica
+equals them (3).
 """
 
 from __future__ import annotations
@@ -30,17 +34,19 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 from sqlalchemy import select
 
 from segrep import faults, hlc
 from segrep import rounds as rounds_mod
 from segrep.catalog import models as m
-from segrep.errors import SegrepError
+from segrep.catalog import queries as q
+from segrep.errors import SegrepError, SplitIncompleteError
 from segrep.merge import Manifest, run_manifest, write_json_atomic
 from segrep.orchestrate import format_report, run_round
 from segrep.reader import read_table
 from segrep.rounds import CopyItem, CopyOutcome, copy_one
+from segrep.split import SplitState, commit_pass, finalize, finish, plan_pass, start_split
 from segrep.writer import write_batch
 from tests.conftest import make_env
 from tests.integration.test_rounds import (
@@ -118,7 +124,7 @@ class RoundsMachine(RuleBasedStateMachine):
         self.env = make_env(self.tmp, f"sqlite:///{self.tmp}/catalog.db", MODEL_YAML)
         self.pids = partitions(self.env.catalog, TABLE)
         assert len(self.pids) == 2
-        self.leaders = dict.fromkeys(self.pids, "primary")
+        self.split_id: int | None = None
         self.expected: dict[int, tuple[int, int, bool, str]] = {}  # key -> winning (version, origin, deleted, v)
         self.safe: dict[str, int] = {}
         self.pending_end: int | None = None  # a crashed round's interval, retried next
@@ -127,7 +133,27 @@ class RoundsMachine(RuleBasedStateMachine):
         self.log: list[str] = []
 
     def pid_of(self, key: int) -> int:
-        return self.pids[0] if key < SPLIT else self.pids[1]
+        """The partition that takes writes of ``key`` now (a split's children after SPLIT_FINALIZE)."""
+        with self.env.catalog.read() as s:
+            parts = q.serving_partitions(s, q.table_info(s, TABLE))
+        return next(p.partition_id for p in reversed(parts) if p.begin_key is None or p.begin_key <= key)
+
+    def leader_site(self, pid: int) -> str:
+        with self.env.catalog.read() as s:
+            part = s.get(m.Partition, pid)
+            return s.scalars(
+                select(m.Site.name).join(m.Placement, m.Placement.site_id == m.Site.site_id)
+                .where(m.Placement.placement_id == part.leader_placement_id)
+            ).one()  # fmt: skip
+
+    def live_pids(self) -> list[int]:
+        """Partitions that have a leader to change: not a split parent past SPLIT_FINALIZE."""
+        with self.env.catalog.read() as s:
+            return sorted(
+                s.scalars(
+                    select(m.Partition.partition_id).where(m.Partition.state.in_(["LIVE", "SPLITTING", "LOADING"]))
+                )
+            )
 
     # -- rules ---------------------------------------------------------------------------------------------
 
@@ -138,8 +164,9 @@ class RoundsMachine(RuleBasedStateMachine):
         result = write_batch(self.env.catalog, TABLE, rows.select(["k"]) if deleting else rows, delete=deleting)
         version = {seg.partition_id: (seg.version, SITE_IDS[seg.site]) for seg in result.segments}
         for k in keys:
-            v, origin = version[self.pid_of(k)]
-            assert SITE_IDS[self.leaders[self.pid_of(k)]] == origin  # written at the partition's leader
+            pid = self.pid_of(k)
+            v, origin = version[pid]
+            assert SITE_IDS[self.leader_site(pid)] == origin  # written at the partition's leader
             old = self.expected.get(k)
             if old is None or (v, origin) > old[:2]:
                 self.expected[k] = (v, origin, deleting, f"w{self.counter}k{k}")
@@ -187,13 +214,41 @@ class RoundsMachine(RuleBasedStateMachine):
     def leader_change(self, site: str, which: str, then_write: list[int]) -> None:
         """A new leader (epoch + 1), often writing at once: what the old leader had not replicated, and what
         the new one writes before the next round, are the forks the rounds must merge."""
-        pids = {"first": self.pids[:1], "second": self.pids[1:], "both": self.pids}[which]
+        live = self.live_pids()
+        pids = {"first": live[:1], "second": live[1:2], "both": live}[which]
         set_leader(self.env.catalog, site, TABLE, pids)
-        for pid in pids:
-            self.leaders[pid] = site
         self.log.append(f"leader of {pids} -> {site}")
         if then_write:
             self.write(then_write, False)
+
+    @precondition(lambda self: self.split_id is None)
+    @rule(at=st.sampled_from([2, 3]), is_async=st.booleans())
+    def split_start(self, at: int, is_async: bool) -> None:
+        """Split the first partition (keys 0-4) while everything else goes on (EventQL 3.8)."""
+        ref = start_split(self.env.catalog, TABLE, self.pids[0], [at], is_async=is_async)
+        self.split_id = ref.split_id
+        self.stats[f"split {'async' if is_async else 'sync'}"] += 1
+        self.log.append(f"split {self.pids[0]} at {at} async={is_async} -> {ref.children}")
+
+    @precondition(lambda self: self.split_id is not None)
+    @rule()
+    def split_pass(self) -> None:
+        """One pass of the split: plan, the Spark job, commit, then SPLIT_FINALIZE or UNLOAD_FINAL if due."""
+        plan = plan_pass(self.env.catalog, self.env.defs, self.split_id)
+        if plan.state == SplitState.DONE:
+            return
+        if plan.manifest:
+            self.submit("merge", ["--manifest", plan.manifest, "--result", str(plan.result)], name="split")
+        commit_pass(self.env.catalog, plan)
+        if plan.state == SplitState.SPLITTING:
+            try:
+                finalize(self.env.catalog, self.split_id, plan.cut_entry_id)
+            except SplitIncompleteError:
+                self.stats["split finalize refused"] += 1
+        else:
+            done = finish(self.env.catalog, self.env.defs, self.split_id)
+            self.stats[f"split {done['state']}"] += 1
+        self.log.append(f"split pass {plan.phase}: {plan.rewrites} rewrites, {plan.merges} merges")
 
     def count(self, report: dict[str, Any]) -> None:
         merges = report["merges"]
@@ -243,6 +298,11 @@ class RoundsMachine(RuleBasedStateMachine):
             shutil.rmtree(self.tmp, ignore_errors=True)
 
     def quiesce(self) -> None:
+        if self.split_id is not None:
+            for _ in range(4):  # a pass can meet a root that moved (a leader change): the next one re-plans
+                self.split_pass()
+            with self.env.catalog.read() as s:
+                assert s.get(m.Split, self.split_id).state == SplitState.DONE, "\n".join(self.log)
         reports = []
         for _ in range(10):
             retry, self.pending_end = self.pending_end, None
@@ -266,7 +326,8 @@ class RoundsMachine(RuleBasedStateMachine):
         assert_each_segment_once(self.env.catalog, SITES)
         assert lease_count(self.env.catalog) == 0
         with self.env.catalog.read() as s:  # every current target's last attempt succeeded
-            targets = {SITE_IDS[site] for site in SITES for leader in self.leaders.values() if site != leader}
+            leaders = {self.leader_site(pid) for pid in self.live_pids()}
+            targets = {SITE_IDS[site] for site in SITES for leader in leaders if site != leader}
             backoffs = s.scalars(select(m.Backoff.site_id)).all()
             assert not targets & set(backoffs), backoffs
 
