@@ -140,20 +140,27 @@ def make_env(root: Path, url: str, yaml_text: str = ORDERS_YAML, apply: bool = T
     return env
 
 
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/catalog.db"
+
+
+def env_fixture(tmp_path: Path, url: str, yaml_text: str = ORDERS_YAML) -> Iterator[Env]:
+    """The body of an environment fixture: ``make_env``, then the catalog disposed after the test."""
+    e = make_env(tmp_path, url, yaml_text)
+    yield e
+    e.catalog.dispose()
+
+
 @pytest.fixture
 def env(catalog_url: str, tmp_path: Path) -> Iterator[Env]:
     """Definitions with tables `orders` (int key, 4 partitions) and `events` (composite string key, 2
     partitions, 3 sites), a migrated catalog, and `segrep apply` done."""
-    e = make_env(tmp_path, catalog_url)
-    yield e
-    e.catalog.dispose()
+    yield from env_fixture(tmp_path, catalog_url)
 
 
 @pytest.fixture
 def sqlite_env(tmp_path: Path) -> Iterator[Env]:
-    e = make_env(tmp_path, f"sqlite:///{tmp_path}/catalog.db")
-    yield e
-    e.catalog.dispose()
+    yield from env_fixture(tmp_path, sqlite_url(tmp_path))
 
 
 OUTAGE_YAML = ORDERS_YAML.replace(
@@ -165,6 +172,4 @@ OUTAGE_YAML = ORDERS_YAML.replace(
 def outage_env(catalog_url: str, tmp_path: Path) -> Iterator[Env]:
     """`env` with the events policy retrying at once (a test cannot wait out a back-off after an outage)."""
     assert OUTAGE_YAML != ORDERS_YAML
-    e = make_env(tmp_path, catalog_url, OUTAGE_YAML)
-    yield e
-    e.catalog.dispose()
+    yield from env_fixture(tmp_path, catalog_url, OUTAGE_YAML)

@@ -257,7 +257,6 @@ def _candidates(view: _View, source: m.Placement, child_leader: m.Placement) -> 
             if seg.segment_id not in acked
             and seg.segment_id not in on_walk
             and not (is_referenced(chain, seg.segment_id) and is_reference_weak(chain, seg.segment_id))
-            and not any(seg.segment_id in ref.included_segment_ids for ref in visible_segments(chain))
         ]
     return out
 

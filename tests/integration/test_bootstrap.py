@@ -32,7 +32,7 @@ from segrep.orchestrate import run_round
 from segrep.reader import placement_files
 from segrep.replication_status import status_rows
 from segrep.storage import Site
-from tests.conftest import ORDERS_YAML, Env, make_env
+from tests.conftest import ORDERS_YAML, Env, env_fixture, make_env, sqlite_url
 from tests.integration.test_gc import (
     all_sites_read_the_model,
     arrow_submit,
@@ -165,30 +165,22 @@ def out_of_retention(env: Env, model: Model) -> None:
 
 @pytest.fixture
 def dr_only(catalog_url: str, tmp_path: Path) -> Any:
-    e = make_env(tmp_path, catalog_url, DR_ONLY_YAML)
-    yield e
-    e.catalog.dispose()
+    yield from env_fixture(tmp_path, catalog_url, DR_ONLY_YAML)
 
 
 @pytest.fixture
 def dr_only_sqlite(tmp_path: Path) -> Any:
-    e = make_env(tmp_path, f"sqlite:///{tmp_path}/catalog.db", DR_ONLY_YAML)
-    yield e
-    e.catalog.dispose()
+    yield from env_fixture(tmp_path, sqlite_url(tmp_path), DR_ONLY_YAML)
 
 
 @pytest.fixture
 def both_sqlite(tmp_path: Path) -> Any:
-    e = make_env(tmp_path, f"sqlite:///{tmp_path}/catalog.db", BOTH_YAML)
-    yield e
-    e.catalog.dispose()
+    yield from env_fixture(tmp_path, sqlite_url(tmp_path), BOTH_YAML)
 
 
 @pytest.fixture
 def both(catalog_url: str, tmp_path: Path) -> Any:
-    e = make_env(tmp_path, catalog_url, BOTH_YAML)
-    yield e
-    e.catalog.dispose()
+    yield from env_fixture(tmp_path, catalog_url, BOTH_YAML)
 
 
 # -- a new site joins -------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from segrep.orchestrate import run_round
 from segrep.planner import snapshot
 from segrep.replication_status import status_rows
 from segrep.storage import Site
-from tests.conftest import ORDERS_YAML, Env, make_env
+from tests.conftest import ORDERS_YAML, Env, env_fixture, sqlite_url
 from tests.integration.test_rounds import (
     REPLICAS,
     TABLE,
@@ -201,16 +201,12 @@ def compacted(env: Env, model: Model) -> None:
 
 @pytest.fixture
 def gc_env(catalog_url: str, tmp_path: Path) -> Any:
-    e = make_env(tmp_path, catalog_url, GC_YAML)
-    yield e
-    e.catalog.dispose()
+    yield from env_fixture(tmp_path, catalog_url, GC_YAML)
 
 
 @pytest.fixture
 def gc_sqlite(tmp_path: Path) -> Any:
-    e = make_env(tmp_path, f"sqlite:///{tmp_path}/catalog.db", GC_YAML)
-    yield e
-    e.catalog.dispose()
+    yield from env_fixture(tmp_path, sqlite_url(tmp_path), GC_YAML)
 
 
 # -- tests --------------------------------------------------------------------------------------------------------
