@@ -4,10 +4,10 @@ Run by hand (`python bench/maintenance.py --scale 1`); results go to the README.
 
 1. compaction: lineitem written through segrep in 20 batches (so every partition holds a chain of 20
    segments: one major and 19 minors on top, 5% of the rows of later batches being updates), then
-   ``segrep.compaction.compact(force=True)``: one spark-submit of the merge job folding every partition into a
-   major segment (last writer wins). Rows per second = input rows / wall time of the whole step, Spark
-   start-up included. For reference, the same fold in-process with pyarrow (segrep.reader.resolve), and a
-   check that every site resolves to the same rows before and after.
+   ``segrep.maintenance.compaction.compact(force=True)``: one spark-submit of the merge job folding every
+   partition into a major segment (last writer wins). Rows per second = input rows / wall time of the whole
+   step, Spark start-up included. For reference, the same fold in-process with pyarrow
+   (segrep.data.reader.resolve), and a check that every site resolves to the same rows before and after.
 2. bootstrap copy: a new replica site joins (apply + bootstrap) and one round copies the leader's chains
    (now one major per partition) by fast-forward; bytes per second against ``cp`` of the same files in the
    same run (median of alternating repeats, each into a fresh directory).
@@ -29,16 +29,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from segrep import demo_data
-from segrep.apply import apply_definitions
-from segrep.bootstrap import bootstrap
 from segrep.catalog import Catalog
+from segrep.catalog.apply import apply_definitions
 from segrep.catalog.migrate import upgrade
-from segrep.compaction import compact
-from segrep.config import load_definitions
-from segrep.orchestrate import run_round
-from segrep.reader import read_table, resolve
-from segrep.writer import write_batch
+from segrep.config.definitions import load_definitions
+from segrep.data import demo as demo_data
+from segrep.data.reader import read_table, resolve
+from segrep.data.writer import write_batch
+from segrep.maintenance.bootstrap import bootstrap
+from segrep.maintenance.compaction import compact
+from segrep.replication.run import run_round
 
 KEY = [("l_orderkey", "ascending"), ("l_linenumber", "ascending")]
 

@@ -50,16 +50,17 @@ import pyarrow.parquet as pq
 import yaml
 from sqlalchemy import select, update
 
-from segrep import demo_data, sparkrun
-from segrep.apply import apply_definitions
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
+from segrep.catalog.apply import apply_definitions
 from segrep.catalog.migrate import upgrade
-from segrep.config import load_definitions
-from segrep.errors import SegrepError
-from segrep.orchestrate import run_round, spark_copier
-from segrep.rounds import commit_round, fast_forward_target, plan_round
-from segrep.writer import write_batch
+from segrep.config.definitions import load_definitions
+from segrep.core.errors import SegrepError
+from segrep.data import demo as demo_data
+from segrep.data.writer import write_batch
+from segrep.replication.rounds import commit_round, fast_forward_target, plan_round
+from segrep.replication.run import run_round, spark_copier
+from segrep.spark import launch
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TABLE = "lineitem"
@@ -91,7 +92,7 @@ class CountingSubmit:
         start = time.perf_counter()
         try:
             if self.run:
-                sparkrun.submit(app, args, name=name, master=master)
+                launch.submit(app, args, name=name, master=master)
         finally:
             self.calls.append({"app": app, "name": name, "seconds": time.perf_counter() - start})
 
@@ -480,7 +481,7 @@ def profile_top(fn: Callable[..., Any], *args: Any, n: int = 15) -> list[str]:
 
 def _child(url: str, config: str, what: str, repeats: int, queue: Any) -> None:
     """In a child process: time ``what`` (plan_round or the catalog snapshot alone) ``repeats`` times."""
-    from segrep.planner import snapshot
+    from segrep.replication.offers import snapshot
 
     catalog, defs = Catalog(url), load_definitions(Path(config))
     for _ in range(repeats):
@@ -670,7 +671,7 @@ def main() -> int:
                                                                       for k, v in vars(args).items()}}  # fmt: skip
     seconds: dict[str, float] = {}
     if args.spark_driver_memory:
-        os.environ["SPARK_DRIVER_MEMORY"] = args.spark_driver_memory  # spark-submit reads it; sparkrun passes env
+        os.environ["SPARK_DRIVER_MEMORY"] = args.spark_driver_memory  # spark-submit reads it; launch passes env
     results["loadavg_start"] = os.getloadavg()
     source = demo_data.generate_tpch("lineitem", args.scale, args.tpch_dir / f"sf{args.scale:g}").resolve()
     rows = None

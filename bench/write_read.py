@@ -31,13 +31,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from segrep import demo_data
-from segrep.apply import apply_definitions
 from segrep.catalog import Catalog
+from segrep.catalog.apply import apply_definitions
 from segrep.catalog.migrate import upgrade
-from segrep.config import load_definitions
-from segrep.reader import read_table
-from segrep.writer import write_batch
+from segrep.config.definitions import load_definitions
+from segrep.data import demo as demo_data
+from segrep.data.reader import read_table
+from segrep.data.writer import write_batch
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 

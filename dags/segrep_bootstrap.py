@@ -20,7 +20,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from segrep.config import load_definitions
+from segrep.config.definitions import load_definitions
 from segrep_airflow.common import catalog_for, hook_submit
 
 _defs = load_definitions()
@@ -61,7 +61,7 @@ CATCH_UP_ROUNDS = 5
 def segrep_bootstrap() -> None:
     @task
     def bootstrap(params: dict[str, Any] | None = None) -> dict[str, Any]:
-        from segrep.bootstrap import bootstrap as run
+        from segrep.maintenance.bootstrap import bootstrap as run
 
         p = params or {}
         defs = load_definitions()
@@ -71,8 +71,8 @@ def segrep_bootstrap() -> None:
 
     @task
     def catch_up(b: dict[str, Any]) -> list[dict[str, Any]]:
-        from segrep.orchestrate import format_report, run_round
-        from segrep.replication_status import status_rows
+        from segrep.replication.run import format_report, run_round
+        from segrep.replication.status import status_rows
 
         defs = load_definitions()
         catalog = catalog_for(defs)
@@ -88,7 +88,7 @@ def segrep_bootstrap() -> None:
 
     @task
     def report(b: dict[str, Any]) -> dict[str, Any]:
-        from segrep.replication_status import status_rows
+        from segrep.replication.status import status_rows
 
         defs = load_definitions()
         row = next(r for r in status_rows(catalog_for(defs), b["table"]) if r["target"] == b["site"])

@@ -23,7 +23,7 @@ from typing import Any
 
 from airflow.sdk import Param, dag, task
 
-from segrep.config import TableDef, load_definitions
+from segrep.config.definitions import TableDef, load_definitions
 from segrep_airflow.common import catalog_for, hook_submit, merge_job, timetable, utc
 
 
@@ -48,7 +48,7 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
     def maintenance() -> None:
         @task
         def plan_compaction(params: dict[str, Any] | None = None) -> dict[str, Any]:
-            from segrep.compaction import plan_compaction as plan
+            from segrep.maintenance.compaction import plan_compaction as plan
 
             defs = load_definitions()
             p = plan(catalog_for(defs), defs, name, force=bool((params or {}).get("force")))
@@ -64,7 +64,7 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
         def commit_compaction(p: dict[str, Any]) -> dict[str, Any]:
             from pathlib import Path
 
-            from segrep.merge_commit import commit_results
+            from segrep.spark.results import commit_results
 
             if not p["manifest"]:
                 return {"committed": 0}
@@ -73,7 +73,7 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
 
         @task(trigger_rule="none_failed_min_one_success")
         def gc(params: dict[str, Any] | None = None) -> dict[str, Any]:
-            from segrep.gc import collect
+            from segrep.maintenance.gc import collect
 
             defs = load_definitions()
             dry_run = bool((params or {}).get("gc_dry_run"))
@@ -88,8 +88,8 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
 
         @task(trigger_rule="all_done")
         def continue_splits() -> list[dict[str, Any]]:
-            from segrep.orchestrate import run_split
-            from segrep.split import split_progress
+            from segrep.replication.run import run_split
+            from segrep.split.workflow import split_progress
 
             defs = load_definitions()
             catalog = catalog_for(defs)

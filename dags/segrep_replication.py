@@ -30,7 +30,7 @@ from typing import Any
 
 from airflow.sdk import Param, dag, task
 
-from segrep.config import Definitions, TableDef, load_definitions
+from segrep.config.definitions import Definitions, TableDef, load_definitions
 from segrep_airflow.common import catalog_for, hook_submit, merge_job, retry_args, timetable, to_us, utc
 
 
@@ -66,7 +66,7 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
         @task
         def plan(params: dict[str, Any] | None = None, data_interval_start: Any = None,
                  data_interval_end: Any = None) -> dict[str, Any]:  # fmt: skip
-            from segrep.rounds import plan_round, result_path
+            from segrep.replication.rounds import plan_round, result_path
 
             p = params or {}
             defs_now = load_definitions()
@@ -82,8 +82,8 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
 
         @task(**retry)
         def fast_forward(target: str, p: dict[str, Any]) -> dict[str, Any]:
-            from segrep.orchestrate import spark_copier
-            from segrep.rounds import fast_forward_target
+            from segrep.replication.rounds import fast_forward_target
+            from segrep.replication.run import spark_copier
 
             defs_now = load_definitions()
             copier = spark_copier(defs_now, name, p["end_us"], target, hook_submit)
@@ -99,14 +99,14 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
 
         @task(trigger_rule="none_failed_min_one_success")
         def commit(p: dict[str, Any]) -> dict[str, Any]:
-            from segrep.rounds import commit_round
+            from segrep.replication.rounds import commit_round
 
             defs_now = load_definitions()
             return commit_round(catalog_for(defs_now), defs_now, name, p["end_us"], merge_ran=bool(p["manifest"]))
 
         @task(trigger_rule="all_done", retries=0)
         def report(ti: Any = None) -> dict[str, Any]:
-            from segrep.orchestrate import format_report
+            from segrep.replication.run import format_report
 
             result = ti.xcom_pull(task_ids="commit") if ti is not None else None
             if not result:

@@ -30,7 +30,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from segrep.config import Policy, load_definitions
+from segrep.config.definitions import Policy, load_definitions
 from segrep_airflow.common import catalog_for, merge_job
 
 _defs = load_definitions()
@@ -64,8 +64,8 @@ def segrep_split() -> None:
     def start(params: dict[str, Any] | None = None) -> dict[str, Any]:
         from dataclasses import asdict
 
-        from segrep import faults
-        from segrep.split import find_split, start_split
+        from segrep.core import faults
+        from segrep.split.workflow import find_split, start_split
 
         p = params or {}
         defs = load_definitions()
@@ -82,7 +82,7 @@ def segrep_split() -> None:
     def plan_task(phase: str) -> Any:
         @task(task_id=f"{phase}_plan")
         def plan(ref: dict[str, Any]) -> dict[str, Any]:
-            from segrep.split import plan_pass
+            from segrep.split.workflow import plan_pass
 
             defs = load_definitions()
             planned = plan_pass(catalog_for(defs), defs, ref["split_id"], phase).to_dict()
@@ -101,7 +101,7 @@ def segrep_split() -> None:
     def commit_task(task_id: str) -> Any:
         @task(task_id=task_id, trigger_rule="none_failed_min_one_success")
         def commit(p: dict[str, Any]) -> dict[str, Any]:
-            from segrep.split import commit_pass
+            from segrep.split.workflow import commit_pass
 
             summary = commit_pass(catalog_for(load_definitions()), p)
             print(summary)
@@ -111,8 +111,8 @@ def segrep_split() -> None:
 
     @task
     def finalize(ref: dict[str, Any], p: dict[str, Any]) -> str:
-        from segrep import faults
-        from segrep.split import finalize as run
+        from segrep.core import faults
+        from segrep.split.workflow import finalize as run
 
         state = run(catalog_for(load_definitions()), ref["split_id"], p["cut_entry_id"] or None).state
         faults.point("split_after_finalize")
@@ -120,8 +120,8 @@ def segrep_split() -> None:
 
     @task
     def finish(ref: dict[str, Any]) -> dict[str, Any]:
-        from segrep.split import finish as run
-        from segrep.split import format_progress, split_progress
+        from segrep.split.workflow import finish as run
+        from segrep.split.workflow import format_progress, split_progress
 
         defs = load_definitions()
         catalog = catalog_for(defs)

@@ -40,7 +40,7 @@ segrep apply
 
 say "generating TPC-H orders (scale 0.1) and ten batches with ~5% updates and ~1% deletes"
 mkdir -p "$DATA/demo"
-python -m segrep.demo_data batches --table orders --key o_orderkey --scale 0.1 \
+python -m segrep.data.demo batches --table orders --key o_orderkey --scale 0.1 \
   --tpch-dir "$DATA/tpch/sf0.1" --out "$DATA/demo/batches" > "$DATA/demo/batches.tsv"
 column -t "$DATA/demo/batches.tsv" 2>/dev/null || cat "$DATA/demo/batches.tsv"
 
@@ -80,8 +80,8 @@ segrep read orders --limit 5
 say "segrep read orders at primary and at dr, each checked against a replay of the batches"
 segrep read orders -o "$DATA/demo/orders_primary.parquet"
 segrep read orders --site dr -o "$DATA/demo/orders_dr.parquet"
-python -m segrep.demo_data check --key o_orderkey --batch-dir "$DATA/demo/batches" --read "$DATA/demo/orders_primary.parquet"
-python -m segrep.demo_data check --key o_orderkey --batch-dir "$DATA/demo/batches" --read "$DATA/demo/orders_dr.parquet"
+python -m segrep.data.demo check --key o_orderkey --batch-dir "$DATA/demo/batches" --read "$DATA/demo/orders_primary.parquet"
+python -m segrep.data.demo check --key o_orderkey --batch-dir "$DATA/demo/batches" --read "$DATA/demo/orders_dr.parquet"
 python - "$DATA/demo/orders_primary.parquet" "$DATA/demo/orders_dr.parquet" <<'PY'
 import sys, pyarrow.parquet as pq
 a, b = (pq.read_table(p).sort_by("o_orderkey") for p in sys.argv[1:])
@@ -108,7 +108,7 @@ segrep read orders --site dr -o "$DATA/demo/orders_dr.parquet"
 python - "$DATA/demo/orders_primary.parquet" "$DATA/demo/orders_dr.parquet" "$DATA/demo/batches" <<'PY'
 import sys, pyarrow.parquet as pq
 from pathlib import Path
-from segrep import demo_data
+from segrep.data import demo as demo_data
 a, b = (pq.read_table(p).sort_by("o_orderkey") for p in sys.argv[1:3])
 batches = demo_data.read_batch_files(Path(sys.argv[3]))
 expected = demo_data.expected_rows([*batches, batches[0]], "o_orderkey")

@@ -1,6 +1,6 @@
 """Spark merge job: run a round's merge manifest, write the output segments and a result file.
 
-Thin entry point for spark-submit; the logic is segrep.merge.run_manifest. The catalog is not touched here:
+Thin entry point for spark-submit; the logic is segrep.spark.jobs.run_manifest. The catalog is not touched here:
 the round's commit task records the result file.
     spark-submit spark_jobs/merge.py --manifest M.json --result R.json
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from segrep.merge import Manifest, run_manifest, write_json_atomic
+from segrep.spark.jobs import Manifest, run_manifest, write_json_atomic
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Spark job: read a segrep table at a site (last writer wins) and write it as Parquet, or print its count.
 
-Thin entry point for spark-submit; the logic is segrep.spark.read_dataframe.
+Thin entry point for spark-submit; the logic is segrep.data.spark_reader.read_dataframe.
     spark-submit spark_jobs/read_table.py --catalog sqlite:///data/catalog.db orders --site dr --output /tmp/dr
 """
 
@@ -10,8 +10,8 @@ import argparse
 import sys
 
 from segrep.catalog import Catalog
-from segrep.errors import SegrepError
-from segrep.spark import read_dataframe
+from segrep.core.errors import SegrepError
+from segrep.data.spark_reader import read_dataframe
 
 
 def main(argv: list[str] | None = None) -> int:

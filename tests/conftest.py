@@ -119,7 +119,7 @@ class Env:
 
     @property
     def defs(self):  # type: ignore[no-untyped-def]
-        from segrep.config import load_definitions
+        from segrep.config.definitions import load_definitions
 
         return load_definitions(self.config)
 
@@ -128,7 +128,7 @@ class Env:
 
 
 def make_env(root: Path, url: str, yaml_text: str = ORDERS_YAML, apply: bool = True) -> Env:
-    from segrep.apply import apply_definitions
+    from segrep.catalog.apply import apply_definitions
     from segrep.catalog.migrate import upgrade
 
     config = root / "segrep.yaml"

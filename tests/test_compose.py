@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from segrep.config import load_definitions
+from segrep.config.definitions import load_definitions
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yaml"

@@ -1,7 +1,7 @@
 """Shared wiring for segrep's DAG files.
 
 Only Airflow glue lives here: the catalog for a task, timetables from a policy, and Spark submission through
-the `spark_default` connection with the same configuration as `segrep.sparkrun` (which says why each
+the `spark_default` connection with the same configuration as `segrep.spark.launch` (which says why each
 setting is there). Nothing here runs at import time beyond reading environment variables.
 """
 
@@ -15,8 +15,8 @@ import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import CronDataIntervalTimetable, DeltaDataIntervalTimetable
 
-from segrep import sparkrun
-from segrep.config import Definitions, Policy, schedule_interval_s
+from segrep.config.definitions import Definitions, Policy, schedule_interval_s
+from segrep.spark import launch
 
 SPARK_CONN_ID = os.environ.get("SEGREP_SPARK_CONN_ID", "spark_default")
 
@@ -59,13 +59,13 @@ def retry_args(policy: Policy) -> dict[str, Any]:
 
 
 def spark_conf() -> dict[str, str]:
-    # sparkrun.SPARK_CONF says why each entry is set; the interpreter is ours so driver and executors import segrep.
-    return {**sparkrun.SPARK_CONF, "spark.pyspark.python": sparkrun.python(),
-            "spark.pyspark.driver.python": sparkrun.python()}  # fmt: skip
+    # launch.SPARK_CONF says why each entry is set; the interpreter is ours so driver and executors import segrep.
+    return {**launch.SPARK_CONF, "spark.pyspark.python": launch.python(),
+            "spark.pyspark.driver.python": launch.python()}  # fmt: skip
 
 
 def spark_env() -> dict[str, str]:
-    env = sparkrun.spark_env()
+    env = launch.spark_env()
     return {k: env[k] for k in ("SPARK_HOME", "PYSPARK_PYTHON", "PATH") if k in env}
 
 
@@ -74,8 +74,8 @@ def hook_submit(app: str, args: list[str], *, name: str, master: str | None = No
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
     hook = SparkSubmitHook(conn_id=SPARK_CONN_ID, conf=spark_conf(), name=name, application_args=args,
-                           env_vars=spark_env(), spark_binary=sparkrun.spark_submit_binary())  # fmt: skip
-    hook.submit(application=str(sparkrun.application(app)))
+                           env_vars=spark_env(), spark_binary=launch.spark_submit_binary())  # fmt: skip
+    hook.submit(application=str(launch.application(app)))
 
 
 def merge_job(task_id: str, upstream_task: str, name: str, policy: Policy) -> SparkSubmitOperator:
@@ -84,12 +84,12 @@ def merge_job(task_id: str, upstream_task: str, name: str, policy: Policy) -> Sp
     return SparkSubmitOperator(
         task_id=task_id,
         conn_id=SPARK_CONN_ID,
-        application=str(sparkrun.jobs_dir() / "merge.py"),
+        application=str(launch.jobs_dir() / "merge.py"),
         application_args=["--manifest", "{{ " + pull + "['manifest'] }}", "--result", "{{ " + pull + "['result'] }}"],
         conf=spark_conf(),
         env_vars=spark_env(),
-        spark_binary=sparkrun.spark_submit_binary(),
-        py_files=os.environ.get(sparkrun.PY_FILES_ENV) or None,
+        spark_binary=launch.spark_submit_binary(),
+        py_files=os.environ.get(launch.PY_FILES_ENV) or None,
         name=name,
         **retry_args(policy),
     )

@@ -142,7 +142,7 @@ def set_leader(env: Env, site: str) -> None:
 
 
 def read_sorted(env: Env, site: str | None = None) -> Any:
-    from segrep.reader import read_table
+    from segrep.data.reader import read_table
 
     return read_table(env.catalog, "events", site).sort_by(PK_SORT)
 

@@ -171,7 +171,7 @@ def _round_for(env: Any, end_us: int) -> Any:
 def test_outage_then_backfill_replays_failed_intervals_in_order(segrep_env: Any, services: Services) -> None:
     import pendulum
 
-    from segrep.writer import write_batch
+    from segrep.data.writer import write_batch
 
     starts = [float(int(time.time()) + 4 + k * INTERVAL_S) for k in range(OUTAGE_INTERVALS + 2)]  # S_0 .. S_4
     ends = starts[1 : OUTAGE_INTERVALS + 1]  # the end of each outage interval = its run's logical date

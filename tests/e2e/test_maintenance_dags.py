@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from segrep.apply import apply_definitions
 from segrep.catalog import models as m
-from segrep.orchestrate import run_round
-from segrep.writer import write_batch
+from segrep.catalog.apply import apply_definitions
+from segrep.data.writer import write_batch
+from segrep.replication.run import run_round
 from tests.e2e.conftest import events_batch, load_dag, read_sorted, ti_states
 
 POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 0, "compact_min_segments": 2}
@@ -100,7 +100,7 @@ def test_maintenance_dag_continues_an_unfinished_split(segrep_env: Any) -> None:
     """An async split left in UNLOAD (nobody ran its unload) is finished by the next maintenance run."""
     import pendulum
 
-    from segrep.split import split_progress, start_split
+    from segrep.split.workflow import split_progress, start_split
 
     env = segrep_env(POLICY)
     write_batch(env.catalog, "events", events_batch(list(range(0, 60)), "a"))

@@ -40,7 +40,7 @@ def _rows(table: Any) -> dict[tuple[str, int], str]:
 def _safe_time_problems(env: Any, report: dict[str, Any], label: str) -> list[str]:
     """Safe time's promise, read through the public reader: as of its safe time, a replica site resolves every
     key the way the leader does (nothing here leaves an unmerged fork at a replica, so equal is required)."""
-    from segrep.reader import read_table
+    from segrep.data.reader import read_table
 
     problems = []
     for site in REPLICAS:
@@ -59,7 +59,7 @@ def _safe_time_problems(env: Any, report: dict[str, Any], label: str) -> list[st
 def test_fork_is_merged_by_spark_and_replicas_match_the_leader(segrep_env: Any) -> None:
     env = segrep_env(POLICY)
     written = [(range(0, 100), "a"), (range(90, 120), "dr"), (range(95, 130), "p")]
-    from segrep.writer import write_batch
+    from segrep.data.writer import write_batch
 
     write_batch(env.catalog, "events", events_batch(list(written[0][0]), written[0][1]))
     set_leader(env, "dr")  # failover: dr leads and takes writes the primary never saw ...
@@ -124,7 +124,7 @@ def test_fork_is_merged_by_spark_and_replicas_match_the_leader(segrep_env: Any) 
 def test_trigger_narrowed_to_one_target(segrep_env: Any) -> None:
     """The `target` Param limits a manual run to one replica site; the other is left alone (no Spark here)."""
     env = segrep_env(POLICY)
-    from segrep.writer import write_batch
+    from segrep.data.writer import write_batch
 
     write_batch(env.catalog, "events", events_batch(list(range(40)), "a"))
     dag = load_dag(EVENTS_DAG)

@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import select
 
 from segrep.catalog import models as m
-from segrep.orchestrate import run_round
-from segrep.writer import write_batch
+from segrep.data.writer import write_batch
+from segrep.replication.run import run_round
 from tests.e2e.conftest import events_batch, load_dag, read_sorted, ti_states
 
 POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 0}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from segrep.apply import apply_definitions
 from segrep.catalog import models as m
-from segrep.config import load_definitions
-from segrep.errors import RefusedError
-from segrep.writer import write_batch
+from segrep.catalog.apply import apply_definitions
+from segrep.config.definitions import load_definitions
+from segrep.core.errors import RefusedError
+from segrep.data.writer import write_batch
 from tests.conftest import ORDERS_YAML, Env, make_env
 from tests.integration.test_write_read import orders
 

@@ -20,18 +20,18 @@ import pyarrow as pa
 import pytest
 from sqlalchemy import select
 
-from segrep import bootstrap as bootstrap_mod
-from segrep import faults, hlc
-from segrep.apply import apply_definitions
-from segrep.bootstrap import bootstrap
 from segrep.catalog import models as m
-from segrep.compaction import compact
-from segrep.errors import RefusedError, SegrepError
-from segrep.gc import collect
-from segrep.orchestrate import run_round
-from segrep.reader import placement_files
-from segrep.replication_status import status_rows
-from segrep.storage import Site
+from segrep.catalog.apply import apply_definitions
+from segrep.core import faults, hlc
+from segrep.core.errors import RefusedError, SegrepError
+from segrep.data.reader import placement_files
+from segrep.maintenance import bootstrap as bootstrap_mod
+from segrep.maintenance.bootstrap import bootstrap
+from segrep.maintenance.compaction import compact
+from segrep.maintenance.gc import collect
+from segrep.replication.run import run_round
+from segrep.replication.status import status_rows
+from segrep.storage.site import Site
 from tests.conftest import ORDERS_YAML, Env, env_fixture, make_env, sqlite_url
 from tests.integration.test_gc import (
     all_sites_read_the_model,

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from sqlalchemy import select
 
 from segrep.catalog.models import Base
-from segrep.cli import main
+from segrep.cli.main import main
 from tests.conftest import Env
 from tests.integration.test_write_read import orders
 

@@ -1,7 +1,7 @@
 """Garbage collection with retention (DESIGN sections 6, 7 and 9.7), on SQLite and PostgreSQL, without Spark.
 
-Majors are made by ``segrep.compaction.compact`` with a ``submit`` that runs the real merge job entry point
-(:func:`segrep.merge.run_manifest`: verification of the inputs, the segment entry, the output path, the
+Majors are made by ``segrep.maintenance.compaction.compact`` with a ``submit`` that runs the real merge job entry point
+(:func:`segrep.spark.jobs.run_manifest`: verification of the inputs, the segment entry, the output path, the
 result file) with only its row step done by pyarrow in this process instead of Spark; the commit is the
 real one. tests/spark covers the Spark row step itself.
 
@@ -27,20 +27,20 @@ import pyarrow.compute as pc
 import pytest
 from sqlalchemy import select
 
-from segrep import gc as gc_mod
-from segrep import hlc
-from segrep import merge as merge_mod
-from segrep import schema as sch
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.chain import visible_segments
-from segrep.compaction import compact
-from segrep.gc import collect
-from segrep.merge import Manifest, write_json_atomic
-from segrep.orchestrate import run_round
-from segrep.planner import snapshot
-from segrep.replication_status import status_rows
-from segrep.storage import Site
+from segrep.core import hlc
+from segrep.core import schema as sch
+from segrep.core.chain import visible_segments
+from segrep.maintenance import gc as gc_mod
+from segrep.maintenance.compaction import compact
+from segrep.maintenance.gc import collect
+from segrep.replication.offers import snapshot
+from segrep.replication.run import run_round
+from segrep.replication.status import status_rows
+from segrep.spark import jobs as merge_mod
+from segrep.spark.jobs import Manifest, write_json_atomic
+from segrep.storage.site import Site
 from tests.conftest import ORDERS_YAML, Env, env_fixture, sqlite_url
 from tests.integration.test_rounds import (
     REPLICAS,

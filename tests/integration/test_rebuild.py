@@ -8,8 +8,8 @@ from sqlalchemy import select, update
 
 from segrep.catalog import models as m
 from segrep.catalog.rebuild import rebuild_site
-from segrep.errors import RefusedError
-from segrep.writer import write_batch
+from segrep.core.errors import RefusedError
+from segrep.data.writer import write_batch
 from tests.conftest import Env
 from tests.integration.test_write_read import orders
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from segrep import faults, hlc
 from segrep.catalog import models as m
-from segrep.orchestrate import format_report, run_round
+from segrep.core import faults, hlc
+from segrep.replication.run import format_report, run_round
 from tests.conftest import Env
 from tests.integration.test_rounds import (
     REPLICAS,

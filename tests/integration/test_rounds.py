@@ -19,17 +19,16 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, select
 
-from segrep import hlc
-from segrep import rounds as rounds_mod
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog.models import Base
-from segrep.chain import visible_segments
-from segrep.cli import main
-from segrep.orchestrate import format_report, run_round
-from segrep.reader import read_table
-from segrep.replication_status import status_rows
-from segrep.rounds import (
+from segrep.cli.main import main
+from segrep.core import hlc
+from segrep.core.chain import visible_segments
+from segrep.data.reader import read_table
+from segrep.data.writer import write_batch
+from segrep.replication import rounds as rounds_mod
+from segrep.replication.rounds import (
     CopyItem,
     CopyOutcome,
     TargetUnreachable,
@@ -38,9 +37,10 @@ from segrep.rounds import (
     fast_forward_target,
     plan_round,
 )
-from segrep.storage import Site
-from segrep.transfer import copy_verified
-from segrep.writer import write_batch
+from segrep.replication.run import format_report, run_round
+from segrep.replication.status import status_rows
+from segrep.storage.site import Site
+from segrep.storage.transfer import copy_verified
 from tests.conftest import Env, make_env
 
 TABLE = "events"
@@ -217,7 +217,7 @@ def set_leader(catalog: Catalog, site: str, table: str = TABLE, partition_ids: I
 def raw_winners(catalog: Catalog, table: str, site: str | None = None) -> dict[tuple[Any, ...], tuple[int, int, bool]]:
     """Per primary key, the winning (version, origin, deleted) of the placement(s) at ``site`` (default: the
     leaders), tombstones included: what a write "being readable" there is checked against."""
-    from segrep.reader import placement_files
+    from segrep.data.reader import placement_files
 
     info, placements = placement_files(catalog, table, site)
     pk = list(info.primary_key)
@@ -256,8 +256,8 @@ def assert_acks_are_prefixes(catalog: Catalog, table: str) -> None:
     The acked sets themselves are not checked this way: after a leader change the new leader's acks are the
     notes made while it was a replica or merged a push (holder = it), which say "has these rows", not "took
     these in order"; the next round offers the older segments first and they are acked as SEGMENT_EXISTS."""
-    from segrep.chain import is_referenced
-    from segrep.planner import snapshot
+    from segrep.core.chain import is_referenced
+    from segrep.replication.offers import snapshot
 
     with catalog.read() as s:
         snap = snapshot(s, table)

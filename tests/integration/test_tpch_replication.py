@@ -10,13 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select
 
-from segrep import demo_data
-from segrep.apply import apply_definitions
-from segrep.bootstrap import bootstrap
 from segrep.catalog import models as m
-from segrep.orchestrate import run_round
-from segrep.reader import read_table
-from segrep.writer import write_batch
+from segrep.catalog.apply import apply_definitions
+from segrep.data import demo as demo_data
+from segrep.data.reader import read_table
+from segrep.data.writer import write_batch
+from segrep.maintenance.bootstrap import bootstrap
+from segrep.replication.run import run_round
 from tests.conftest import Env
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from segrep import demo_data
+from segrep.data import demo as demo_data
 from tests.conftest import Env
 from tests.integration.test_cli import run
 

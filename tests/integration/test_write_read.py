@@ -13,9 +13,9 @@ from sqlalchemy import select
 
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.errors import SchemaMismatchError, SegrepError
-from segrep.reader import read_table
-from segrep.writer import write_batch
+from segrep.core.errors import SchemaMismatchError, SegrepError
+from segrep.data.reader import read_table
+from segrep.data.writer import write_batch
 from tests.conftest import Env
 
 
@@ -180,7 +180,7 @@ def test_concurrent_writers_to_one_partition_lose_nothing(env: Env) -> None:
 def test_overlap_check_uses_the_whole_composite_key(env: Env) -> None:
     """Segments sharing a leading key value but not a whole key are disjoint (fast path); a real overlap
     is detected and resolved."""
-    from segrep.reader import placement_files
+    from segrep.data.reader import placement_files
 
     def ev(seqs: list[int], payload: str) -> pa.Table:
         at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -236,7 +236,7 @@ def test_recorded_facts_are_those_of_the_files_on_disk(env: Env, keys: list[int]
 def test_a_failed_file_write_commits_nothing_and_leaves_nothing(env: Env, monkeypatch) -> None:
     """An I/O error while a segment's bytes go out (one partition or several) fails the batch: no segment is
     registered and no file, temporary or final, remains."""
-    from segrep import storage
+    from segrep.storage import site as storage
 
     def no_space(fd: int, data: object) -> int:
         raise OSError(28, "No space left on device")

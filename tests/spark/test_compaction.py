@@ -1,7 +1,7 @@
 """Compaction on Spark (DESIGN sections 7 and 9): majors, fast-forward to replicas, GC after them, tombstones.
 
 One test runs the real ``spark-submit`` path through ``segrep compact`` (one Spark application); the others run
-the merge job (:func:`segrep.merge.run_manifest`) in the session's SparkSession. Checked: compaction leaves
+the merge job (:func:`segrep.spark.jobs.run_manifest`) in the session's SparkSession. Checked: compaction leaves
 every site's resolved rows unchanged; replicas take each major by fast-forward (no merge, no Spark); after GC
 each site holds exactly the files its catalog lists, and each list exactly what its chain needs; a crash in
 the job or before its commit is repaired by a re-run (the dead outputs are orphans GC removes after the
@@ -19,17 +19,17 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from segrep import compaction as compaction_mod
-from segrep import faults, hlc
-from segrep import merge as merge_mod
-from segrep import schema as sch
-from segrep.bootstrap import bootstrap
 from segrep.catalog import models as m
-from segrep.compaction import compact, plan_compaction
-from segrep.gc import collect
-from segrep.merge import Manifest
-from segrep.orchestrate import run_round
-from segrep.replication_status import status_rows
+from segrep.core import faults, hlc
+from segrep.core import schema as sch
+from segrep.maintenance import compaction as compaction_mod
+from segrep.maintenance.bootstrap import bootstrap
+from segrep.maintenance.compaction import compact, plan_compaction
+from segrep.maintenance.gc import collect
+from segrep.replication.run import run_round
+from segrep.replication.status import status_rows
+from segrep.spark import jobs as merge_mod
+from segrep.spark.jobs import Manifest
 from tests.conftest import ORDERS_YAML, Env, make_env
 from tests.integration.test_gc import (
     _arrow_major_rows,

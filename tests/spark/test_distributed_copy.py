@@ -8,10 +8,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from segrep import sparkrun
-from segrep.orchestrate import run_round
-from segrep.reader import read_table
-from segrep.writer import write_batch
+from segrep.data.reader import read_table
+from segrep.data.writer import write_batch
+from segrep.replication.run import run_round
+from segrep.spark import launch
 from tests.conftest import ORDERS_YAML, make_env
 
 pytestmark = pytest.mark.spark
@@ -41,7 +41,7 @@ def test_batches_above_the_threshold_are_copied_by_spark(tmp_path: Path) -> None
 
     def counting_submit(app: str, args: list[str], *, name: str, master: str | None = None) -> None:
         calls.append(app)
-        sparkrun.submit(app, args, name=name, master="local[2]")
+        launch.submit(app, args, name=name, master="local[2]")
 
     report = run_round(env.catalog, env.defs, "events", submit=counting_submit)
 

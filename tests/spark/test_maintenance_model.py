@@ -5,7 +5,7 @@ A hypothesis state machine on a two-partition table replicated primary -> dr, ed
 so that every tombstone is past the grace and dropped); GC runs (now, or hours later so that a lagging
 replica falls out of retention; some killed between the catalog delete and the file delete); replicas going
 offline (the site directory replaced by a file) and coming back; bootstraps of replicas marked as needing one.
-Rounds run :func:`segrep.merge.run_manifest` in the session's SparkSession; so does every third compaction,
+Rounds run :func:`segrep.spark.jobs.run_manifest` in the session's SparkSession; so does every third compaction,
 the others fold their majors with the pyarrow stand-in of its row step (shown to give the same rows in
 test_compaction), which keeps the test within a minute.
 
@@ -44,19 +44,19 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import select
 
-from segrep import hlc
-from segrep.bootstrap import bootstrap
 from segrep.catalog import models as m
-from segrep.chain import offer_order, visible_segments
-from segrep.compaction import compact, plan_compaction
-from segrep.errors import RefusedError
-from segrep.gc import collect
-from segrep.merge_commit import commit_results
-from segrep.orchestrate import format_report, run_round
-from segrep.planner import snapshot
-from segrep.reader import read_table
-from segrep.storage import Site
-from segrep.writer import write_batch
+from segrep.core import hlc
+from segrep.core.chain import offer_order, visible_segments
+from segrep.core.errors import RefusedError
+from segrep.data.reader import read_table
+from segrep.data.writer import write_batch
+from segrep.maintenance.bootstrap import bootstrap
+from segrep.maintenance.compaction import compact, plan_compaction
+from segrep.maintenance.gc import collect
+from segrep.replication.offers import snapshot
+from segrep.replication.run import format_report, run_round
+from segrep.spark.results import commit_results
+from segrep.storage.site import Site
 from tests.conftest import make_env
 from tests.integration.test_gc import arrow_submit
 from tests.integration.test_rounds import (

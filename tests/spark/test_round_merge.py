@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from sqlalchemy import delete, select
 
-from segrep import faults, hlc
 from segrep.catalog import models as m
-from segrep.errors import SegrepError
-from segrep.merge import Manifest, run_manifest, write_json_atomic
-from segrep.orchestrate import format_report, run_round
-from segrep.rounds import manifest_path, result_path
+from segrep.core import faults, hlc
+from segrep.core.errors import SegrepError
+from segrep.replication.rounds import manifest_path, result_path
+from segrep.replication.run import format_report, run_round
+from segrep.spark.jobs import Manifest, run_manifest, write_json_atomic
 from tests.conftest import Env
 from tests.integration.test_rounds import (
     REPLICAS,

@@ -10,7 +10,7 @@ A hypothesis state machine interleaves, on a two-partition table replicated prim
   (plan, Spark job, commit, SPLIT_FINALIZE or UNLOAD_FINAL when due) at others, with writes, rounds, faults
   and leader changes (of the parent or of a child) in between.
 
-Merges run ``segrep.merge.run_manifest`` in the session's SparkSession (no spark-submit start-up).
+Merges run ``segrep.spark.jobs.run_manifest`` in the session's SparkSession (no spark-submit start-up).
 
 After every step (DESIGN section 9): committed files match their sha256 (1), the stored safe time of every
 site never decreases (4) and every write the leaders hold at or before it is readable at that site (4), and
@@ -37,17 +37,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 from sqlalchemy import select
 
-from segrep import faults, hlc
-from segrep import rounds as rounds_mod
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.errors import SegrepError, SplitIncompleteError
-from segrep.merge import Manifest, run_manifest, write_json_atomic
-from segrep.orchestrate import format_report, run_round
-from segrep.reader import read_table
-from segrep.rounds import CopyItem, CopyOutcome, copy_one
-from segrep.split import SplitState, commit_pass, finalize, finish, plan_pass, start_split
-from segrep.writer import write_batch
+from segrep.core import faults, hlc
+from segrep.core.errors import SegrepError, SplitIncompleteError
+from segrep.data.reader import read_table
+from segrep.data.writer import write_batch
+from segrep.replication import rounds as rounds_mod
+from segrep.replication.rounds import CopyItem, CopyOutcome, copy_one
+from segrep.replication.run import format_report, run_round
+from segrep.spark.jobs import Manifest, run_manifest, write_json_atomic
+from segrep.split.workflow import SplitState, commit_pass, finalize, finish, plan_pass, start_split
 from tests.conftest import make_env
 from tests.integration.test_rounds import (
     assert_acks_are_prefixes,

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from segrep.reader import read_table
-from segrep.spark import read_dataframe
-from segrep.writer import write_batch
+from segrep.data.reader import read_table
+from segrep.data.spark_reader import read_dataframe
+from segrep.data.writer import write_batch
 from tests.conftest import Env
 from tests.integration.test_write_read import orders
 

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from segrep import faults
 from segrep.catalog import models as m
-from segrep.errors import SegrepError, SplitIncompleteError
-from segrep.merge import Manifest, run_manifest, write_json_atomic
-from segrep.orchestrate import run_round, run_split
-from segrep.split import (
+from segrep.core import faults
+from segrep.core.errors import SegrepError, SplitIncompleteError
+from segrep.replication.run import run_round, run_split
+from segrep.spark.jobs import Manifest, run_manifest, write_json_atomic
+from segrep.split.workflow import (
     SplitState,
     commit_pass,
     finalize,

@@ -18,12 +18,13 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select
 
-from segrep import demo_data, hlc
 from segrep.catalog import models as m
-from segrep.orchestrate import run_round, run_split
-from segrep.reader import read_table
-from segrep.split import SplitState
-from segrep.writer import write_batch
+from segrep.core import hlc
+from segrep.data import demo as demo_data
+from segrep.data.reader import read_table
+from segrep.data.writer import write_batch
+from segrep.replication.run import run_round, run_split
+from segrep.split.workflow import SplitState
 from tests.conftest import Env, make_env, pg_schema_url
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.postgres]

@@ -1,4 +1,4 @@
-"""Tests of segrep.chain: the seed's own scenarios (EventQL 3, 3.1, 3.5) and properties over generated chains.
+"""Tests of segrep.core.chain: the seed's own scenarios (EventQL 3, 3.1, 3.5) and properties over generated chains.
 
 The brute-force reference functions below are written from DESIGN section 6 without going through
 ``Chain.walk``, so a bug in the walk itself shows up as a disagreement.
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from segrep.chain import (
+from segrep.core.chain import (
     MAX_SEGMENT_HISTORY,
     Chain,
     LocalAction,

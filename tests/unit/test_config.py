@@ -1,4 +1,4 @@
-"""Tests of segrep.config.load_definitions: valid files and every malformed case (DESIGN sections 3 and 10).
+"""Tests of segrep.config.definitions.load_definitions: valid files and every malformed case (DESIGN sections 3 and 10).
 
 Every bad definitions file must fail with a ConfigError (a SegrepError, so the CLI prints one line and exits 2)
 whose message names the file and the bad entry; a raw TypeError or ValueError is a bug.
@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from segrep import schema as sch
-from segrep.config import CONFIG_ENV, Definitions, Policy, load_definitions
-from segrep.errors import ConfigError, SegrepError
+from segrep.config.definitions import CONFIG_ENV, Definitions, Policy, load_definitions
+from segrep.core import schema as sch
+from segrep.core.errors import ConfigError, SegrepError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "include" / "segrep.yaml"
 BAD_NAMES = ["Orders", "1abc", "../etc", "a/b", "a.b", "", "a" * 64]

@@ -1,4 +1,4 @@
-"""Tests of segrep.protocol: every branch of the receive procedure (EventQL 3.5), the sender's reactions,
+"""Tests of segrep.core.protocol: every branch of the receive procedure (EventQL 3.5), the sender's reactions,
 the two ABA scenarios of EventQL 3.6, and properties over generated chains."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from segrep.chain import (
+from segrep.core.chain import (
     Chain,
     LocalAction,
     SegmentRef,
@@ -19,7 +19,7 @@ from segrep.chain import (
     offer_order,
     visible_segments,
 )
-from segrep.protocol import (
+from segrep.core.protocol import (
     MAX_REPL_INCOMING_SEGMENTS,
     Offer,
     Outcome,

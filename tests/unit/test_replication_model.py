@@ -1,5 +1,5 @@
-"""Model-based test of replication: one leader and 1-3 followers, driven only by segrep.chain and
-segrep.protocol (no I/O).
+"""Model-based test of replication: one leader and 1-3 followers, driven only by segrep.core.chain and
+segrep.core.protocol (no I/O).
 
 Each segment's rows are a set of row ids; a major holds every row visible at the leader when it was written,
 so resolving a placement (union of the rows of its visible segments) is comparable across placements.
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from segrep.chain import (
+from segrep.core.chain import (
     MAX_SEGMENT_HISTORY,
     Chain,
     LocalAction,
@@ -28,7 +28,7 @@ from segrep.chain import (
     offer_order,
     visible_segments,
 )
-from segrep.protocol import (
+from segrep.core.protocol import (
     MAX_REPL_INCOMING_SEGMENTS,
     Offer,
     Outcome,

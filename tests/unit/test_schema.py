@@ -1,4 +1,4 @@
-"""Tests of segrep.schema: the type vocabulary, conforming input batches, last-row-wins dedupe, fingerprints.
+"""Tests of segrep.core.schema: the type vocabulary, conforming input batches, last-row-wins dedupe, fingerprints.
 
 conform_batch is the gate between user data and segment files (DESIGN section 10, "wrong schema"): it must
 refuse anything it cannot cast without loss, naming the column, rather than write a segment that differs.
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from segrep import schema as sch
-from segrep.errors import SchemaMismatchError, SegrepError
+from segrep.core import schema as sch
+from segrep.core.errors import SchemaMismatchError, SegrepError
 
 SIMPLE = ["bool", "int8", "int16", "int32", "int64", "float32", "float64", "string", "binary", "date", "timestamp"]
 DECIMALS = ["decimal(1,0)", "decimal(15,2)", "decimal(38,0)", "decimal(38,38)", "decimal(10,10)"]

@@ -1,4 +1,4 @@
-"""Tests of segrep.storage (DESIGN section 4), names, hlc and ids.
+"""Tests of segrep.storage.site (DESIGN section 4), names, hlc and ids.
 
 The storage contract: a file visible under its final name is complete, its FileFacts are the sha256 and size of
 the bytes on disk, any later change is caught by verify(), and a failed write leaves nothing behind. Names that
@@ -20,11 +20,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from segrep import hlc, ids, storage
-from segrep import schema as sch
-from segrep.errors import CorruptSegmentError, SegrepError
-from segrep.names import check_name, check_segment_id
-from segrep.storage import FileFacts, Site, segment_relpath
+from segrep.core import hlc, ids
+from segrep.core import schema as sch
+from segrep.core.errors import CorruptSegmentError, SegrepError
+from segrep.core.names import check_name, check_segment_id
+from segrep.storage import site as storage
+from segrep.storage.site import FileFacts, Site, segment_relpath
 
 SID = "0123456789abcdef0123456789abcdef"
 SID2 = "fedcba9876543210fedcba9876543210"
@@ -545,7 +546,7 @@ def _segment_at(site: Site) -> tuple[str, FileFacts]:
 
 
 def test_kernel_copy_is_verified_and_a_corrupt_source_is_refused(tmp_path: Path) -> None:
-    from segrep.transfer import copy_verified
+    from segrep.storage.transfer import copy_verified
 
     a, b = Site("a", str(tmp_path / "a")), Site("b", str(tmp_path / "b"))
     rel, facts = _segment_at(a)
@@ -564,7 +565,7 @@ def test_kernel_copy_is_verified_and_a_corrupt_source_is_refused(tmp_path: Path)
 def test_copy_falls_back_to_a_stream_where_the_kernel_cannot_copy(tmp_path: Path, monkeypatch) -> None:
     import errno
 
-    from segrep.transfer import copy_verified
+    from segrep.storage.transfer import copy_verified
 
     calls: list[int] = []
 

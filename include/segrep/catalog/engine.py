@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
-from segrep.errors import SegrepError
+from segrep.core.errors import SegrepError
 
 CATALOG_URL_ENV = "SEGREP_CATALOG_URL"
 _READONLY = "segrep_readonly"

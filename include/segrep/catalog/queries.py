@@ -11,13 +11,13 @@ import pyarrow as pa
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from segrep import keys
-from segrep import schema as sch
 from segrep.catalog import models as m
-from segrep.chain import Chain, SegmentRef
-from segrep.errors import NotFoundError
-from segrep.names import check_name
-from segrep.protocol import PartitionState
+from segrep.core import keys
+from segrep.core import schema as sch
+from segrep.core.chain import Chain, SegmentRef
+from segrep.core.errors import NotFoundError
+from segrep.core.names import check_name
+from segrep.core.protocol import PartitionState
 
 WRITABLE_STATES = (PartitionState.LOADING, PartitionState.LIVE, PartitionState.SPLITTING)
 

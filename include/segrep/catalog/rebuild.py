@@ -18,9 +18,9 @@ from sqlalchemy import delete, select
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.errors import CorruptSegmentError, RefusedError, SegrepError
-from segrep.segments import SegmentEntry
-from segrep.storage import FileFacts, Site
+from segrep.core.errors import CorruptSegmentError, RefusedError, SegrepError
+from segrep.storage.segment_meta import SegmentEntry
+from segrep.storage.site import FileFacts, Site
 
 
 @dataclass

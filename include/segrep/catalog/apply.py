@@ -1,0 +1,264 @@
+"""``segrep apply``: bring the catalog in line with the definitions file, idempotently.
+
+All changes are made in one transaction; ``--dry-run`` runs the very same code and rolls back, so what it
+prints is exactly what a real run would do. Changes that would lose data or break chains are refused with
+a message that says what to do instead: dropping a table that holds segments, changing the schema, key or
+split points of a table with data, changing a site's id, or moving a site that holds files.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+from segrep.config.definitions import Definitions, SiteDef, TableDef
+from segrep.core import hlc, keys
+from segrep.core import schema as sch
+from segrep.core.errors import RefusedError
+from segrep.core.protocol import PartitionState, PlacementState
+
+
+@dataclass(frozen=True)
+class Change:
+    verb: str  # add, change, remove
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.verb:<7} {self.what}"
+
+
+class _DryRun(Exception):
+    pass
+
+
+def apply_definitions(catalog: Catalog, defs: Definitions, *, dry_run: bool = False) -> list[Change]:
+    changes: list[Change] = []
+    try:
+        with catalog.write() as s:
+            _sync_sites(s, defs, changes)
+            for tdef in defs.tables.values():
+                _sync_table(s, tdef, changes)
+            _drop_undefined_tables(s, defs, changes)
+            _drop_undefined_sites(s, defs, changes)
+            if dry_run:
+                raise _DryRun
+    except _DryRun:
+        pass
+    return changes
+
+
+def _sync_sites(s: Session, defs: Definitions, changes: list[Change]) -> None:
+    existing = {site.name: site for site in s.scalars(select(m.Site))}
+    by_id = {site.site_id: site for site in existing.values()}
+    for sdef in defs.sites.values():
+        row = existing.get(sdef.name)
+        if row is None:
+            other = by_id.get(sdef.site_id)
+            if other is not None:
+                raise RefusedError(
+                    f"site {sdef.name}: id {sdef.site_id} belongs to site {other.name} in the catalog; "
+                    "site ids are stamped on rows and cannot be reused"
+                )
+            s.add(m.Site(site_id=sdef.site_id, name=sdef.name, uri=sdef.uri, created_us=hlc.now_us()))
+            changes.append(Change("add", f"site {sdef.name} (id {sdef.site_id}) at {sdef.uri}"))
+            continue
+        if row.site_id != sdef.site_id:
+            raise RefusedError(
+                f"site {sdef.name}: id is {row.site_id} in the catalog, {sdef.site_id} in the definitions; "
+                "site ids are stamped on rows and cannot change"
+            )
+        if row.uri != sdef.uri:
+            _refuse_if_site_has_segments(s, row, sdef)
+            row.uri = sdef.uri
+            changes.append(Change("change", f"site {sdef.name} uri to {sdef.uri}"))
+    s.flush()
+
+
+def _refuse_if_site_has_segments(s: Session, row: m.Site, sdef: SiteDef) -> None:
+    n = s.scalar(
+        select(func.count()).select_from(m.Segment).join(m.Placement).where(m.Placement.site_id == row.site_id)
+    )
+    if n:
+        raise RefusedError(
+            f"site {sdef.name}: cannot move it from {row.uri} to {sdef.uri} while the catalog references "
+            f"{n} segment(s) there; move the files and rebuild, or keep the old uri"
+        )
+
+
+def _sync_table(s: Session, tdef: TableDef, changes: list[Change]) -> None:
+    row = s.scalars(select(m.Table).where(m.Table.name == tdef.name)).one_or_none()
+    if row is None:
+        _create_table(s, tdef, changes)
+        return
+    info = q.TableInfo.of(row)
+    has_data = q.segment_count(s, row.table_id) > 0
+    differences = _shape_differences(s, info, tdef)
+    if differences:
+        if has_data:
+            raise RefusedError(
+                f"table {tdef.name} holds data; refusing to change its {', '.join(differences)} "
+                "(that would orphan or misread its segments). Create a new table, or use `segrep split` "
+                "for new partitions"
+            )
+        _drop_table(s, row)
+        _create_table(s, tdef, changes, verb="change", why=", ".join(differences))
+        return
+    _sync_placements(s, info, tdef, has_data, changes)
+
+
+def _shape_differences(s: Session, info: q.TableInfo, tdef: TableDef) -> list[str]:
+    out = []
+    if sch.schema_to_columns(tdef.schema) != info.row.columns:
+        out.append("columns")
+    if list(tdef.primary_key) != list(info.row.primary_key):
+        out.append("primary key")
+    if tdef.partition_key != info.row.partition_key:
+        out.append("partition key")
+    initial = [
+        p for p in q.partitions_of(s, info) if p.parent_partition_id is None and p.begin_key is not None
+    ]  # the partitions created from split_points (splits add children later)
+    if [info.decode_key(p.begin_key) for p in initial] != list(tdef.split_points):
+        out.append("split points")
+    leaders = {
+        pl.site_id
+        for pl in s.scalars(
+            select(m.Placement)
+            .join(m.Partition, m.Partition.leader_placement_id == m.Placement.placement_id)
+            .where(m.Partition.table_id == info.table_id)
+        )
+    }
+    leader_site = s.scalars(select(m.Site.site_id).where(m.Site.name == tdef.leader)).one()
+    if leaders and leaders != {leader_site}:
+        out.append("leader site (a leader change is a failover, not a definition change)")
+    return out
+
+
+def _create_table(s: Session, tdef: TableDef, changes: list[Change], verb: str = "add", why: str = "") -> None:
+    now = hlc.now_us()
+    row = m.Table(
+        name=tdef.name,
+        columns=sch.schema_to_columns(tdef.schema),
+        primary_key=list(tdef.primary_key),
+        partition_key=tdef.partition_key,
+        schema_fingerprint=tdef.fingerprint,
+        created_us=now,
+    )
+    s.add(row)
+    s.flush()
+    bounds = [None, *tdef.split_points, None]
+    for begin, end in itertools.pairwise(bounds):
+        part = m.Partition(
+            table_id=row.table_id,
+            begin_key=keys.encode(begin),
+            end_key=keys.encode(end),
+            state=PartitionState.LIVE,
+            epoch=1,
+            last_version=0,
+            created_us=now,
+        )
+        s.add(part)
+        s.flush()
+        for site_name in tdef.sites:
+            pl = _add_placement(s, part, site_name, PlacementState.LIVE)
+            if site_name == tdef.leader:
+                part.leader_placement_id = pl.placement_id
+    s.flush()
+    detail = f" ({why})" if why else ""
+    changes.append(
+        Change(
+            verb,
+            f"table {tdef.name}{detail}: {len(tdef.schema)} columns, key ({', '.join(tdef.primary_key)}), "
+            f"{len(bounds) - 1} partition(s), leader {tdef.leader}, replicas {', '.join(tdef.replicas) or 'none'}",
+        )
+    )
+
+
+def _add_placement(s: Session, part: m.Partition, site_name: str, state: str) -> m.Placement:
+    site = q.site_by_name(s, site_name)
+    q.reset_watermarks(s, part.partition_id)  # a new replica makes every entry of the partition relevant again
+    pl = m.Placement(partition_id=part.partition_id, site_id=site.site_id, state=state, created_us=hlc.now_us())
+    s.add(pl)
+    s.flush()
+    return pl
+
+
+def _sync_placements(s: Session, info: q.TableInfo, tdef: TableDef, has_data: bool, changes: list[Change]) -> None:
+    """Add placements for new replica sites (JOINING when the table holds data: a bootstrap feeds them);
+    mark those of replica sites no longer listed as REMOVED (their files stay on the site)."""
+    parts = q.partitions_of(s, info, q.WRITABLE_STATES)
+    placements = q.active_placements(s, [p.partition_id for p in parts])
+    sites = q.sites_by_id(s)
+    wanted = set(tdef.replicas)
+    for part in parts:
+        here = {sites[pl.site_id].name: pl for pl in placements if pl.partition_id == part.partition_id}
+        for site_name in sorted(wanted - set(here)):
+            pl = _add_placement(s, part, site_name, PlacementState.JOINING if has_data else PlacementState.LIVE)
+            pl.needs_bootstrap = has_data  # rounds wait for `segrep bootstrap`, which checks the target first
+        for site_name, pl in here.items():
+            if site_name not in wanted and pl.placement_id != part.leader_placement_id:
+                pl.state = PlacementState.REMOVED
+                pl.removed_us = hlc.now_us()
+    present = {sites[pl.site_id].name for pl in placements}
+    for site_name in sorted(wanted - present):
+        state = f"JOINING: run `segrep bootstrap {tdef.name} {site_name}`" if has_data else "LIVE"
+        changes.append(Change("add", f"replica {site_name} of table {tdef.name} ({state})"))
+    for site_name in sorted(present - wanted - {tdef.leader}):
+        changes.append(Change("remove", f"replica {site_name} of table {tdef.name} (its files stay on the site)"))
+
+
+def _drop_undefined_tables(s: Session, defs: Definitions, changes: list[Change]) -> None:
+    for row in s.scalars(select(m.Table).where(m.Table.name.not_in(list(defs.tables)))).all():
+        n = q.segment_count(s, row.table_id)
+        if n:
+            raise RefusedError(
+                f"table {row.name} is not in the definitions but holds {n} segment(s); refusing to drop a "
+                "table with rows. Put it back in the definitions file"
+            )
+        _drop_table(s, row)
+        changes.append(Change("remove", f"table {row.name} (it held no segments)"))
+
+
+def _drop_table(s: Session, row: m.Table) -> None:
+    part_ids = select(m.Partition.partition_id).where(m.Partition.table_id == row.table_id)
+    pl_ids = select(m.Placement.placement_id).where(m.Placement.partition_id.in_(part_ids))
+    s.execute(
+        m.Partition.__table__.update().where(m.Partition.table_id == row.table_id).values(leader_placement_id=None)
+    )
+    for model, cond in (
+        (m.Ack, m.Ack.target_placement_id.in_(pl_ids)),
+        (m.Checkpoint, m.Checkpoint.partition_id.in_(part_ids)),
+        (m.Lease, m.Lease.target_placement_id.in_(pl_ids)),
+        (m.Placement, m.Placement.partition_id.in_(part_ids)),
+        (m.Split, m.Split.table_id == row.table_id),
+        (m.Partition, m.Partition.table_id == row.table_id),
+        (m.SafeTime, m.SafeTime.table_id == row.table_id),
+        (m.Round, m.Round.table_id == row.table_id),
+    ):
+        s.execute(delete(model).where(cond).execution_options(synchronize_session=False))
+    s.delete(row)
+    s.flush()
+
+
+def _drop_undefined_sites(s: Session, defs: Definitions, changes: list[Change]) -> None:
+    for row in s.scalars(select(m.Site).where(m.Site.name.not_in(list(defs.sites)))).all():
+        active = s.scalar(
+            select(func.count())
+            .select_from(m.Placement)
+            .where(m.Placement.site_id == row.site_id, m.Placement.removed_us.is_(None))
+        )
+        if active:
+            raise RefusedError(
+                f"site {row.name} is not in the definitions but holds {active} placement(s); remove it from "
+                "every table's replicas first"
+            )
+        referenced = s.scalar(select(func.count()).select_from(m.Placement).where(m.Placement.site_id == row.site_id))
+        if referenced:
+            continue  # history of removed placements refers to it; it stays, unused
+        s.delete(row)
+        changes.append(Change("remove", f"site {row.name} (it held no placements)"))

@@ -1,0 +1,1 @@
+"""The ``segrep`` command and every formatter for people."""

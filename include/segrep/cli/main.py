@@ -1,0 +1,470 @@
+"""The ``segrep`` command: administration, and the same steps the DAGs run, without Airflow.
+
+Every user error is one line on stderr and exit code 2, with nothing written; an unreachable catalog is
+exit code 1 with the URL named. ``SEGREP_DEBUG=1`` shows tracebacks for bug reports.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from sqlalchemy.exc import OperationalError
+
+from segrep import __version__
+from segrep.catalog import Catalog, resolve_url
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+from segrep.catalog.migrate import upgrade
+from segrep.config.definitions import Definitions, load_definitions
+from segrep.core.errors import SegrepError
+from segrep.data.export import atomic_write_table, format_rows
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Context:
+    """Lazily loads the definitions and opens the catalog, so commands that need neither stay fast."""
+
+    def __init__(self, config: str | None, catalog_url: str | None) -> None:
+        self._config = config
+        self._catalog_url = catalog_url
+        self._defs: Definitions | None = None
+        self._catalog: Catalog | None = None
+
+    @property
+    def defs(self) -> Definitions:
+        if self._defs is None:
+            self._defs = load_definitions(self._config)
+        return self._defs
+
+    def catalog(self, *, initialized: bool = True) -> Catalog:
+        if self._catalog is None:
+            url = self._catalog_url or os.environ.get("SEGREP_CATALOG_URL")
+            if url is None:
+                url = resolve_url(None, self.defs.catalog_url, self.defs.data_dir)
+            self._catalog = Catalog(url)
+        if initialized:
+            self._catalog.require_initialized()
+        return self._catalog
+
+
+def _user_errors(fn: F) -> F:
+    """Turn SegrepError into one line and exit code 2; an unreachable catalog into exit code 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SegrepError as exc:
+            _fail(str(exc), 2)
+        except OperationalError as exc:
+            if os.environ.get("SEGREP_DEBUG"):
+                raise
+            _fail(f"catalog unreachable or failing: {str(exc.orig).strip().splitlines()[0]}", 1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"segrep: error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="segrep")
+@click.option(
+    "--config", "config", envvar="SEGREP_CONFIG", default=None, metavar="FILE",
+    help="Definitions file (sites, tables, policies). Default: $SEGREP_CONFIG or include/segrep.yaml.",
+)  # fmt: skip
+@click.option(
+    "--catalog", "catalog_url", envvar="SEGREP_CATALOG_URL", default=None, metavar="URL",
+    help="Catalog SQLAlchemy URL. Default: $SEGREP_CATALOG_URL, the definitions' catalog_url, or "
+    "sqlite:///<data_dir>/catalog.db.",
+)  # fmt: skip
+@click.pass_context
+def main(ctx: click.Context, config: str | None, catalog_url: str | None) -> None:
+    """segrep replicates partitioned tables between sites by copying immutable segment files.
+
+    Typical first steps: `segrep init`, `segrep apply`, `segrep write TABLE FILE`, `segrep read TABLE`.
+    """
+    ctx.obj = Context(config, catalog_url)
+
+
+# -- catalog ---------------------------------------------------------------------------------------------
+@main.command()
+@click.pass_obj
+@_user_errors
+def init(obj: Context) -> None:
+    """Create or upgrade the catalog schema to the newest migration (safe to run again)."""
+    catalog = obj.catalog(initialized=False)
+    before, after = upgrade(catalog)
+    if before == after:
+        click.echo(f"catalog {catalog.safe_url} is up to date (revision {after})")
+    else:
+        click.echo(f"catalog {catalog.safe_url} upgraded from {before or 'empty'} to revision {after}")
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Print what would change; write nothing.")
+@click.pass_obj
+@_user_errors
+def apply(obj: Context, dry_run: bool) -> None:
+    """Validate the definitions file and bring the catalog in line with it."""
+    from segrep.catalog.apply import apply_definitions
+
+    changes = apply_definitions(obj.catalog(), obj.defs, dry_run=dry_run)
+    prefix = "would " if dry_run else ""
+    for change in changes:
+        click.echo(f"{prefix}{change}")
+    if not changes:
+        click.echo(f"catalog matches {obj.defs.path}: nothing to change")
+
+
+@main.group("catalog")
+def catalog_group() -> None:
+    """Catalog maintenance."""
+
+
+@catalog_group.command("rebuild")
+@click.option("--site", "site", required=True, help="Site whose segment lists are rebuilt from its files.")
+@click.option("--dry-run", is_flag=True, help="Report what the files say; change nothing.")
+@click.pass_obj
+@_user_errors
+def catalog_rebuild(obj: Context, site: str, dry_run: bool) -> None:
+    """Reconstruct a site's segment lists and roots from the metadata in its segment files."""
+    from segrep.catalog.rebuild import rebuild_site
+
+    report = rebuild_site(obj.catalog(), site, dry_run=dry_run)
+    for line in report.lines():
+        click.echo(line)
+
+
+# -- sites and tables ------------------------------------------------------------------------------------
+@main.group("site")
+def site_group() -> None:
+    """Sites (storage roots in data centers)."""
+
+
+@site_group.command("list")
+@click.pass_obj
+@_user_errors
+def site_list(obj: Context) -> None:
+    """List the sites the catalog knows, with their placements and segments."""
+    from sqlalchemy import func, select
+
+    with obj.catalog().read() as s:
+        counts = dict(
+            s.execute(
+                select(m.Placement.site_id, func.count())
+                .where(m.Placement.removed_us.is_(None))
+                .group_by(m.Placement.site_id)
+            ).all()
+        )
+        segs = dict(
+            s.execute(select(m.Placement.site_id, func.count()).join(m.Segment).group_by(m.Placement.site_id)).all()
+        )
+        rows = [
+            [x.name, x.site_id, x.uri, counts.get(x.site_id, 0), segs.get(x.site_id, 0)]
+            for x in s.scalars(select(m.Site).order_by(m.Site.name))
+        ]
+    click.echo(format_rows(["site", "id", "uri", "placements", "segments"], rows))
+
+
+@main.group("table")
+def table_group() -> None:
+    """Replicated tables."""
+
+
+@table_group.command("list")
+@click.pass_obj
+@_user_errors
+def table_list(obj: Context) -> None:
+    """List tables with their key, partitions and sites."""
+    from segrep.cli.views import table_overview
+
+    rows = table_overview(obj.catalog())
+    click.echo(format_rows(["table", "key", "partitions", "leader", "replicas", "segments", "rows@leader"], rows))
+
+
+@table_group.command("describe")
+@click.argument("table")
+@click.pass_obj
+@_user_errors
+def table_describe(obj: Context, table: str) -> None:
+    """Columns, key, partitions (range, state, epoch, leader) and placements of a table."""
+    from segrep.cli.views import describe_table
+
+    click.echo(describe_table(obj.catalog(), table))
+
+
+# -- data ------------------------------------------------------------------------------------------------
+@main.command()
+@click.argument("table")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["parquet", "csv"]), default=None, help="Default: from the suffix.")
+@click.option("--delete", is_flag=True, help="FILE holds primary keys to delete (only the key columns).")
+@click.pass_obj
+@_user_errors
+def write(obj: Context, table: str, file: Path, fmt: str | None, delete: bool) -> None:
+    """Write a batch of rows (upsert by primary key) or of keys to delete, at each partition's leader."""
+    from segrep.data.writer import write_batch
+
+    catalog = obj.catalog()
+    with catalog.read() as s:
+        info = q.table_info(s, table)
+    batch = _read_input(file, fmt, info, keys_only=delete)
+    result = write_batch(catalog, table, batch, delete=delete)
+    action = "deleted" if delete else "wrote"
+    click.echo(
+        f"{action} {result.rows_written} row(s) of {table} from {file} "
+        f"({result.rows_in - result.rows_written} duplicate key(s) folded) in {len(result.segments)} segment(s)"
+    )
+    for seg in result.segments:
+        click.echo(
+            f"  partition {seg.partition_id} @ {seg.site}: segment {seg.segment_id} {seg.rows} rows {seg.byte_size} B"
+        )
+
+
+def _read_input(file: Path, fmt: str | None, info: q.TableInfo, *, keys_only: bool) -> pa.Table:
+    fmt = fmt or _format_from_suffix(file, ("parquet", "csv"))
+    try:
+        if fmt == "parquet":
+            return pq.read_table(file)
+        types = {f.name: f.type for f in info.schema}
+        return pacsv.read_csv(file, convert_options=pacsv.ConvertOptions(column_types=types))
+    except FileNotFoundError:
+        raise SegrepError(f"cannot read {file}: no such file") from None
+    except (OSError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SegrepError(f"cannot read {file} as {fmt}: {str(exc).splitlines()[0]}") from None
+
+
+def _format_from_suffix(file: Path, allowed: Sequence[str]) -> str:
+    suffix = file.suffix.lower().lstrip(".")
+    suffix = {"pq": "parquet", "txt": "table"}.get(suffix, suffix)
+    if suffix not in allowed:
+        raise SegrepError(f"cannot tell the format of {file} from its suffix; pass --format ({'|'.join(allowed)})")
+    return suffix
+
+
+@main.command()
+@click.argument("table")
+@click.option("--site", default=None, help="Read the replicas at this site. Default: each partition's leader.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write rows here.")
+@click.option("--format", "fmt", type=click.Choice(["parquet", "csv", "table"]), default=None)
+@click.option("--as-of", "as_of", type=int, default=None, help="Only row versions <= this (microseconds).")
+@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="Rows shown on stdout.")
+@click.pass_obj
+@_user_errors
+def read(
+    obj: Context, table: str, site: str | None, output: Path | None, fmt: str | None, as_of: int | None, limit: int
+) -> None:
+    """Read a table's current rows (last writer wins, deletes applied) at a site."""
+    from segrep.data.reader import read_table
+
+    rows = read_table(obj.catalog(), table, site, as_of=as_of)
+    if output is None:
+        if fmt not in (None, "table"):
+            raise SegrepError("--format parquet or csv needs --output FILE")
+        shown = rows.slice(0, limit).to_pylist()
+        click.echo(format_rows(rows.column_names, [list(r.values()) for r in shown]))
+        click.echo(f"{rows.num_rows} row(s) in {table} at {site or 'the leaders'}")
+        return
+    fmt = fmt or _format_from_suffix(output, ("parquet", "csv"))
+    if fmt == "table":
+        raise SegrepError("--format table prints to stdout; drop --output")
+    atomic_write_table(rows, output, fmt)
+    click.echo(f"wrote {rows.num_rows} row(s) of {table} at {site or 'the leaders'} to {output}")
+
+
+@main.command()
+@click.argument("table")
+@click.option("--site", default=None, help="Only placements at this site.")
+@click.option("--partition", "partition_id", type=int, default=None, help="Only this partition.")
+@click.pass_obj
+@_user_errors
+def segments(obj: Context, table: str, site: str | None, partition_id: int | None) -> None:
+    """Each placement's segment chain: ids, bases, flags, sizes, versions and acks."""
+    from segrep.cli.views import segment_listing
+
+    click.echo(segment_listing(obj.catalog(), table, site, partition_id))
+
+
+@main.command("bootstrap")
+@click.argument("table")
+@click.argument("site")
+@click.option("--mode", type=click.Choice(["auto", "adopt", "replace"]), default="auto", show_default=True,
+              help="auto refuses a target that already holds data; adopt keeps it if equal to the source; "
+              "replace moves it aside.")  # fmt: skip
+@click.pass_obj
+@_user_errors
+def bootstrap_(obj: Context, table: str, site: str, mode: str) -> None:
+    """Join SITE to TABLE as a replica (new site, or one out of retention); rounds then feed it."""
+    from segrep.maintenance.bootstrap import bootstrap
+
+    report = bootstrap(obj.catalog(), obj.defs, table, site, mode)
+    click.echo("\n".join(report.lines()))
+
+
+@main.command("compact")
+@click.argument("table")
+@click.option("--partition", "partitions", type=int, multiple=True, help="Only these partitions (repeatable).")
+@click.option("--force", is_flag=True, help="Compact every partition with a minor segment, ignoring thresholds.")
+@click.pass_obj
+@_user_errors
+def compact_(obj: Context, table: str, partitions: tuple[int, ...], force: bool) -> None:
+    """Fold each due partition's minor segments into a major segment at its leader (one Spark application)."""
+    from segrep.maintenance.compaction import compact
+
+    obj.defs.table(table)
+    report = compact(obj.catalog(), obj.defs, table, partitions=list(partitions) or None, force=force)
+    if not report["candidates"]:
+        click.echo(f"{table}: no partition is due for compaction")
+        return
+    for c in report["candidates"]:
+        click.echo(
+            f"partition {c['partition_id']}: {c['minors']} minor segment(s), {c['minor_bytes']:,} bytes ({c['reason']})"
+        )
+    click.echo(f"committed {report.get('committed', 0)} major segment(s); dropped: {report.get('dropped') or 'none'}")
+    for line in report.get("needs_bootstrap") or []:
+        click.echo(f"ALERT: {line}")
+
+
+@main.command("gc")
+@click.argument("table", required=False)
+@click.option("--dry-run", is_flag=True, help="List each file that would go and why; change nothing.")
+@click.pass_obj
+@_user_errors
+def gc_(obj: Context, table: str | None, dry_run: bool) -> None:
+    """Delete segments no chain needs any more (with retention for offline replicas) and old orphan files."""
+    from segrep.maintenance.gc import collect
+
+    if table is not None:
+        obj.defs.table(table)
+    report = collect(obj.catalog(), obj.defs, table, dry_run=dry_run)
+    verb = "would delete" if dry_run else "deleted"
+    for d in report.deletions:
+        click.echo(f"{verb} {d.site}:{d.relpath}  ({d.reason})")
+    for line in report.held:
+        click.echo(f"held: {line}")
+    for line in report.needs_bootstrap:
+        click.echo(f"ALERT: {line}")
+    files = len(report.deletions) if dry_run else report.files_removed
+    click.echo(f"{verb} {len(report.deletions)} segment(s)/orphan(s); {files} file(s)")
+
+
+def _parse_until(text: str | None) -> int | None:
+    """``--until``: an ISO-8601 time (UTC if no zone) or integer microseconds since the epoch."""
+    if text is None:
+        return None
+    if text.isdigit():
+        return int(text)
+    import pendulum
+
+    try:
+        parsed = pendulum.parse(text, tz="UTC")
+    except (ValueError, pendulum.parsing.exceptions.ParserError):
+        raise SegrepError(f"--until {text!r} is not an ISO-8601 time or microseconds since the epoch") from None
+    return int(parsed.timestamp() * 1_000_000)  # type: ignore[union-attr]
+
+
+@main.command("round")
+@click.argument("table")
+@click.option("--until", default=None, help="Replicate segments committed before this time (ISO-8601). Default: now.")
+@click.option("--target", default=None, help="Only this target site.")
+@click.option("--reoffer", is_flag=True, help="Offer every segment again, ignoring acks and back-off.")
+@click.option("--json", "as_json", is_flag=True, help="Print the round report as JSON.")
+@click.pass_obj
+@_user_errors
+def round_(obj: Context, table: str, until: str | None, target: str | None, reoffer: bool, as_json: bool) -> None:
+    """Run one replication round for TABLE without Airflow: plan, fast-forward, merge (Spark), commit.
+
+    Exits 1 if a target could not be reached (the others are still replicated)."""
+    import json
+
+    from segrep.replication.run import format_report, run_round
+
+    obj.defs.table(table)
+    report = run_round(obj.catalog(), obj.defs, table, _parse_until(until), target=target, reoffer=reoffer)
+    click.echo(json.dumps(report, indent=2, sort_keys=True, default=str) if as_json else format_report(report))
+    if report["failed"]:
+        _fail(f"round of {table}: target(s) {', '.join(report['failed'])} failed; re-run to retry", 1)
+
+
+@main.command("split")
+@click.argument("table")
+@click.argument("partition", type=int)
+@click.option("--at", "split_keys", multiple=True, help="A split key (repeatable); omit to resume the split under way.")
+@click.option("--async", "is_async", is_flag=True, help="Finalize at once; the data follows through UNLOAD.")
+@click.option("--json", "as_json", is_flag=True, help="Print the split report as JSON.")
+@click.pass_obj
+@_user_errors
+def split_(
+    obj: Context, table: str, partition: int, split_keys: tuple[str, ...], is_async: bool, as_json: bool
+) -> None:
+    """Split PARTITION of TABLE at the --at keys while writes continue (see `segrep table describe` for ids).
+
+    Rewrites the parent's segments for each child with Spark, finalizes, unloads what the children still
+    lack from every parent replica, and retires the parent. Re-run it (with or without --at) to resume.
+    Exits 1 if the split is still waiting for a parent replica to push (its site is down)."""
+    import json
+
+    from segrep.replication.run import run_split
+    from segrep.split.workflow import format_progress, split_progress
+
+    obj.defs.table(table)
+    report = run_split(obj.catalog(), obj.defs, table, partition, list(split_keys), is_async=is_async)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
+    else:
+        for p in report["passes"]:
+            click.echo(f"{p['phase']} pass: {p['rewrites']} rewrite(s), {p['merges']} merge(s), "
+                       f"{p['exists']} already held")  # fmt: skip
+        click.echo(format_progress(split_progress(obj.catalog(), table, include_done=True)[-1:]))
+    if report["state"] != "DONE":
+        _fail(f"split {report['split_id']} of {table} waits: {report.get('waiting')}; re-run to continue", 1)
+
+
+@main.command()
+@click.argument("table", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_obj
+@_user_errors
+def status(obj: Context, table: str | None, as_json: bool) -> None:
+    """Per table and target site: safe time, lag, pending segments and bytes, last round, declines."""
+    import json
+
+    from segrep.replication.status import HEADER, status_rows, status_table
+    from segrep.split.workflow import format_progress, split_progress
+
+    rows = status_rows(obj.catalog(), table)
+    splits = split_progress(obj.catalog(), table)
+    if as_json:
+        click.echo(json.dumps({"replication": rows, "splits": splits}, indent=2, sort_keys=True))
+        return
+    click.echo(format_rows(HEADER, status_table(rows)) if rows else "no replicas")
+    if splits:
+        click.echo(format_progress(splits))
+
+
+def run() -> None:
+    """Entry point that keeps unexpected errors to one line unless SEGREP_DEBUG is set."""
+    try:
+        main(standalone_mode=True)
+    except SystemExit:
+        raise
+    except Exception as exc:
+        if os.environ.get("SEGREP_DEBUG"):
+            raise
+        click.echo(
+            f"segrep: internal error: {type(exc).__name__}: {exc} (SEGREP_DEBUG=1 shows the traceback)", err=True
+        )
+        sys.exit(1)

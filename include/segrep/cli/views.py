@@ -1,0 +1,151 @@
+"""Read-only views of the catalog for people: table overview, table description, segment chains."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+from segrep.core.chain import is_reference_weak, is_referenced, visible_segments
+from segrep.data.export import format_rows
+
+
+def _range(info: q.TableInfo, begin: object, end: object) -> str:
+    lo = "-inf" if begin is None else str(info.decode_key(begin))
+    hi = "+inf" if end is None else str(info.decode_key(end))
+    return f"[{lo}, {hi})"
+
+
+def table_overview(catalog: Catalog) -> list[list[object]]:
+    """One row per table: key, partitions, leader and replica sites, segments, rows visible at the leaders."""
+    out: list[list[object]] = []
+    with catalog.read() as s:
+        sites = q.sites_by_id(s)
+        for row in s.scalars(select(m.Table).order_by(m.Table.name)):
+            info = q.TableInfo.of(row)
+            parts = q.serving_partitions(s, info)
+            placements = q.active_placements(s, [p.partition_id for p in parts])
+            leader_ids = {p.leader_placement_id for p in parts}
+            leaders = sorted({sites[pl.site_id].name for pl in placements if pl.placement_id in leader_ids})
+            replicas = sorted({sites[pl.site_id].name for pl in placements if pl.placement_id not in leader_ids})
+            seg_lists = q.segments_of(s, sorted(leader_ids - {None}))  # type: ignore[arg-type]
+            rows_at_leader = 0
+            for pl in placements:
+                if pl.placement_id in leader_ids:
+                    segs = seg_lists.get(pl.placement_id, [])
+                    visible = {r.segment_id for r in visible_segments(q.chain_of(pl, segs))}
+                    rows_at_leader += sum(x.row_count - x.deleted_rows for x in segs if x.segment_id in visible)
+            out.append(
+                [
+                    row.name,
+                    ",".join(info.primary_key),
+                    len(parts),
+                    ",".join(leaders),
+                    ",".join(replicas) or "-",
+                    q.segment_count(s, row.table_id),
+                    f"<={rows_at_leader}",  # an upper bound: updates and deletes fold on read
+                ]
+            )
+    return out
+
+
+def describe_table(catalog: Catalog, table: str) -> str:
+    with catalog.read() as s:
+        info = q.table_info(s, table)
+        sites = q.sites_by_id(s)
+        parts = q.partitions_of(s, info)
+        placements = q.active_placements(s, [p.partition_id for p in parts])
+        seg_lists = q.segments_of(s, [pl.placement_id for pl in placements])
+    lines = [f"table {info.name}  (schema fingerprint {info.row.schema_fingerprint})", ""]
+    lines.append(
+        format_rows(
+            ["column", "type", "key"],
+            [[name, typ, "pk" if name in info.primary_key else ""] for name, typ in info.row.columns.items()],
+        )
+    )
+    lines += ["", f"primary key ({', '.join(info.primary_key)}), partitioned by {info.partition_key}", ""]
+    rows = []
+    for part in parts:
+        for pl in (x for x in placements if x.partition_id == part.partition_id):
+            segs = seg_lists.get(pl.placement_id, [])
+            rows.append(
+                [
+                    part.partition_id,
+                    _range(info, part.begin_key, part.end_key),
+                    part.state,
+                    part.epoch,
+                    sites[pl.site_id].name,
+                    pl.placement_id,
+                    "leader" if pl.placement_id == part.leader_placement_id else "follower",
+                    pl.state,
+                    len(segs),
+                    pl.root_segment_id,
+                ]
+            )
+    lines.append(
+        format_rows(
+            ["partition", "range", "state", "epoch", "site", "placement", "role", "p.state", "segments", "root"],
+            rows,
+        )
+    )
+    return "\n".join(lines)
+
+
+def segment_listing(catalog: Catalog, table: str, site: str | None, partition_id: int | None) -> str:
+    with catalog.read() as s:
+        info = q.table_info(s, table)
+        sites = q.sites_by_id(s)
+        site_row = q.site_by_name(s, site) if site else None
+        parts = [p for p in q.partitions_of(s, info) if partition_id is None or p.partition_id == partition_id]
+        if partition_id is not None and not parts:
+            raise q.NotFoundError(f"table {table} has no partition {partition_id}")
+        placements = [
+            pl
+            for pl in q.active_placements(s, [p.partition_id for p in parts])
+            if site_row is None or pl.site_id == site_row.site_id
+        ]
+        seg_lists = q.segments_of(s, [pl.placement_id for pl in placements])
+        acks = q.acks_of(s, [pl.placement_id for pl in placements])
+        pl_site = {
+            pl.placement_id: sites[pl.site_id].name for pl in s.scalars(select(m.Placement))
+        }  # acks name placements that may since have been removed
+    blocks = []
+    for pl in placements:
+        part = next(p for p in parts if p.partition_id == pl.partition_id)
+        segs = seg_lists.get(pl.placement_id, [])
+        chain = q.chain_of(pl, segs)
+        role = "leader" if pl.placement_id == part.leader_placement_id else "follower"
+        header = (
+            f"partition {part.partition_id} {_range(info, part.begin_key, part.end_key)} @ {sites[pl.site_id].name}: "
+            f"placement {pl.placement_id} ({role}, {pl.state}), root {pl.root_segment_id or 'NULL'}"
+        )
+        rows = []
+        for seg in segs:
+            ref = q.to_ref(seg)
+            if not is_referenced(chain, ref.segment_id):
+                ref_kind = "fork"
+            elif is_reference_weak(chain, ref.segment_id):
+                ref_kind = "weak"
+            else:
+                ref_kind = "strong"
+            acked = sorted(f"{pl_site.get(t, '?')}#{t}" for t in acks.get((pl.placement_id, seg.segment_id), ()))
+            rows.append(
+                [
+                    seg.segment_id,
+                    seg.base_segment_id,
+                    "major" if seg.is_major else "minor",
+                    ref_kind,
+                    seg.row_count,
+                    seg.deleted_rows,
+                    seg.byte_size,
+                    f"{seg.min_version}..{seg.max_version}",
+                    seg.epoch,
+                    ",".join(acked) or "-",
+                ]
+            )
+        table_text = format_rows(
+            ["segment", "base", "kind", "ref", "rows", "deletes", "bytes", "versions", "epoch", "acked by"], rows
+        )
+        blocks.append(f"{header}\n{table_text}")
+    return "\n\n".join(blocks) if blocks else f"no placements of {table} match"

@@ -1,0 +1,1 @@
+"""The definitions file: sites, tables and their policies, parsed and validated."""

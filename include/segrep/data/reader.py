@@ -1,0 +1,213 @@
+"""Resolving a placement, or a table at a site, to its current rows.
+
+The rows of a placement are those of its visible segments (newest major up to the root). For each primary
+key the row with the highest ``(_version, _origin)`` wins; a winning tombstone hides the key. When the
+segments' leading-key ranges do not overlap and hold no tombstone, no key can appear twice and the files are
+simply concatenated: the common case of append-mostly tables costs no more than reading the files.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+from segrep.core import keys
+from segrep.core import schema as sch
+from segrep.core.chain import visible_segments
+from segrep.core.errors import NotFoundError
+from segrep.core.protocol import PartitionState
+from segrep.storage.site import Site
+
+
+@dataclass(frozen=True)
+class PlacementFiles:
+    """What a reader needs to resolve one placement: the files of its visible segments and its key range."""
+
+    placement_id: int
+    partition_id: int
+    site: Site
+    segments: tuple[m.Segment, ...]
+    key_begin: Any
+    key_end: Any
+    disjoint: bool
+
+
+def segments_disjoint(segments: Sequence[m.Segment], decode: Callable[[Any], Any]) -> bool:
+    """True if no primary key can occur in two of these segments and none holds a tombstone.
+
+    Each segment's keys are unique (the writer de-duplicates a batch), so disjoint primary-key ranges
+    (compared lexicographically) mean disjoint keys. Touching ranges count as overlapping.
+    """
+    if any(seg.deleted_rows for seg in segments):
+        return False
+    ranges = sorted((decode(seg.key_min), decode(seg.key_max)) for seg in segments if seg.row_count)
+    return all(prev[1] < nxt[0] for prev, nxt in itertools.pairwise(ranges))
+
+
+def placement_files(catalog: Catalog, table: str, site: str | None = None) -> tuple[q.TableInfo, list[PlacementFiles]]:
+    """The files to read for a table at a site (default: each partition's leader), partitions in key order."""
+    with catalog.read() as s:
+        info = q.table_info(s, table)
+        parts = q.serving_partitions(s, info)
+        placements = q.active_placements(s, [p.partition_id for p in parts])
+        sites = q.sites_by_id(s)
+        site_row = q.site_by_name(s, site) if site is not None else None
+        chosen: list[m.Placement] = []
+        for part in parts:
+            candidates = [
+                pl
+                for pl in placements
+                if pl.partition_id == part.partition_id
+                and (pl.site_id == site_row.site_id if site_row else pl.placement_id == part.leader_placement_id)
+            ]
+            if not candidates:
+                where = f"site {site}" if site else "its leader"
+                raise NotFoundError(f"table {table}: partition {part.partition_id} has no placement at {where}")
+            chosen.append(candidates[0])
+        unloading = _unloading_parents(s, info, parts, chosen)
+        seg_lists = q.segments_of(s, [pl.placement_id for pl in (*chosen, *unloading.values())])
+    key_types = [info.schema.field(k).type for k in info.primary_key]
+    by_partition = {p.partition_id: p for p in parts}
+    out = []
+    for pl in chosen:
+        visible = _visible(pl, seg_lists)
+        begin, end = pl.key_begin, pl.key_end
+        disjoint = segments_disjoint(visible, lambda v: tuple(map(keys.decode, v, key_types)))
+        parent_pl = unloading.get(pl.placement_id)
+        if parent_pl is not None:  # the parent's rows in this child's range, until UNLOAD_FINAL
+            part = by_partition[pl.partition_id]
+            visible = (*visible, *_visible(parent_pl, seg_lists))
+            begin, end, disjoint = part.begin_key, part.end_key, False
+        site_obj = Site(sites[pl.site_id].name, sites[pl.site_id].uri)
+        out.append(PlacementFiles(pl.placement_id, pl.partition_id, site_obj, visible, begin, end, disjoint))
+    return info, out
+
+
+def _visible(pl: m.Placement, seg_lists: dict[int, list[m.Segment]]) -> tuple[m.Segment, ...]:
+    segs = seg_lists.get(pl.placement_id, [])
+    by_id = {x.segment_id: x for x in segs}
+    return tuple(by_id[ref.segment_id] for ref in visible_segments(q.chain_of(pl, segs)))
+
+
+def _unloading_parents(
+    s: Any, info: q.TableInfo, parts: Sequence[m.Partition], chosen: Sequence[m.Placement]
+) -> dict[int, m.Placement]:
+    """Child placement id -> its parent's placement at the same site, for children of a parent in UNLOAD.
+
+    After SPLIT_FINALIZE the children serve, but until UNLOAD completes the parent may hold rows they lack
+    (all of them, for an async split): reading both, restricted to the child's range, last writer wins,
+    answers what the parent would have. After UNLOAD_FINAL the children hold everything."""
+    parents = {p.partition_id for p in q.partitions_of(s, info, [PartitionState.UNLOAD])}
+    children = {p.partition_id: p.parent_partition_id for p in parts if p.parent_partition_id in parents}
+    if not children:
+        return {}
+    at = {(pl.partition_id, pl.site_id): pl for pl in q.active_placements(s, sorted(parents))}
+    out = {}
+    for pl in chosen:
+        parent_pl = at.get((children.get(pl.partition_id), pl.site_id))
+        if parent_pl is not None:
+            out[pl.placement_id] = parent_pl
+    return out
+
+
+def read_table(
+    catalog: Catalog,
+    table: str,
+    site: str | None = None,
+    *,
+    as_of: int | None = None,
+    columns: Sequence[str] | None = None,
+) -> pa.Table:
+    """The table's current rows at a site (default: at the leaders), optionally as of a version/safe time."""
+    info, placements = placement_files(catalog, table, site)
+    if columns is not None:
+        unknown = [c for c in columns if c not in info.schema.names]
+        if unknown:
+            raise NotFoundError(f"table {table} has no column(s) {', '.join(unknown)}")
+    simple: list[PlacementFiles] = []
+    parts: list[pa.Table] = []
+    for pf in placements:
+        if as_of is None and pf.disjoint and pf.key_begin is None and pf.key_end is None:
+            simple.append(pf)
+        else:
+            parts.append(read_placement(info, pf, as_of=as_of))
+    if simple:
+        parts.append(_read_concatenated(info, simple))
+    out = pa.concat_tables(parts) if parts else info.schema.empty_table()
+    return out.select(list(columns)) if columns is not None else out
+
+
+def read_placement(info: q.TableInfo, pf: PlacementFiles, *, as_of: int | None = None) -> pa.Table:
+    tables = [pf.site.read_segment(seg.relpath) for seg in pf.segments]
+    if not tables:
+        return info.schema.empty_table()
+    rows = pa.concat_tables(tables)
+    restriction = _range_filter(info, pf.key_begin, pf.key_end)
+    if restriction is not None:
+        rows = rows.filter(restriction)
+    if as_of is not None:
+        rows = rows.filter(pc.field(sch.VERSION_COL) <= as_of)
+    elif pf.disjoint:
+        return rows.drop_columns(list(sch.INTERNAL_COLUMNS))
+    return resolve(rows, info.primary_key)
+
+
+def _read_concatenated(info: q.TableInfo, placements: Sequence[PlacementFiles]) -> pa.Table:
+    """Placements whose segments cannot share a key: read their files as one multi-file, multi-threaded
+    read of the table's columns only (the internal ones are not even decoded)."""
+    by_site: dict[str, list[str]] = {}
+    sites = {}
+    for pf in placements:
+        sites[pf.site.name] = pf.site
+        by_site.setdefault(pf.site.name, []).extend(pf.site.path(seg.relpath) for seg in pf.segments)
+    tables = [
+        pq.read_table(paths, columns=list(info.schema.names), filesystem=sites[name].fs)
+        for name, paths in by_site.items()
+        if paths
+    ]
+    return pa.concat_tables(tables).cast(info.schema) if tables else info.schema.empty_table()
+
+
+def resolve(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:
+    """Last writer wins per primary key over segment-layout rows; tombstones hidden, internal columns dropped."""
+    if rows.num_rows == 0:
+        return rows.drop_columns(list(sch.INTERNAL_COLUMNS))
+    sort_keys = [(k, "ascending") for k in primary_key] + [
+        (sch.VERSION_COL, "descending"),
+        (sch.ORIGIN_COL, "descending"),
+    ]
+    order = pc.sort_indices(rows.select([*primary_key, sch.VERSION_COL, sch.ORIGIN_COL]), sort_keys=sort_keys)
+    ordered_keys = rows.select(list(primary_key)).take(order)
+    first = np.ones(rows.num_rows, dtype=bool)
+    if rows.num_rows > 1:
+        changed = np.zeros(rows.num_rows - 1, dtype=bool)
+        for name in primary_key:
+            col = ordered_keys.column(name)
+            changed |= pc.not_equal(col.slice(1), col.slice(0, rows.num_rows - 1)).to_numpy(zero_copy_only=False)
+        first[1:] = changed
+    deleted = rows.column(sch.DELETED_COL).take(order).to_numpy(zero_copy_only=False)
+    winners = pc.filter(order, pa.array(first & ~deleted))
+    return rows.take(winners).drop_columns(list(sch.INTERNAL_COLUMNS))
+
+
+def _range_filter(info: q.TableInfo, begin: Any, end: Any) -> pc.Expression | None:
+    """Rows with partition key in [begin, end) (bounds in JSON form; None is unbounded)."""
+    lo, hi = info.decode_key(begin), info.decode_key(end)
+    expr = None
+    key = pc.field(info.partition_key)
+    if lo is not None:
+        expr = key >= pa.scalar(lo, info.key_type)
+    if hi is not None:
+        upper = key < pa.scalar(hi, info.key_type)
+        expr = upper if expr is None else expr & upper
+    return expr

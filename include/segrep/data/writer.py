@@ -1,0 +1,212 @@
+"""Writing batches at the leader: one new minor segment per touched partition, committed together.
+
+Each batch is checked against the table, de-duplicated by primary key (its last row wins), routed by the
+partition key to each partition's leader placement and stamped with a version from that partition's hybrid
+logical clock. Files are written first (atomically, hashed); then one catalog transaction moves every touched
+placement's root with a conditional update and advances each clock. If another writer got there first, the
+new files are removed and the batch is re-planned: optimistic, never check-then-act.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+from sqlalchemy import update
+
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+from segrep.core import hlc
+from segrep.core import schema as sch
+from segrep.core.errors import ConflictError, SegrepError
+from segrep.core.ids import new_segment_id
+from segrep.storage.segment_meta import SegmentEntry, entry_stats, register_segment, stamp_rows
+from segrep.storage.site import FileFacts, Site, segment_relpath
+
+log = logging.getLogger(__name__)
+MAX_ATTEMPTS = 20
+WRITE_THREADS = max(2, min(8, os.cpu_count() or 2))
+
+
+@dataclass(frozen=True)
+class WrittenSegment:
+    partition_id: int
+    site: str
+    segment_id: str
+    rows: int
+    byte_size: int
+    version: int
+
+
+@dataclass
+class WriteResult:
+    table: str
+    rows_in: int
+    rows_written: int
+    deleted: bool
+    segments: list[WrittenSegment] = field(default_factory=list)
+    attempts: int = 0
+    files_s: float = 0.0  # writing and hashing the segment files (last attempt)
+    commit_s: float = 0.0  # the catalog transaction that registers them (last attempt)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A writable partition and its leader placement, as read at the start of an attempt."""
+
+    partition: m.Partition
+    placement: m.Placement
+    site: m.Site
+
+
+def write_batch(catalog: Catalog, table: str, batch: pa.Table, *, delete: bool = False) -> WriteResult:
+    """Upsert ``batch`` (full rows), or delete the keys in it when ``delete`` is set."""
+    with catalog.read() as s:
+        info = q.table_info(s, table)
+    rows = sch.conform_batch(batch, info.schema, info.primary_key, keys_only=delete)
+    rows = sch.dedupe_last(rows, info.primary_key)
+    result = WriteResult(table=table, rows_in=batch.num_rows, rows_written=rows.num_rows, deleted=delete)
+    if rows.num_rows == 0:
+        return result
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        result.attempts = attempt
+        try:
+            result.segments = _attempt(catalog, info, rows, delete, result)
+            return result
+        except ConflictError as exc:
+            log.info("write to %s conflicted (attempt %d): %s", table, attempt, exc)
+    raise SegrepError(f"write to {table} gave up after {MAX_ATTEMPTS} conflicting attempts; retry later")
+
+
+def _attempt(
+    catalog: Catalog, info: q.TableInfo, rows: pa.Table, delete: bool, timing: WriteResult
+) -> list[WrittenSegment]:
+    started = time.perf_counter()
+    targets = _targets(catalog, info)
+    groups = _route(rows, info, [t.partition for t in targets])
+    written: list[tuple[_Target, SegmentEntry, str, FileFacts, Site]] = []
+    try:
+        work = [(t, rows_) for t, rows_ in zip(targets, groups, strict=True) if rows_ is not None]
+        if len(work) == 1:  # one partition (a key-sorted batch often is): no pool to start and join
+            written.append(_write_file(info, *work[0], delete))
+        else:
+            # Parquet encoding, hashing and fsync release the GIL: partitions are written side by side.
+            with ThreadPoolExecutor(max_workers=min(len(work), WRITE_THREADS)) as pool:
+                futures = [pool.submit(_write_file, info, t, rows_, delete) for t, rows_ in work]
+            failure: BaseException | None = None
+            for future in futures:
+                try:
+                    written.append(future.result())
+                except BaseException as exc:  # keep the files that were written, to remove them below
+                    failure = failure or exc
+            if failure is not None:
+                raise failure
+        committed_us = hlc.now_us()
+        timing.files_s = time.perf_counter() - started
+        started = time.perf_counter()
+        with catalog.write() as s:
+            for target, entry, relpath, facts, _site in written:
+                res = s.execute(
+                    update(m.Partition)
+                    .where(
+                        m.Partition.partition_id == target.partition.partition_id,
+                        m.Partition.last_version == target.partition.last_version,
+                        m.Partition.epoch == target.partition.epoch,
+                        m.Partition.leader_placement_id == target.placement.placement_id,
+                        m.Partition.state.in_([str(x) for x in q.WRITABLE_STATES]),
+                    )
+                    .values(last_version=entry.max_version)
+                    .execution_options(synchronize_session=False)
+                )
+                if res.rowcount != 1:
+                    raise ConflictError(f"partition {target.partition.partition_id} changed while writing")
+                register_segment(
+                    s, target.placement, entry, relpath, facts, committed_us,
+                    expected_root=target.placement.root_segment_id,
+                )  # fmt: skip
+    except BaseException:
+        for _t, _e, relpath, _f, site in written:
+            site.delete(relpath)  # never referenced: safe to remove
+        raise
+    timing.commit_s = time.perf_counter() - started
+    return [
+        WrittenSegment(e.partition_id, t.site.name, e.segment_id, e.row_count, f.byte_size, e.max_version)
+        for t, e, _r, f, _s in written
+    ]
+
+
+def _targets(catalog: Catalog, info: q.TableInfo) -> list[_Target]:
+    with catalog.read() as s:
+        parts = q.serving_partitions(s, info)
+        if not parts:
+            raise SegrepError(f"table {info.name} has no writable partition")
+        placements = {p.placement_id: p for p in q.active_placements(s, [p.partition_id for p in parts])}
+        sites = q.sites_by_id(s)
+    out = []
+    for part in parts:
+        leader = placements.get(part.leader_placement_id or -1)
+        if leader is None:
+            raise SegrepError(f"partition {part.partition_id} of {info.name} has no leader placement")
+        out.append(_Target(part, leader, sites[leader.site_id]))
+    return out
+
+
+def _route(rows: pa.Table, info: q.TableInfo, parts: list[m.Partition]) -> list[pa.Table | None]:
+    """Split rows by partition key range; partitions are in key order and tile the key space."""
+    if len(parts) == 1:
+        return [rows]
+    bounds = [info.decode_key(p.begin_key) for p in parts[1:]]
+    col = rows.column(info.partition_key)
+    bucket = _bucketize(col, bounds, info.key_type)
+    out: list[pa.Table | None] = []
+    if bool(np.all(bucket[1:] >= bucket[:-1])):  # sorted by partition key: zero-copy slices
+        edges = np.searchsorted(bucket, np.arange(len(parts) + 1), "left")
+        for i in range(len(parts)):
+            lo, hi = int(edges[i]), int(edges[i + 1])
+            out.append(None if hi == lo else rows.slice(lo, hi - lo))
+        return out
+    for i in range(len(parts)):
+        mask = bucket == i
+        n = int(mask.sum())
+        out.append(None if n == 0 else rows if n == rows.num_rows else rows.filter(pa.array(mask)))
+    return out
+
+
+def _bucketize(col: pa.ChunkedArray, bounds: list[object], dtype: pa.DataType) -> np.ndarray:
+    if pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_date(dtype):
+        values = col.to_numpy()
+        return np.searchsorted(np.asarray(pa.array(bounds, dtype).to_numpy(zero_copy_only=False)), values, "right")
+    values = col.to_pylist()
+    return np.fromiter((bisect.bisect_right(bounds, v) for v in values), np.int64, len(values))
+
+
+def _write_file(
+    info: q.TableInfo, target: _Target, part_rows: pa.Table, delete: bool
+) -> tuple[_Target, SegmentEntry, str, FileFacts, Site]:
+    part, placement = target.partition, target.placement
+    version = hlc.next_version(part.last_version)
+    stamped = stamp_rows(part_rows, info.schema, version=version, deleted=delete, origin=target.site.site_id)
+    entry = SegmentEntry(
+        segment_id=new_segment_id(),
+        table=info.name,
+        partition_id=part.partition_id,
+        base_segment_id=placement.root_segment_id,
+        is_major=placement.root_segment_id is None,  # the first segment of a chain is major (EventQL 3)
+        origin_site_id=target.site.site_id,
+        epoch=part.epoch,
+        schema_fingerprint=info.row.schema_fingerprint,
+        partition_begin=part.begin_key,
+        partition_end=part.end_key,
+        **entry_stats(stamped, info.primary_key),
+    )
+    site = Site(target.site.name, target.site.uri)
+    relpath = segment_relpath(info.name, part.partition_id, entry.segment_id)
+    facts = site.write_segment(relpath, stamped, entry.to_meta())
+    return target, entry, relpath, facts, site

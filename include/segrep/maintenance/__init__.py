@@ -1,0 +1,1 @@
+"""Bootstrap and join, compaction, garbage collection."""

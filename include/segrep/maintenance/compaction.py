@@ -1,0 +1,156 @@
+"""Compaction: fold a partition's minor chain into a new major segment at the leader (DESIGN section 7).
+
+The major segment holds the last-writer-wins rows of the leader's visible chain; its ``base_segment_id`` is
+the newest folded minor (the root when planned) and ``included_segment_ids`` lists the folded segments, as
+in the seed. A tombstone is dropped only once its version is older than the table's tombstone grace period
+(at least the maximum retention), so a replica back from a long absence cannot resurrect the row with a late
+merge. The fold runs as the same Spark job as round merges; the commit is conditional on the root not having
+moved, so compaction is safe while rounds and writes run (a moved root just means "plan again"). Replicas
+take the major by fast-forward: a follower always accepts a major segment.
+
+Before tombstones go, every replica still holding rows the leader has not merged that are older than the
+cutoff (a fork written while it led, then away longer than the grace) is marked ``needs_bootstrap``: pushed
+later, those rows would beat the missing tombstones and resurrect deleted rows, so it re-bootstraps instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.config.definitions import Definitions, Policy
+from segrep.core import hlc
+from segrep.core.chain import visible_segments
+from segrep.replication.offers import PartitionSnapshot, TableSnapshot, pushes_from, snapshot
+from segrep.spark import launch
+from segrep.spark.jobs import Manifest, MergeItem
+from segrep.spark.results import commit_results
+
+
+@dataclass(frozen=True)
+class Candidate:
+    partition_id: int
+    minors: int
+    minor_bytes: int
+    reason: str
+
+
+@dataclass
+class CompactionPlan:
+    table: str
+    key: str
+    candidates: list[Candidate] = field(default_factory=list)
+    manifest: str | None = None
+    result: str | None = None
+    needs_bootstrap: list[str] = field(default_factory=list)  # replicas stopped from pushing (see above)
+
+
+def minor_tail(part: PartitionSnapshot) -> tuple[int, int]:
+    """Number and bytes of the minor segments on top of the leader's newest major."""
+    minors = [
+        part.segment(part.leader.placement_id, ref.segment_id)
+        for ref in visible_segments(part.chain(part.leader))
+        if not ref.is_major
+    ]
+    return len(minors), sum(seg.byte_size for seg in minors)
+
+
+def due(part: PartitionSnapshot, policy: Policy, *, force: bool = False) -> Candidate | None:
+    """Whether the partition's minor chain has reached the table's thresholds (segment count or bytes)."""
+    count, size = minor_tail(part)
+    pid = part.partition.partition_id
+    if count == 0:
+        return None
+    if force:
+        return Candidate(pid, count, size, "forced")
+    if count >= policy.compact_min_segments:
+        return Candidate(pid, count, size, f"{count} minor segments >= {policy.compact_min_segments}")
+    if size >= policy.compact_min_bytes:
+        return Candidate(pid, count, size, f"{size} bytes of minor segments >= {policy.compact_min_bytes}")
+    return None
+
+
+def work_dir(defs: Definitions, table: str, key: str) -> Path:
+    return defs.data_dir / "work" / "compaction" / table / key
+
+
+def plan_compaction(
+    catalog: Catalog,
+    defs: Definitions,
+    table: str,
+    *,
+    partitions: list[int] | None = None,
+    force: bool = False,
+    now_us: int | None = None,
+) -> CompactionPlan:
+    """Pick the partitions due for compaction and write the manifest of their major items."""
+    from segrep.replication.rounds import _item  # one builder for every leader-side Spark item
+
+    now = hlc.now_us() if now_us is None else now_us
+    policy = defs.policy(table)
+    key = f"{table}-compact-{now}"
+    with catalog.read() as s:
+        snap: TableSnapshot = snapshot(s, table, partitions)
+    plan = CompactionPlan(table, key)
+    items: list[MergeItem] = []
+    cutoff = now - policy.tombstone_grace_s * 1_000_000
+    for part in snap.partitions:
+        candidate = due(part, policy, force=force)
+        if candidate is None:
+            continue
+        plan.candidates.append(candidate)
+        item = _item(snap, part, key, "major", [])
+        items.append(replace(item, tombstone_cutoff_us=cutoff))
+    if items:
+        plan.needs_bootstrap = _stop_stale_pushers(catalog, table, [c.partition_id for c in plan.candidates], cutoff)
+        folder = work_dir(defs, table, key)
+        Manifest(key, items).write(folder / "manifest.json")
+        plan.manifest, plan.result = str(folder / "manifest.json"), str(folder / "result.json")
+    return plan
+
+
+def _stop_stale_pushers(catalog: Catalog, table: str, partition_ids: list[int], cutoff: int) -> list[str]:
+    """Mark ``needs_bootstrap`` on replicas whose unmerged segments hold rows older than the tombstone cutoff,
+    in partitions whose visible chain may hold tombstones that old (under the partition lock rounds take)."""
+    notes = []
+    with catalog.write() as s:
+        for pid in partition_ids:
+            s.get(m.Partition, pid, with_for_update=True)
+            for part in snapshot(s, table, [pid]).partitions:
+                visible = [part.segment(part.leader.placement_id, r.segment_id)
+                           for r in visible_segments(part.chain(part.leader))]  # fmt: skip
+                if not any(seg.deleted_rows and seg.min_version < cutoff for seg in visible):
+                    continue  # no tombstone can expire here
+                for replica in part.replicas:
+                    stale = [seg for seg in pushes_from(part, replica, 2**62) if seg.min_version < cutoff]
+                    if stale:
+                        replica.needs_bootstrap = True
+                        notes.append(
+                            f"partition {pid}: placement {replica.placement_id} holds {len(stale)} unmerged "
+                            "segment(s) older than the tombstone grace; it needs a bootstrap"
+                        )
+    return notes
+
+
+def compact(
+    catalog: Catalog,
+    defs: Definitions,
+    table: str,
+    *,
+    partitions: list[int] | None = None,
+    force: bool = False,
+    submit: Callable[..., None] = launch.submit,
+) -> dict[str, Any]:
+    """Plan, fold on Spark (one application for every partition due), commit. Returns a report."""
+    plan = plan_compaction(catalog, defs, table, partitions=partitions, force=force)
+    report: dict[str, Any] = {"table": table, "candidates": [c.__dict__ for c in plan.candidates], "spark_apps": 0,
+                              "needs_bootstrap": plan.needs_bootstrap}  # fmt: skip
+    if plan.manifest is None or plan.result is None:
+        return {**report, "committed": 0}
+    submit("merge", ["--manifest", plan.manifest, "--result", plan.result], name=f"segrep-compact-{table}")
+    result = commit_results(catalog, Path(plan.manifest), Path(plan.result))
+    return {**report, **result, "spark_apps": 1}

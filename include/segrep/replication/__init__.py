@@ -1,0 +1,1 @@
+"""Replication rounds: offers, fast-forward, commit, safe time, status, a whole round."""

@@ -1,0 +1,202 @@
+"""Checkpoints and safe time, derived from acks (DESIGN section 2; xCluster's cdc_state and safe time).
+
+Checkpoint (partition, target placement): the newest segment of the leader's offer order up to which the
+target has acked everything, and that segment's newest row version.
+
+Safe time (table, target site): every write committed at the leader at or before it is readable at the
+target. For a round ending at ``end``, a partition vouches for ``end - 1``, or only for the instant before
+the oldest row version among the leader's visible segments the target still lacks if that is earlier (a row
+is stamped before it commits, so any write committed at or before that instant lies in an acked segment).
+Segments committed after ``end`` count too: a major or a merge output committed later holds older rows.
+So do the forks replicas hold that the leader has not merged yet (written while they led), for every replica
+and for the leader's own site where it follows other partitions.
+While a split parent is in UNLOAD, its rows that the children still lack bound every site too.
+The table's safe time is the minimum over partitions, and it only ever moves forward.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from segrep.catalog import Catalog
+from segrep.catalog import leases as ls
+from segrep.catalog import models as m
+from segrep.core import hlc
+from segrep.core.chain import is_referenced, newest_major, visible_segments
+from segrep.core.protocol import PlacementState
+from segrep.replication.offers import PartitionSnapshot, pushes_from, snapshot
+from segrep.split.workflow import unload_safe_bound
+
+FOREVER_US = 2**63 - 1
+
+
+def partition_vouches(part: PartitionSnapshot, replica: m.Placement, end_us: int) -> tuple[str | None, int, int]:
+    """(checkpoint segment id, checkpoint max version, safe time this partition vouches for at the replica)."""
+    acked = part.acked_by(part.leader, replica)
+    checkpoint: m.Segment | None = None
+    contiguous = True
+    safe = end_us - 1
+    for ref in visible_segments(part.chain(part.leader)):
+        seg = part.segment(part.leader.placement_id, ref.segment_id)
+        if seg.segment_id in acked:
+            if contiguous:
+                checkpoint = seg
+            continue
+        contiguous = False
+        # Every segment it lacks counts, even one committed at or after ``end``: a major or merge output
+        # committed after the interval still carries rows written (and committed elsewhere) before it.
+        safe = min(safe, seg.min_version - 1)
+    # A fork a replica wrote while it led is not merged (nor replicated) yet: its writes were committed at the
+    # leader of the time, and the other replicas cannot read them. Nor can the replica that wrote it for long:
+    # once it fast-forwards a major of the leader, the fork is off its chain until the merge output arrives.
+    safe = min(safe, leader_vouches(part))
+    if checkpoint is None:
+        return None, 0, safe
+    return checkpoint.segment_id, checkpoint.max_version, safe
+
+
+def leader_vouches(part: PartitionSnapshot) -> int:
+    """The safe time a partition vouches for at its leader's site: the instant before the oldest write the
+    leader has not merged yet (forks its followers wrote while they led), else no bound."""
+    safe = FOREVER_US
+    for follower in part.replicas:
+        for seg in pushes_from(part, follower, FOREVER_US):
+            safe = min(safe, seg.min_version - 1)
+    return safe
+
+
+def update_checkpoints_and_safe_time(catalog: Catalog, table: str, end_us: int) -> dict[str, int]:
+    """Write the checkpoints of the partitions with unsettled entries, move their settled watermarks, and
+    advance each target site's safe time; return the safe times. A settled partition has nothing pending
+    anywhere, so it vouches for ``end - 1`` everywhere without being read."""
+    with catalog.write() as s:
+        snap = snapshot(s, table, active_only=True)
+        now = hlc.now_us()
+        candidate = dict.fromkeys(snap.replica_site_ids, end_us - 1)
+        joined = False
+        for part in snap.partitions:
+            for replica in part.replicas:
+                seg_id, version, safe = partition_vouches(part, replica, end_us)
+                _upsert_checkpoint(s, part.partition.partition_id, replica.placement_id, seg_id, version, now)
+                candidate[replica.site_id] = min(candidate.get(replica.site_id, safe), safe)
+                joined |= _join_finalize(s, part, replica)
+            if part.leader.site_id in candidate:  # a site that leads this partition and follows others
+                candidate[part.leader.site_id] = min(candidate[part.leader.site_id], leader_vouches(part))
+            _settle(s, part)
+        joining = _joining_sites(s, snap.info.table_id) if joined else snap.joining_site_ids
+        unloading = unload_safe_bound(s, snap.info.table_id)
+        out: dict[str, int] = {}
+        for site_id, safe in candidate.items():
+            if unloading is not None:
+                safe = min(safe, unloading)
+            if site_id in joining or site_id in snap.stalled_site_ids:
+                continue  # a joining replica is not readable yet; one that needs a bootstrap is stuck
+            out[snap.sites[site_id].name] = _advance(s, snap.info.table_id, site_id, safe, now)
+    return out
+
+
+def _join_finalize(s: Session, part: PartitionSnapshot, replica: m.Placement) -> bool:
+    """JOIN_FINALIZE: a JOINING replica that holds the leader's newest segment (its root) becomes LIVE."""
+    if replica.state != PlacementState.JOINING:
+        return False
+    root = part.leader.root_segment_id
+    if root is not None and replica.placement_id not in part.acks.get((part.leader.placement_id, root), ()):
+        return False
+    s.execute(update(m.Placement).where(m.Placement.placement_id == replica.placement_id).values(
+        state=str(PlacementState.LIVE)).execution_options(synchronize_session=False))  # fmt: skip
+    replica.state = PlacementState.LIVE
+    return True
+
+
+def _joining_sites(s: Session, table_id: int) -> set[int]:
+    rows = s.scalars(
+        select(m.Placement.site_id)
+        .join(m.Partition, m.Partition.partition_id == m.Placement.partition_id)
+        .where(
+            m.Partition.table_id == table_id,
+            m.Placement.removed_us.is_(None),
+            m.Placement.state == str(PlacementState.JOINING),
+        )
+    )
+    return set(rows)
+
+
+def settled_prefix(part: PartitionSnapshot, placement: m.Placement) -> int:
+    """The entry id up to which this placement's list needs no more replication work, or 0.
+
+    Leader: a visible segment every replica acked, or one behind (or folded into) a major every replica
+    acked. Follower: a segment the leader holds or acked. A leader's fork is never settled. The snapshot holds
+    the entries past the current watermark, so the new one continues from it.
+    """
+    old = placement.settled_entry_id if placement.settled_epoch == part.partition.epoch else 0
+    segs = [x for x in part.segments.get(placement.placement_id, []) if x.entry_id > old]
+    if placement.placement_id == part.leader.placement_id:
+        chain = part.chain(placement)
+        visible = {r.segment_id for r in visible_segments(chain)}
+        major = newest_major(chain)
+        replicas = [r.placement_id for r in part.replicas]
+
+        def by_all(segment_id: str) -> bool:
+            return all(r in part.acks.get((placement.placement_id, segment_id), ()) for r in replicas)
+
+        def settled(seg: m.Segment) -> bool:
+            if seg.segment_id in visible:
+                return by_all(seg.segment_id)
+            if is_referenced(chain, seg.segment_id):
+                return major is not None and by_all(major.segment_id)
+            return False
+    else:
+        leader_has = {x.segment_id for x in part.segments.get(part.leader.placement_id, [])}
+
+        def settled(seg: m.Segment) -> bool:
+            acked = part.leader.placement_id in part.acks.get((placement.placement_id, seg.segment_id), ())
+            return seg.segment_id in leader_has or acked
+
+    mark = old
+    for seg in segs:
+        if not settled(seg):
+            break
+        mark = seg.entry_id
+    return mark
+
+
+def _settle(s: Session, part: PartitionSnapshot) -> None:
+    epoch = part.partition.epoch
+    for placement in (part.leader, *part.replicas):
+        mark = settled_prefix(part, placement)
+        if (placement.settled_entry_id, placement.settled_epoch) != (mark, epoch):
+            s.execute(
+                update(m.Placement)
+                .where(m.Placement.placement_id == placement.placement_id)
+                .values(settled_entry_id=mark, settled_epoch=epoch)
+                .execution_options(synchronize_session=False)
+            )
+
+
+def _upsert_checkpoint(
+    s: Session, partition_id: int, target_id: int, seg_id: str | None, version: int, now: int
+) -> None:
+    # insert_ignore's "inserted" answer is not used: PostgreSQL drivers may report no row count for an
+    # INSERT (SQLAlchemy gives -1), so the row is always read back under a lock and compared.
+    values = {"partition_id": partition_id, "target_placement_id": target_id}
+    ls.insert_ignore(s, m.Checkpoint, {**values, "segment_id": seg_id, "max_version": version, "updated_us": now})
+    row = s.get(m.Checkpoint, (partition_id, target_id), with_for_update=True, populate_existing=True)
+    if seg_id is None and row.segment_id is not None:
+        return  # only unsettled entries were read: none acked yet says nothing about the settled ones
+    if (row.segment_id, row.max_version) != (seg_id, version):
+        row.segment_id, row.max_version, row.updated_us = seg_id, version, now
+
+
+def _advance(s: Session, table_id: int, site_id: int, safe: int, now: int) -> int:
+    """Raise the stored safe time to ``safe`` if that is later (never lower it); return the stored value."""
+    ls.insert_ignore(s, m.SafeTime, {"table_id": table_id, "site_id": site_id, "safe_time_us": safe, "updated_us": now})
+    row = s.scalars(
+        select(m.SafeTime)
+        .where(m.SafeTime.table_id == table_id, m.SafeTime.site_id == site_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).one()
+    if safe > row.safe_time_us:
+        row.safe_time_us, row.updated_us = safe, now
+    return row.safe_time_us

@@ -1,0 +1,1 @@
+"""The Spark side: manifests and work items, the job functions, launching spark-submit, recording results."""

@@ -1,0 +1,320 @@
+"""Row-level merges on Spark: a manifest of work items in, new local segments and a result file out.
+
+Three kinds of item, each for one partition's leader:
+- ``merge``: segments pushed by followers (forks), or by a split parent's placements (UNLOAD). Keep the
+  incoming rows inside the partition's key range that win under last-writer-wins against the partition, so a
+  repeated merge keeps nothing new (DESIGN section 6).
+- ``major``: fold the leader's visible chain into one major segment (tombstones kept), for a replica that can
+  no longer fast-forward the leader's minor segments (OUT_OF_ORDER after a restart).
+- ``split``: rewrite one segment of a splitting parent for a child's key range (EventQL 3.8): the rows in
+  range, tombstones included, under the same ``segment_id``, ``base_segment_id`` and major flag, so the
+  child's chain mirrors the parent's and a replay is recognised as SEGMENT_EXISTS.
+
+Output paths are deterministic (the plan fixes each output's segment id), so a retried job overwrites its
+own files and never duplicates; the catalog commit is done afterwards by a Python task from the result file.
+PySpark is imported lazily: the package works without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from segrep.core import faults, keys
+from segrep.core import schema as sch
+from segrep.core.errors import CorruptSegmentError, SegrepError
+from segrep.storage.segment_meta import SegmentEntry, entry_stats
+from segrep.storage.site import Site, segment_relpath
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from segrep.catalog import models as m
+    from segrep.catalog.queries import TableInfo
+
+MANIFEST_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class FileRef:
+    site: str
+    uri: str
+    relpath: str
+    segment_id: str
+    byte_size: int
+    sha256: str
+    holder_placement_id: int
+
+
+@dataclass(frozen=True)
+class MergeItem:
+    item_id: str
+    kind: str  # "merge" | "major" | "split"
+    table: str
+    partition_id: int
+    columns: list[tuple[str, str]]  # (name, type) in table order: JSON objects would lose the order
+    primary_key: list[str]
+    schema_fingerprint: str
+    leader_site: str
+    leader_uri: str
+    leader_placement_id: int
+    leader_site_id: int
+    epoch: int
+    base_segment_id: str | None
+    partition_begin: Any
+    partition_end: Any
+    visible: list[FileRef]
+    incoming: list[FileRef] = field(default_factory=list)
+    output_segment_id: str = ""
+    # major only: tombstones with a row version before this are dropped (None keeps all; DESIGN 7, grace)
+    tombstone_cutoff_us: int | None = None
+    # merge and split: incoming rows outside [partition_begin, partition_end) on this column are left out
+    partition_key: str = ""
+    # split only: the source segment's shape, kept by the rewrite
+    is_major: bool = False
+    included_segment_ids: list[str] = field(default_factory=list)
+
+    @property
+    def output_relpath(self) -> str:
+        return segment_relpath(self.table, self.partition_id, self.output_segment_id)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    round_key: str
+    items: list[MergeItem]
+
+    def to_json(self) -> str:
+        return json.dumps({"format": MANIFEST_FORMAT, **asdict(self)}, sort_keys=True)
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        write_json_atomic(path, json.loads(self.to_json()))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Manifest:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SegrepError(f"cannot read merge manifest {path}: {exc}") from None
+        if doc.get("format") != MANIFEST_FORMAT:
+            raise SegrepError(f"merge manifest {path} has format {doc.get('format')!r}, expected {MANIFEST_FORMAT}")
+        items = []
+        for raw in doc["items"]:
+            raw = dict(raw)
+            raw["visible"] = [FileRef(**f) for f in raw["visible"]]
+            raw["incoming"] = [FileRef(**f) for f in raw["incoming"]]
+            items.append(MergeItem(**raw))
+        return cls(doc["round_key"], items)
+
+
+def leader_item(
+    info: TableInfo,
+    partition: m.Partition,
+    leader: m.Placement,
+    site: m.Site,
+    *,
+    item_id: str,
+    kind: str,
+    base: str | None,
+    visible: list[FileRef],
+    incoming: list[FileRef],
+    output_segment_id: str,
+    **extra: Any,
+) -> MergeItem:
+    """An item that writes into ``partition`` at its leader placement (rounds, compaction and splits)."""
+    return MergeItem(
+        item_id=item_id,
+        kind=kind,
+        table=info.name,
+        partition_id=partition.partition_id,
+        columns=list(info.row.columns.items()),
+        primary_key=list(info.primary_key),
+        schema_fingerprint=info.row.schema_fingerprint,
+        leader_site=site.name,
+        leader_uri=site.uri,
+        leader_placement_id=leader.placement_id,
+        leader_site_id=site.site_id,
+        epoch=partition.epoch,
+        base_segment_id=base,
+        partition_begin=partition.begin_key,
+        partition_end=partition.end_key,
+        visible=visible,
+        incoming=incoming,
+        output_segment_id=output_segment_id,
+        **extra,
+    )
+
+
+def output_segment_id(round_key: str, kind: str, partition_id: int, base: str | None, inputs: list[str]) -> str:
+    """Deterministic: the same plan names the same output, so a retry overwrites instead of duplicating."""
+    text = "|".join([round_key, kind, str(partition_id), base or "-", *sorted(inputs)])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def write_json_atomic(path: str | os.PathLike[str], doc: Any) -> None:
+    """Write JSON to a temporary name, fsync, rename: readers see the old file or the complete new one."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{secrets.token_hex(4)}")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, final)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+
+
+# -- the Spark side -------------------------------------------------------------------------------------------
+
+
+def run_manifest(spark: SparkSession, manifest: Manifest) -> dict[str, Any]:
+    """Execute every item; return the result document the commit step records."""
+    results = []
+    for n, item in enumerate(manifest.items):
+        results.append(_run_item(spark, item))
+        if n == 0:
+            faults.point("in_merge_job")
+    return {"format": MANIFEST_FORMAT, "round_key": manifest.round_key, "items": results}
+
+
+def _run_item(spark: SparkSession, item: MergeItem) -> dict[str, Any]:
+    base = {"item_id": item.item_id, "kind": item.kind, "partition_id": item.partition_id}
+    try:
+        for ref in (*item.incoming, *item.visible):
+            Site(ref.site, ref.uri).verify(ref.relpath, ref.byte_size, ref.sha256)
+    except (CorruptSegmentError, OSError) as exc:  # a corrupt file, or a site that is down: this item only
+        return {**base, "status": "invalid", "error": str(exc), "output": None, "rows_in": 0, "rows_out": 0}
+    schema = sch.schema_from_columns(dict(item.columns))
+    rows_df, rows_in = _item_rows(spark, item)
+    rows = _to_segment_table(rows_df, schema, item.primary_key)
+    if rows.num_rows == 0 and item.kind != "split":  # a split rewrite keeps its place in the chain, even empty
+        return {**base, "status": "ok", "output": None, "rows_in": rows_in, "rows_out": 0}
+    if item.kind == "split":
+        is_major, included = item.is_major, tuple(item.included_segment_ids)
+    else:
+        is_major = item.kind == "major"
+        included = tuple(ref.segment_id for ref in item.visible)[-64:] if is_major else ()
+    entry = SegmentEntry(
+        segment_id=item.output_segment_id,
+        table=item.table,
+        partition_id=item.partition_id,
+        base_segment_id=item.base_segment_id,
+        is_major=is_major,
+        origin_site_id=item.leader_site_id,
+        epoch=item.epoch,
+        schema_fingerprint=item.schema_fingerprint,
+        partition_begin=item.partition_begin,
+        partition_end=item.partition_end,
+        included_segment_ids=included,
+        **entry_stats(rows, item.primary_key),
+    )
+    facts = Site(item.leader_site, item.leader_uri).write_segment(item.output_relpath, rows, entry.to_meta())
+    output = {"entry": entry.to_meta(), "relpath": item.output_relpath, **asdict(facts)}
+    return {**base, "status": "ok", "output": output, "rows_in": rows_in, "rows_out": rows.num_rows}
+
+
+def _row_count(refs: list[FileRef]) -> int:
+    """Rows in the files, from their Parquet footers (no data pass)."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for r in refs:
+        site = Site(r.site, r.uri)
+        total += pq.read_metadata(site.path(r.relpath), filesystem=site.fs).num_rows
+    return total
+
+
+def _paths(refs: list[FileRef]) -> list[str]:
+    return [Site(r.site, r.uri).path(r.relpath) for r in refs]
+
+
+def _latest(df: DataFrame, primary_key: list[str]) -> DataFrame:
+    """One row per primary key: the highest (_version, _origin). A hash aggregate (max_by over the ordering
+    struct) rather than a window: no sort of the whole input."""
+    from pyspark.sql import functions as F
+
+    others = [c for c in df.columns if c not in primary_key]
+    order = F.struct(F.col(sch.VERSION_COL), F.col(sch.ORIGIN_COL))
+    best = df.groupBy(*primary_key).agg(F.max_by(F.struct(*[F.col(c) for c in others]), order).alias("__row"))
+    return best.select(*primary_key, *[F.col("__row").getField(c).alias(c) for c in others])
+
+
+def _merge_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
+    """Incoming rows that beat the partition's current winner for their key (or whose key it lacks)."""
+    from pyspark.sql import functions as F
+
+    incoming = _in_range(spark.read.parquet(*_paths(item.incoming)), item)
+    rows_in = _row_count(item.incoming)
+    incoming = _latest(incoming, item.primary_key)
+    if not item.visible:
+        return incoming, rows_in
+    v, o = sch.VERSION_COL, sch.ORIGIN_COL
+    best = (
+        spark.read.parquet(*_paths(item.visible))
+        .select(*item.primary_key, v, o)
+        .groupBy(*item.primary_key)
+        .agg(F.max(F.struct(F.col(v), F.col(o))).alias("__best"))
+    )
+    joined = incoming.join(best, on=item.primary_key, how="left")
+    bv, bo = F.col("__best").getField(v), F.col("__best").getField(o)
+    wins = F.col("__best").isNull() | (F.col(v) > bv) | ((F.col(v) == bv) & (F.col(o) > bo))
+    return joined.where(wins).drop("__best"), rows_in
+
+
+def _major_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
+    """The partition's resolved rows. Tombstones are kept (a replica must learn of the deletes, and a late
+    merge must not resurrect the row) unless older than the item's cutoff, the table's tombstone grace."""
+    from pyspark.sql import functions as F
+
+    rows = spark.read.parquet(*_paths(item.visible))
+    latest = _latest(rows, item.primary_key)
+    if item.tombstone_cutoff_us is not None:
+        expired = F.col(sch.DELETED_COL) & (F.col(sch.VERSION_COL) < F.lit(item.tombstone_cutoff_us))
+        latest = latest.where(~expired)
+    return latest, _row_count(item.visible)
+
+
+def _split_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
+    """The source segment's rows inside the child's key range, as they are (each key occurs once)."""
+    return _in_range(spark.read.parquet(*_paths(item.incoming)), item), _row_count(item.incoming)
+
+
+def _in_range(df: DataFrame, item: MergeItem) -> DataFrame:
+    """Rows with ``partition_begin <= key < partition_end`` (None: unbounded); all rows without a key column."""
+    from pyspark.sql import functions as F
+
+    if not item.partition_key:
+        return df
+    dtype = sch.schema_from_columns(dict(item.columns)).field(item.partition_key).type
+    col = F.col(item.partition_key)
+    if item.partition_begin is not None:
+        df = df.where(col >= F.lit(keys.decode(item.partition_begin, dtype)))
+    if item.partition_end is not None:
+        df = df.where(col < F.lit(keys.decode(item.partition_end, dtype)))
+    return df
+
+
+def _item_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
+    if item.kind == "merge":
+        return _merge_rows(spark, item)
+    if item.kind == "split":
+        return _split_rows(spark, item)
+    return _major_rows(spark, item)
+
+
+def _to_segment_table(df: DataFrame, schema: pa.Schema, primary_key: list[str]) -> pa.Table:
+    target = sch.segment_schema(schema)
+    table = df.select(*target.names).toArrow()
+    table = table.cast(target) if table.schema != target else table
+    return table.sort_by([(k, "ascending") for k in primary_key]).combine_chunks()

@@ -1,0 +1,131 @@
+"""Recording a merge job's results in the catalog: the Python step after the Spark step (DESIGN section 8).
+
+For each item the output segment is registered at the leader with a conditional root move. A merge output
+whose planned base is no longer the root (a write landed meanwhile) is re-based: its rows won against an
+older state, and under last-writer-wins they may sit on top of newer segments too, so only the footer's base
+changes. A major segment must include everything up to its base, and a split rewrite keeps its source's
+base, so a moved root drops either (the next pass plans again). Pushed segments are then acked by the leader
+and their leases released. Registering an output that is already there is a no-op, so the step can run twice.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from segrep.catalog import Catalog
+from segrep.catalog import leases as ls
+from segrep.catalog import models as m
+from segrep.config.definitions import Definitions
+from segrep.core import hlc
+from segrep.core.errors import SegrepError
+from segrep.spark.jobs import Manifest, MergeItem
+from segrep.storage.segment_meta import SegmentEntry, register_segment
+from segrep.storage.site import FileFacts, Site
+
+
+def commit_merge_results(catalog: Catalog, defs: Definitions, table: str, end_us: int) -> dict[str, Any]:
+    """Record the results of a round's merge job (if the round planned one)."""
+    from segrep.replication.rounds import manifest_path, result_path
+
+    return commit_results(catalog, manifest_path(defs, table, end_us), result_path(defs, table, end_us))
+
+
+def commit_results(catalog: Catalog, mpath: Path, rpath: Path) -> dict[str, Any]:
+    """Record a merge job's result file against its manifest (rounds and compaction share this)."""
+    if not mpath.exists():
+        return {"items": 0, "spark_apps": 0}
+    manifest = Manifest.load(mpath)
+    if not rpath.exists():
+        return {"items": len(manifest.items), "status": "not run", "spark_apps": 0}
+    result = _load_result(rpath)
+    by_id = {it.item_id: it for it in manifest.items}
+    key = manifest.round_key
+    summary: dict[str, Any] = {"items": len(manifest.items), "committed": 0, "rows_in": 0, "rows_merged": 0,
+                               "invalid": [], "dropped": [], "spark_apps": 1}  # fmt: skip
+    for res in result["items"]:
+        item = by_id[res["item_id"]]
+        summary["rows_in"] += int(res.get("rows_in", 0))
+        if res["status"] != "ok":
+            summary["invalid"].append({"item": item.item_id, "error": res.get("error")})
+            _release(catalog, item, key)
+            continue
+        outcome = _commit_item(catalog, item, res.get("output"), key)
+        if outcome == "committed":
+            summary["committed"] += 1
+            summary["rows_merged"] += int(res.get("rows_out", 0))
+        elif outcome != "present":
+            summary["dropped"].append({"item": item.item_id, "reason": outcome})
+    return summary
+
+
+def _load_result(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SegrepError(f"cannot read merge result {path}: {exc}") from None
+
+
+def _commit_item(catalog: Catalog, item: MergeItem, output: dict[str, Any] | None, key: str) -> str:
+    site = Site(item.leader_site, item.leader_uri)
+    with catalog.write() as s:
+        part = s.get(m.Partition, item.partition_id, with_for_update=True)
+        leader = s.get(m.Placement, item.leader_placement_id)
+        if (
+            part is None
+            or leader is None
+            or part.leader_placement_id != leader.placement_id
+            or part.epoch != item.epoch
+        ):
+            _release_in(s, item, key)
+            return "leader changed since the plan"
+        outcome = "committed" if output else "nothing won"
+        if output is not None:
+            present = s.scalar(
+                select(m.Segment.entry_id).where(
+                    m.Segment.placement_id == leader.placement_id, m.Segment.segment_id == item.output_segment_id
+                )
+            )
+            if present is not None:
+                outcome = "present"
+            else:
+                entry = SegmentEntry.from_meta(output["entry"])
+                facts = FileFacts(output["byte_size"], output["sha256"])
+                site.verify(item.output_relpath, facts.byte_size, facts.sha256)
+                fast_forward = leader.root_segment_id is None and entry.is_major
+                if leader.root_segment_id != entry.base_segment_id and not (item.kind == "split" and fast_forward):
+                    if item.kind in ("major", "split"):
+                        site.delete(item.output_relpath)  # never referenced; the next pass plans anew
+                        _release_in(s, item, key)
+                        return f"root moved under the {item.kind} segment"
+                    entry, facts = _rebase(site, item, entry, leader.root_segment_id)
+                register_segment(s, leader, entry, item.output_relpath, facts, hlc.now_us(),
+                                 expected_root=leader.root_segment_id)  # fmt: skip
+                if entry.max_version > part.last_version:
+                    part.last_version = entry.max_version  # new writes must win over merged rows
+        for ref in item.incoming:
+            ack = {"holder_placement_id": ref.holder_placement_id, "segment_id": ref.segment_id}
+            ls.insert_ignore(s, m.Ack, {**ack, "target_placement_id": leader.placement_id, "acked_us": hlc.now_us()})
+        _release_in(s, item, key)
+    return outcome
+
+
+def _rebase(site: Site, item: MergeItem, entry: SegmentEntry, root: str | None) -> tuple[SegmentEntry, FileFacts]:
+    from dataclasses import replace
+
+    rebased = replace(entry, base_segment_id=root)
+    rows = site.read_segment(item.output_relpath)
+    return rebased, site.write_segment(item.output_relpath, rows.replace_schema_metadata(None), rebased.to_meta())
+
+
+def _release(catalog: Catalog, item: MergeItem, key: str) -> None:
+    with catalog.write() as s:
+        _release_in(s, item, key)
+
+
+def _release_in(s: Any, item: MergeItem, key: str) -> None:
+    for ref in item.incoming:
+        ls.release(s, item.leader_placement_id, ref.segment_id, key)

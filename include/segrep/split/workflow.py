@@ -1,0 +1,575 @@
+"""Partition splits (EventQL 3.8, DESIGN section 7): split without stopping writes, resumable, never restarted.
+
+The life of a split, each step a function a DAG task (or ``segrep split``) calls, each safe to run again:
+
+1. :func:`start_split`: the parent enters SPLITTING; one child partition per key range is created (LOADING),
+   with a placement at every site of the parent; each child's leader is at the parent leader's site. The
+   children's leaders are the parent's key-range-restricted split targets.
+2. :func:`plan_pass` / :func:`commit_pass` (phase ``copy``): the parent leader offers its chain to every child
+   leader, in order, exactly as to a follower. A segment the child can fast-forward is rewritten for the
+   child's range by the Spark job (``split`` items), keeping ``segment_id`` and ``base_segment_id``; one the
+   child already references is SEGMENT_EXISTS; anything else (a new leader's chain after a leader change) is
+   merged, last writer wins. Acks record progress per (segment, child) whatever placement held the segment,
+   so a new parent leader resumes where the old one stopped and never rewrites an acked segment.
+3. :func:`finalize` (SPLIT_FINALIZE): once every child acked the parent leader's segments up to the pass's
+   cut, in one transaction the parent enters UNLOAD (writers retry into the children), the children become
+   LIVE with the parent's clock (their new writes win over every parent row). Async splits do this in step 1.
+4. phase ``unload``: every parent placement (leader or not) pushes what the children lack: segments written
+   after the cut, forks of a replica that was away. The children answer as leaders: SEGMENT_EXISTS or MERGE.
+5. :func:`finish` (UNLOAD_FINAL): once every parent placement's segments are acked by every child, the parent
+   is retired in one transaction (its catalog rows first) and then its files go.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session
+
+from segrep.catalog import Catalog
+from segrep.catalog import leases as ls
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+from segrep.config.definitions import Definitions
+from segrep.core import faults, hlc, keys
+from segrep.core.chain import Chain, is_reference_weak, is_referenced, offer_order, visible_segments
+from segrep.core.errors import NotFoundError, SegrepError, SplitIncompleteError
+from segrep.core.protocol import PartitionState, PlacementState, apply_fast_forward
+from segrep.spark.jobs import FileRef, Manifest, MergeItem, leader_item, output_segment_id
+from segrep.spark.results import commit_results
+from segrep.storage.site import Site
+
+log = logging.getLogger(__name__)
+
+
+class SplitState:
+    """The split row's state; the partitions carry the protocol's states (SPLITTING, UNLOAD, UNLOAD_FINAL)."""
+
+    SPLITTING = "SPLITTING"  # children being filled from the parent leader
+    UNLOAD = "UNLOAD"  # finalized: writes go to the children; parent placements push what they lack
+    DONE = "DONE"  # UNLOAD_FINAL: the parent is retired
+
+
+COPY, UNLOAD = "copy", "unload"
+
+
+# -- start ----------------------------------------------------------------------------------------------------
+
+
+def parse_split_keys(info: q.TableInfo, raw: list[Any]) -> list[Any]:
+    """Split keys as given (CLI strings or JSON values) cast to the partition key's type, sorted, distinct."""
+    if not raw:
+        raise SegrepError("a split needs at least one split key (--at KEY)")
+    out = []
+    for value in raw:
+        try:
+            out.append(keys.decode(keys.encode(value), info.key_type))
+        except Exception as exc:  # pyarrow's cast errors name the value and type; wrap them as a user error
+            raise SegrepError(
+                f"split key {value!r} is not a valid {info.key_type} for partition key {info.partition_key}: {exc}"
+            ) from None
+    if len(set(out)) != len(out):
+        raise SegrepError(f"split keys must be distinct; got {raw}")
+    return sorted(out)
+
+
+@dataclass(frozen=True)
+class SplitRef:
+    split_id: int
+    table: str
+    parent_partition_id: int
+    state: str
+    is_async: bool
+    children: list[int]
+
+
+def start_split(
+    catalog: Catalog, table: str, partition_id: int, split_keys: list[Any], *, is_async: bool = False
+) -> SplitRef:
+    """Begin splitting ``partition_id`` at ``split_keys`` (or return the split already under way with the
+    same keys: the step can be re-run). Async splits are finalized in the same transaction."""
+    with catalog.write() as s:
+        info = q.table_info(s, table)
+        wanted = parse_split_keys(info, split_keys)
+        parent = _lock_partition(s, info, partition_id)  # concurrent starts queue here; the second finds the first
+        existing = _last_split(s, info, partition_id)  # a partition splits once: it is retired afterwards
+        if existing is not None:
+            if [info.decode_key(k) for k in existing.split_keys] != wanted:
+                raise SegrepError(
+                    f"partition {partition_id} of {table} already has split {existing.split_id} at "
+                    f"{existing.split_keys} ({existing.state}); resume it with those keys or without keys"
+                )
+            return _ref(s, existing, table)
+        if parent.state != PartitionState.LIVE:
+            raise SegrepError(f"partition {partition_id} of {table} is {parent.state}: only a LIVE partition splits")
+        lo, hi = info.decode_key(parent.begin_key), info.decode_key(parent.end_key)
+        outside = [k for k in wanted if (lo is not None and k <= lo) or (hi is not None and k >= hi)]
+        if outside:
+            raise SegrepError(
+                f"split keys {[keys.encode(k) for k in outside]} are not inside partition {partition_id}'s range "
+                f"[{parent.begin_key if lo is not None else '-inf'}, {parent.end_key if hi is not None else '+inf'})"
+            )
+        placements = q.active_placements(s, [partition_id])
+        leader = next((pl for pl in placements if pl.placement_id == parent.leader_placement_id), None)
+        if leader is None:
+            raise SegrepError(f"partition {partition_id} of {table} has no leader placement: cannot split")
+        now = hlc.now_us()
+        split = m.Split(table_id=info.table_id, parent_partition_id=partition_id,
+                        split_keys=[keys.encode(k) for k in wanted], is_async=is_async,
+                        state=SplitState.SPLITTING, created_us=now)  # fmt: skip
+        s.add(split)
+        bounds = [parent.begin_key, *(keys.encode(k) for k in wanted), parent.end_key]
+        for begin, end in itertools.pairwise(bounds):
+            child = m.Partition(table_id=info.table_id, begin_key=begin, end_key=end, state=PartitionState.LOADING,
+                                epoch=1, last_version=0, parent_partition_id=partition_id,
+                                created_us=now)  # fmt: skip
+            s.add(child)
+            s.flush()
+            for pl in placements:
+                if pl.state == PlacementState.REMOVED:
+                    continue
+                cpl = m.Placement(partition_id=child.partition_id, site_id=pl.site_id, state=PlacementState.LIVE,
+                                  created_us=now)  # fmt: skip
+                s.add(cpl)
+                s.flush()
+                if pl.placement_id == leader.placement_id:
+                    child.leader_placement_id = cpl.placement_id
+        parent.state = PartitionState.SPLITTING
+        s.flush()
+        if is_async:
+            _finalize_in(s, split, parent)
+        return _ref(s, split, table)
+
+
+def _last_split(s: Session, info: q.TableInfo, partition_id: int) -> m.Split | None:
+    """The partition's split, if it has one (at most one: a split parent is retired, never LIVE again)."""
+    return s.scalars(
+        select(m.Split)
+        .where(m.Split.table_id == info.table_id, m.Split.parent_partition_id == partition_id)
+        .order_by(m.Split.split_id.desc())
+        .limit(1)
+    ).one_or_none()
+
+
+def _lock_partition(s: Session, info: q.TableInfo, partition_id: int) -> m.Partition:
+    part = s.get(m.Partition, partition_id, with_for_update=True)
+    if part is None or part.table_id != info.table_id:
+        known = [p.partition_id for p in q.partitions_of(s, info)]
+        raise NotFoundError(f"table {info.name} has no partition {partition_id}; its partitions: {known}")
+    return part
+
+
+def _children(s: Session, parent_id: int) -> list[m.Partition]:
+    return list(
+        s.scalars(
+            select(m.Partition).where(m.Partition.parent_partition_id == parent_id).order_by(m.Partition.partition_id)
+        )
+    )
+
+
+def _ref(s: Session, split: m.Split, table: str) -> SplitRef:
+    kids = [c.partition_id for c in _children(s, split.parent_partition_id)]
+    return SplitRef(split.split_id, table, split.parent_partition_id, split.state, split.is_async, kids)
+
+
+def find_split(catalog: Catalog, table: str, partition_id: int) -> SplitRef:
+    """The split of ``partition_id``, whatever its state."""
+    with catalog.read() as s:
+        info = q.table_info(s, table)
+        split = _last_split(s, info, partition_id)
+        if split is None:
+            raise NotFoundError(f"partition {partition_id} of {table} has no split; start one with split keys")
+        return _ref(s, split, table)
+
+
+# -- what the children lack -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _View:
+    """One split as the catalog holds it now: parent, children, their placements, lists and the acks."""
+
+    info: q.TableInfo
+    split: m.Split
+    parent: m.Partition
+    children: list[m.Partition]
+    sources: list[m.Placement]  # parent placements that push (copy: the leader; unload: every active one)
+    child_leaders: dict[int, m.Placement]
+    segments: dict[int, list[m.Segment]]
+    acked: dict[int, set[str]]  # child leader placement id -> segment ids acked by any parent placement
+    sites: dict[int, m.Site]
+
+    def chain(self, placement: m.Placement) -> Chain:
+        return q.chain_of(placement, self.segments.get(placement.placement_id, []))
+
+    def by_id(self, placement: m.Placement) -> dict[str, m.Segment]:
+        return {x.segment_id: x for x in self.segments.get(placement.placement_id, [])}
+
+
+def _view(s: Session, split_id: int) -> _View:
+    split = s.get(m.Split, split_id)
+    if split is None:
+        raise NotFoundError(f"no split {split_id} in the catalog")
+    info = q.table_info(s, s.get(m.Table, split.table_id).name)
+    parent = s.get(m.Partition, split.parent_partition_id)
+    children = _children(s, parent.partition_id)
+    parent_pls = q.active_placements(s, [parent.partition_id])
+    if split.state == SplitState.SPLITTING:
+        sources = [pl for pl in parent_pls if pl.placement_id == parent.leader_placement_id]
+    else:  # UNLOAD: every replica is equal; one out of retention holds nothing that may still be merged
+        sources = [pl for pl in parent_pls if not pl.needs_bootstrap]
+    child_pls = {pl.placement_id: pl for pl in q.active_placements(s, [c.partition_id for c in children])}
+    # a finished split's child may have split in turn (retired, no placements): it takes no part any more
+    leaders = {c.partition_id: child_pls[c.leader_placement_id] for c in children if c.leader_placement_id in child_pls}
+    children = [c for c in children if c.partition_id in leaders]
+    ids = [pl.placement_id for pl in (*parent_pls, *leaders.values())]
+    acked: dict[int, set[str]] = defaultdict(set)
+    if parent_pls:
+        rows = s.execute(
+            select(m.Ack.target_placement_id, m.Ack.segment_id).where(
+                m.Ack.holder_placement_id.in_([pl.placement_id for pl in parent_pls]),
+                m.Ack.target_placement_id.in_([pl.placement_id for pl in leaders.values()]),
+            )
+        )
+        for target, seg in rows:
+            acked[target].add(seg)
+    return _View(info, split, parent, children, sources, leaders, q.segments_of(s, ids), acked, q.sites_by_id(s))
+
+
+def _candidates(view: _View, source: m.Placement, child_leader: m.Placement) -> list[m.Segment]:
+    """The source's segments this child has not acked, in offer order: its visible chain (newest major to
+    root) and, when unloading, its forks too (segments on no walk: written while it led, never merged)."""
+    chain = view.chain(source)
+    segs = view.by_id(source)
+    acked = view.acked.get(child_leader.placement_id, set())
+    out = [segs[ref.segment_id] for ref in offer_order(chain, acked)]
+    if view.split.state == SplitState.UNLOAD:
+        on_walk = {x.segment_id for x in out}
+        out += [
+            seg
+            for seg in view.segments.get(source.placement_id, [])
+            if seg.segment_id not in acked
+            and seg.segment_id not in on_walk
+            and not (is_referenced(chain, seg.segment_id) and is_reference_weak(chain, seg.segment_id))
+        ]
+    return out
+
+
+@dataclass
+class PassPlan:
+    """What one pass decided: rewrites and merges for the Spark job, acks already recorded, and the cut."""
+
+    split_id: int
+    table: str
+    phase: str
+    state: str
+    manifest: str | None = None
+    result: str | None = None
+    cut_entry_id: int = 0  # copy: the parent leader's newest list entry when planned (finalize waits for it)
+    rewrites: int = 0
+    merges: int = 0
+    exists: int = 0
+    pending: dict[str, int] = field(default_factory=dict)  # child partition id -> segments it still lacks
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def split_dir(defs: Definitions, table: str, split_id: int) -> Path:
+    return defs.data_dir / "work" / "splits" / table / str(split_id)
+
+
+def plan_pass(catalog: Catalog, defs: Definitions, split_id: int, phase: str | None = None) -> PassPlan:
+    """Decide, for every (source placement, child), each segment the child lacks: SEGMENT_EXISTS (acked
+    now), a rewrite (fast-forward) or a merge; write the Spark manifest if there is anything to run.
+    ``phase`` (copy or unload) plans only if the split is in that phase: a DAG's copy step does nothing for
+    an async or already finalized split."""
+    now = hlc.now_us()
+    with catalog.write() as s:
+        view = _view(s, split_id)
+        current = COPY if view.split.state == SplitState.SPLITTING else UNLOAD
+        plan = PassPlan(split_id, view.info.name, current, view.split.state)
+        if view.split.state == SplitState.DONE or (phase is not None and phase != current):
+            return plan
+        key = f"{view.info.name}-split{split_id}"
+        items: list[MergeItem] = []
+        for source in view.sources:
+            if current == COPY:
+                plan.cut_entry_id = max((x.entry_id for x in view.segments.get(source.placement_id, [])), default=0)
+            for child in view.children:
+                items += _decide(s, view, source, child, key, plan)
+        if items:
+            folder = split_dir(defs, view.info.name, split_id)
+            mpath, rpath = folder / f"{current}-{now}-manifest.json", folder / f"{current}-{now}-result.json"
+            Manifest(key, items).write(mpath)
+            plan.manifest, plan.result = str(mpath), str(rpath)
+    return plan
+
+
+def _decide(s: Session, view: _View, source: m.Placement, child: m.Partition, key: str,
+            plan: PassPlan) -> list[MergeItem]:  # fmt: skip
+    """The receive procedure at a child leader for one source: EXISTS, fast-forward (while the child is
+    LOADING and the segment continues its chain) or merge; after the first merge, everything merges."""
+    target = view.child_leaders[child.partition_id]
+    sim = view.chain(target)
+    loading = child.state == PartitionState.LOADING
+    items: list[MergeItem] = []
+    incoming: list[FileRef] = []
+    for seg in _candidates(view, source, target):
+        ref = q.to_ref(seg)
+        if is_referenced(sim, seg.segment_id):
+            _ack(s, source.placement_id, seg.segment_id, target.placement_id)
+            plan.exists += 1
+        elif loading and not incoming and (seg.base_segment_id == sim.root or (sim.root is None and seg.is_major)):
+            items.append(_item(view, child, target, key, "split", [_file_ref(view, source, seg)], seg))
+            sim = apply_fast_forward(sim, ref)
+            plan.rewrites += 1
+        else:
+            incoming.append(_file_ref(view, source, seg))
+    if incoming:
+        items.append(_item(view, child, target, key, "merge", incoming, None, sim.root))
+        plan.merges += 1
+    lacking = len(incoming) + sum(1 for it in items if it.kind == "split")
+    if lacking:
+        plan.pending[str(child.partition_id)] = plan.pending.get(str(child.partition_id), 0) + lacking
+    return items
+
+
+def _ack(s: Session, holder_id: int, segment_id: str, target_id: int) -> None:
+    ls.insert_ignore(s, m.Ack, {"holder_placement_id": holder_id, "segment_id": segment_id,
+                                "target_placement_id": target_id, "acked_us": hlc.now_us()})  # fmt: skip
+
+
+def _file_ref(view: _View, placement: m.Placement, seg: m.Segment) -> FileRef:
+    site = view.sites[placement.site_id]
+    return FileRef(site.name, site.uri, seg.relpath, seg.segment_id, seg.byte_size, seg.sha256, placement.placement_id)
+
+
+def _item(view: _View, child: m.Partition, target: m.Placement, key: str, kind: str, incoming: list[FileRef],
+          seg: m.Segment | None, base: str | None = None) -> MergeItem:  # fmt: skip
+    """A ``split`` rewrite of ``seg`` for the child (same id, base and shape), or a ``merge`` of ``incoming``
+    into it; both keep only rows inside the child's range."""
+    site, pid, pkey = view.sites[target.site_id], child.partition_id, view.info.partition_key
+    if kind == "split":
+        assert seg is not None
+        shape = {"is_major": bool(seg.is_major), "included_segment_ids": list(seg.included_segment_ids or [])}
+        return leader_item(view.info, child, target, site, item_id=f"split-{pid}-{seg.segment_id}", kind=kind,
+                           base=seg.base_segment_id, visible=[], incoming=incoming,
+                           output_segment_id=seg.segment_id, partition_key=pkey, **shape)  # fmt: skip
+    segs = view.by_id(target)
+    visible = [_file_ref(view, target, segs[r.segment_id]) for r in visible_segments(view.chain(target))]
+    out_id = output_segment_id(key, kind, pid, base, [f.segment_id for f in incoming])
+    return leader_item(view.info, child, target, site, item_id=f"merge-{pid}-{incoming[0].holder_placement_id}",
+                       kind=kind, base=base, visible=visible, incoming=incoming, output_segment_id=out_id,
+                       partition_key=pkey)  # fmt: skip
+
+
+def commit_pass(catalog: Catalog, plan: PassPlan | dict[str, Any]) -> dict[str, Any]:
+    """Record the Spark job's outputs: rewrites fast-forward the children, merges land on them, and the
+    parent placements' segments are acked by the children. Running it twice records nothing twice."""
+    p = plan if isinstance(plan, PassPlan) else PassPlan(**plan)
+    if not p.manifest:
+        return {"items": 0, "spark_apps": 0}
+    return commit_results(catalog, Path(p.manifest), Path(p.result or ""))
+
+
+# -- finalize and finish ----------------------------------------------------------------------------------------
+
+
+def _lacking_segments(view: _View, cut_entry_id: int | None) -> dict[int, list[m.Segment]]:
+    """Per child: the sources' segments (up to the cut, if given) it neither references nor acked."""
+    out: dict[int, list[m.Segment]] = {}
+    for child in view.children:
+        target = view.child_leaders[child.partition_id]
+        chain = view.chain(target)
+        segs = [
+            seg
+            for source in view.sources
+            for seg in _candidates(view, source, target)
+            if (cut_entry_id is None or seg.entry_id <= cut_entry_id) and not is_referenced(chain, seg.segment_id)
+        ]
+        if segs:
+            out[child.partition_id] = segs
+    return out
+
+
+def _lacking(view: _View, cut_entry_id: int | None) -> dict[int, int]:
+    return {child: len(segs) for child, segs in _lacking_segments(view, cut_entry_id).items()}
+
+
+def unload_safe_bound(s: Session, table_id: int) -> int | None:
+    """The instant before the oldest row that the children of a parent in UNLOAD still lack, or None.
+
+    Such rows are readable where the parent's placement holds them (the reader adds it), but no replication
+    of the children vouches for them yet: no site's safe time may pass them until they are merged."""
+    bound: int | None = None
+    query = select(m.Split.split_id).where(m.Split.table_id == table_id, m.Split.state == SplitState.UNLOAD)
+    for split_id in s.scalars(query).all():
+        for segs in _lacking_segments(_view(s, split_id), None).values():
+            low = min(seg.min_version for seg in segs) - 1
+            bound = low if bound is None else min(bound, low)
+    return bound
+
+
+def finalize(catalog: Catalog, split_id: int, cut_entry_id: int | None = None) -> SplitRef:
+    """SPLIT_FINALIZE once every child holds the parent leader's segments up to ``cut_entry_id`` (None: all
+    of them). Segments written after the cut reach the children through UNLOAD. Raises SegrepError naming
+    what is missing if the copy is not complete; a split past this point is returned as it is."""
+    with catalog.write() as s:
+        split = s.get(m.Split, split_id, with_for_update=True)
+        if split is None:
+            raise NotFoundError(f"no split {split_id} in the catalog")
+        parent = s.get(m.Partition, split.parent_partition_id, with_for_update=True)
+        table = s.get(m.Table, split.table_id).name
+        if split.state != SplitState.SPLITTING:
+            return _ref(s, split, table)
+        lacking = _lacking(_view(s, split_id), cut_entry_id)
+        if lacking:
+            what = ", ".join(f"partition {c}: {n}" for c, n in sorted(lacking.items()))
+            raise SplitIncompleteError(
+                f"split {split_id} of {table}: children still lack segments ({what}); run another pass"
+            )
+        faults.point("split_before_finalize")
+        _finalize_in(s, split, parent)
+        return _ref(s, split, table)
+
+
+def _finalize_in(s: Session, split: m.Split, parent: m.Partition) -> None:
+    """Writes move to the children in this transaction: the writer's conditional update on the parent's state
+    fails from here on and its retry routes to the children, whose clocks start past every parent row."""
+    s.execute(
+        update(m.Partition)
+        .where(m.Partition.partition_id == parent.partition_id, m.Partition.state == PartitionState.SPLITTING)
+        .values(state=PartitionState.UNLOAD)
+        .execution_options(synchronize_session=False)
+    )
+    last = s.scalar(select(m.Partition.last_version).where(m.Partition.partition_id == parent.partition_id)) or 0
+    for child in _children(s, parent.partition_id):
+        child.state = PartitionState.LIVE
+        child.last_version = max(child.last_version, last)
+    split.state = SplitState.UNLOAD
+
+
+def finish(catalog: Catalog, defs: Definitions, split_id: int) -> dict[str, Any]:
+    """UNLOAD_FINAL once every parent placement's segments are held by every child: the parent and its
+    placements are retired and its segment rows dropped in one transaction, then its files are removed at
+    each site (a site that cannot be reached keeps them until a later run). Returns what it did or awaits."""
+    with catalog.write() as s:
+        split = s.get(m.Split, split_id, with_for_update=True)
+        if split is None:
+            raise NotFoundError(f"no split {split_id} in the catalog")
+        table = s.get(m.Table, split.table_id).name
+        parent_id = split.parent_partition_id
+        if split.state == SplitState.SPLITTING:
+            return {"split_id": split_id, "state": split.state, "waiting": "not finalized yet"}
+        if split.state == SplitState.UNLOAD:
+            view = _view(s, split_id)
+            lacking = _lacking(view, None)
+            if lacking:
+                return {"split_id": split_id, "state": split.state,
+                        "waiting": {str(c): n for c, n in sorted(lacking.items())}}  # fmt: skip
+            _retire_parent(s, split, view)
+        sites = {pl.site_id for pl in s.scalars(select(m.Placement).where(m.Placement.partition_id == parent_id))}
+        site_rows = [s.get(m.Site, sid) for sid in sorted(sites)]
+    faults.point("split_before_parent_files")
+    removed, kept = _remove_parent_files(table, parent_id, site_rows)
+    return {"split_id": split_id, "state": SplitState.DONE, "files_removed": removed, "files_kept": kept}
+
+
+def _retire_parent(s: Session, split: m.Split, view: _View) -> None:
+    now = hlc.now_us()
+    parent_pls = [pl.placement_id for pl in q.active_placements(s, [view.parent.partition_id])]
+    view.parent.state = PartitionState.UNLOAD_FINAL
+    for pl in s.scalars(select(m.Placement).where(m.Placement.placement_id.in_(parent_pls))):
+        pl.removed_us = now
+    s.execute(delete(m.Ack).where(m.Ack.holder_placement_id.in_(parent_pls)))
+    s.execute(delete(m.Ack).where(m.Ack.target_placement_id.in_(parent_pls)))
+    s.execute(delete(m.Lease).where(m.Lease.target_placement_id.in_(parent_pls)))
+    s.execute(delete(m.Checkpoint).where(m.Checkpoint.partition_id == view.parent.partition_id))
+    s.execute(delete(m.Segment).where(m.Segment.placement_id.in_(parent_pls)))
+    split.state = SplitState.DONE
+    split.finished_us = now
+
+
+def _remove_parent_files(table: str, parent_id: int, sites: list[m.Site]) -> tuple[int, list[str]]:
+    """Every segment file under the retired parent's directory at each of its sites."""
+    removed, kept = 0, []
+    prefix = f"{table}/{parent_id}/"
+    for row in sites:
+        site = Site(row.name, row.uri)
+        try:
+            for rel in [r for r in site.list_segment_files() if r.startswith(prefix)]:
+                site.delete(rel)
+                removed += 1
+        except OSError as exc:
+            kept.append(f"{row.name}: {exc}")
+    return removed, kept
+
+
+# -- progress ------------------------------------------------------------------------------------------------
+
+
+def split_progress(catalog: Catalog, table: str | None = None, *, include_done: bool = False) -> list[dict[str, Any]]:
+    """Each split's state and, per child, how many of the sources' segments it holds and how many it lacks."""
+    out = []
+    with catalog.read() as s:
+        query = select(m.Split).order_by(m.Split.split_id)
+        if table is not None:
+            query = query.where(m.Split.table_id == q.table_info(s, table).table_id)
+        for split in s.scalars(query):
+            if split.state == SplitState.DONE and not include_done:
+                continue
+            view = _view(s, split.split_id)
+            lacking = _lacking(view, None) if split.state != SplitState.DONE else {}
+            children = []
+            for child in view.children:
+                target = view.child_leaders[child.partition_id]
+                children.append(
+                    {
+                        "partition_id": child.partition_id,
+                        "range": [child.begin_key, child.end_key],
+                        "state": child.state,
+                        "site": view.sites[target.site_id].name,
+                        "acked": len(view.acked.get(target.placement_id, ())),
+                        "lacking": lacking.get(child.partition_id, 0),
+                    }
+                )
+            out.append(
+                {
+                    "split_id": split.split_id,
+                    "table": view.info.name,
+                    "parent_partition_id": split.parent_partition_id,
+                    "parent_state": view.parent.state,
+                    "split_keys": split.split_keys,
+                    "async": split.is_async,
+                    "state": split.state,
+                    "sources": sorted(view.sites[pl.site_id].name for pl in view.sources),
+                    "children": children,
+                    "started": hlc.iso(split.created_us),
+                    "finished": hlc.iso(split.finished_us) if split.finished_us else None,
+                }
+            )
+    return out
+
+
+def format_progress(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for r in rows:
+        mode = "async" if r["async"] else "sync"
+        lines.append(
+            f"split {r['split_id']} of {r['table']} partition {r['parent_partition_id']} at {r['split_keys']} "
+            f"({mode}): {r['state']}, parent {r['parent_state']}, pushing from {', '.join(r['sources']) or '-'}"
+        )
+        for c in r["children"]:
+            lo, hi = c["range"]
+            lines.append(
+                f"  child {c['partition_id']} [{'-inf' if lo is None else lo}, {'+inf' if hi is None else hi}) "
+                f"{c['state']} at {c['site']}: {c['acked']} segment(s) acked, {c['lacking']} lacking"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Sites and their files: segment files, atomic writes, verified copies, work-directory paths."""
