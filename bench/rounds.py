@@ -481,7 +481,7 @@ def profile_top(fn: Callable[..., Any], *args: Any, n: int = 15) -> list[str]:
 
 def _child(url: str, config: str, what: str, repeats: int, queue: Any) -> None:
     """In a child process: time ``what`` (plan_round or the catalog snapshot alone) ``repeats`` times."""
-    from segrep.replication.offers import snapshot
+    from segrep.catalog.snapshot import snapshot
 
     catalog, defs = Catalog(url), load_definitions(Path(config))
     for _ in range(repeats):

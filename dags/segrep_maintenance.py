@@ -88,7 +88,7 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
 
         @task(trigger_rule="all_done")
         def continue_splits() -> list[dict[str, Any]]:
-            from segrep.replication.run import run_split
+            from segrep.split.run import run_split
             from segrep.split.workflow import split_progress
 
             defs = load_definitions()

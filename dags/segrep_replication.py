@@ -66,7 +66,8 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
         @task
         def plan(params: dict[str, Any] | None = None, data_interval_start: Any = None,
                  data_interval_end: Any = None) -> dict[str, Any]:  # fmt: skip
-            from segrep.replication.rounds import plan_round, result_path
+            from segrep.replication.rounds import plan_round
+            from segrep.storage.workdir import result_path
 
             p = params or {}
             defs_now = load_definitions()

@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict
 
 from segrep.replication.rounds import CopyItem, copy_one
-from segrep.spark.jobs import write_json_atomic
+from segrep.storage.atomic import write_json_atomic
 
 
 def main(argv: list[str] | None = None) -> int:

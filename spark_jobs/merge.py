@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from segrep.spark.jobs import Manifest, run_manifest, write_json_atomic
+from segrep.spark.jobs import run_manifest
+from segrep.spark.manifest import Manifest
+from segrep.storage.atomic import write_json_atomic
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,17 +29,18 @@ from sqlalchemy import select
 
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.snapshot import snapshot
 from segrep.core import hlc
 from segrep.core import schema as sch
 from segrep.core.chain import visible_segments
 from segrep.maintenance import gc as gc_mod
 from segrep.maintenance.compaction import compact
 from segrep.maintenance.gc import collect
-from segrep.replication.offers import snapshot
 from segrep.replication.run import run_round
 from segrep.replication.status import status_rows
 from segrep.spark import jobs as merge_mod
-from segrep.spark.jobs import Manifest, write_json_atomic
+from segrep.spark.manifest import Manifest
+from segrep.storage.atomic import write_json_atomic
 from segrep.storage.site import Site
 from tests.conftest import ORDERS_YAML, Env, env_fixture, sqlite_url
 from tests.integration.test_rounds import (

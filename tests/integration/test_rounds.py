@@ -256,8 +256,8 @@ def assert_acks_are_prefixes(catalog: Catalog, table: str) -> None:
     The acked sets themselves are not checked this way: after a leader change the new leader's acks are the
     notes made while it was a replica or merged a push (holder = it), which say "has these rows", not "took
     these in order"; the next round offers the older segments first and they are acked as SEGMENT_EXISTS."""
+    from segrep.catalog.snapshot import snapshot
     from segrep.core.chain import is_referenced
-    from segrep.replication.offers import snapshot
 
     with catalog.read() as s:
         snap = snapshot(s, table)

@@ -29,7 +29,7 @@ from segrep.maintenance.gc import collect
 from segrep.replication.run import run_round
 from segrep.replication.status import status_rows
 from segrep.spark import jobs as merge_mod
-from segrep.spark.jobs import Manifest
+from segrep.spark.manifest import Manifest
 from tests.conftest import ORDERS_YAML, Env, make_env
 from tests.integration.test_gc import (
     _arrow_major_rows,

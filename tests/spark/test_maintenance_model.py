@@ -45,6 +45,7 @@ from hypothesis.stateful import (
 from sqlalchemy import select
 
 from segrep.catalog import models as m
+from segrep.catalog.snapshot import snapshot
 from segrep.core import hlc
 from segrep.core.chain import offer_order, visible_segments
 from segrep.core.errors import RefusedError
@@ -53,7 +54,6 @@ from segrep.data.writer import write_batch
 from segrep.maintenance.bootstrap import bootstrap
 from segrep.maintenance.compaction import compact, plan_compaction
 from segrep.maintenance.gc import collect
-from segrep.replication.offers import snapshot
 from segrep.replication.run import format_report, run_round
 from segrep.spark.results import commit_results
 from segrep.storage.site import Site

@@ -21,9 +21,11 @@ from sqlalchemy import delete, select
 from segrep.catalog import models as m
 from segrep.core import faults, hlc
 from segrep.core.errors import SegrepError
-from segrep.replication.rounds import manifest_path, result_path
 from segrep.replication.run import format_report, run_round
-from segrep.spark.jobs import Manifest, run_manifest, write_json_atomic
+from segrep.spark.jobs import run_manifest
+from segrep.spark.manifest import Manifest
+from segrep.storage.atomic import write_json_atomic
+from segrep.storage.workdir import manifest_path, result_path
 from tests.conftest import Env
 from tests.integration.test_rounds import (
     REPLICAS,

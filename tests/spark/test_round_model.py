@@ -41,13 +41,16 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.core import faults, hlc
 from segrep.core.errors import SegrepError, SplitIncompleteError
+from segrep.core.states import SplitState
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.replication import rounds as rounds_mod
 from segrep.replication.rounds import CopyItem, CopyOutcome, copy_one
 from segrep.replication.run import format_report, run_round
-from segrep.spark.jobs import Manifest, run_manifest, write_json_atomic
-from segrep.split.workflow import SplitState, commit_pass, finalize, finish, plan_pass, start_split
+from segrep.spark.jobs import run_manifest
+from segrep.spark.manifest import Manifest
+from segrep.split.workflow import commit_pass, finalize, finish, plan_pass, start_split
+from segrep.storage.atomic import write_json_atomic
 from tests.conftest import make_env
 from tests.integration.test_rounds import (
     assert_acks_are_prefixes,

@@ -18,18 +18,13 @@ from sqlalchemy import select
 from segrep.catalog import models as m
 from segrep.core import faults
 from segrep.core.errors import SegrepError, SplitIncompleteError
-from segrep.replication.run import run_round, run_split
-from segrep.spark.jobs import Manifest, run_manifest, write_json_atomic
-from segrep.split.workflow import (
-    SplitState,
-    commit_pass,
-    finalize,
-    finish,
-    format_progress,
-    plan_pass,
-    split_progress,
-    start_split,
-)
+from segrep.core.states import SplitState
+from segrep.replication.run import run_round
+from segrep.spark.jobs import run_manifest
+from segrep.spark.manifest import Manifest
+from segrep.split.run import run_split
+from segrep.split.workflow import commit_pass, finalize, finish, format_progress, plan_pass, split_progress, start_split
+from segrep.storage.atomic import write_json_atomic
 from tests.conftest import Env
 from tests.integration.test_rounds import (
     REPLICAS,

@@ -20,11 +20,12 @@ from sqlalchemy import select
 
 from segrep.catalog import models as m
 from segrep.core import hlc
+from segrep.core.states import SplitState
 from segrep.data import demo as demo_data
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
-from segrep.replication.run import run_round, run_split
-from segrep.split.workflow import SplitState
+from segrep.replication.run import run_round
+from segrep.split.run import run_split
 from tests.conftest import Env, make_env, pg_schema_url
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.postgres]

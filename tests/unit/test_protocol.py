@@ -22,14 +22,12 @@ from segrep.core.chain import (
 from segrep.core.protocol import (
     MAX_REPL_INCOMING_SEGMENTS,
     Offer,
-    Outcome,
-    PartitionState,
-    Reaction,
     ReceiverView,
     apply_fast_forward,
     receive_decision,
     sender_reaction,
 )
+from segrep.core.states import Outcome, PartitionState, Reaction
 from tests.unit.test_chain import Built, built_chains, ids, seg
 
 LEADER_PID = 7

@@ -31,14 +31,12 @@ from segrep.core.chain import (
 from segrep.core.protocol import (
     MAX_REPL_INCOMING_SEGMENTS,
     Offer,
-    Outcome,
-    PartitionState,
-    Reaction,
     ReceiverView,
     apply_fast_forward,
     receive_decision,
     sender_reaction,
 )
+from segrep.core.states import Outcome, PartitionState, Reaction
 
 LEADER_PID = 1
 OLD_LEADER_PID = 0  # the placement that led before the current one (fenced by id and epoch)

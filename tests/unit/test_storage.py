@@ -24,8 +24,10 @@ from segrep.core import hlc, ids
 from segrep.core import schema as sch
 from segrep.core.errors import CorruptSegmentError, SegrepError
 from segrep.core.names import check_name, check_segment_id
+from segrep.storage import atomic
 from segrep.storage import site as storage
-from segrep.storage.site import FileFacts, Site, segment_relpath
+from segrep.storage.atomic import FileFacts
+from segrep.storage.site import Site, segment_relpath
 
 SID = "0123456789abcdef0123456789abcdef"
 SID2 = "fedcba9876543210fedcba9876543210"
@@ -229,13 +231,13 @@ def test_atomic_local_write_removes_tmp_on_failure(tmp_path: Path) -> None:
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError):
-        storage.atomic_local_write(final, boom)
+        atomic.atomic_local_write(final, boom)
     assert os.listdir(tmp_path / "d") == []
 
 
 def test_atomic_local_write_returns_facts(tmp_path: Path) -> None:
     final = tmp_path / "d" / "f.bin"
-    facts = storage.atomic_local_write(str(final), lambda p: Path(p).write_bytes(b"hello"))
+    facts = atomic.atomic_local_write(str(final), lambda p: Path(p).write_bytes(b"hello"))
     assert facts == FileFacts(5, hashlib.sha256(b"hello").hexdigest())
     assert final.read_bytes() == b"hello"
 
@@ -433,12 +435,12 @@ def big_rows(n: int) -> pa.Table:
 
 def test_facts_of_a_large_segment_are_those_on_disk(site: Site, monkeypatch) -> None:
     syncs: list[int] = []
-    real = storage._fdatasync
-    monkeypatch.setattr(storage, "_fdatasync", lambda fd: (syncs.append(fd), real(fd)))
+    real = atomic._fdatasync
+    monkeypatch.setattr(atomic, "_fdatasync", lambda fd: (syncs.append(fd), real(fd)))
     rel = segment_relpath("orders", 0, SID)
     t = big_rows(1_500_000)
     facts = site.write_segment(rel, t, META)
-    assert facts.byte_size > 3 * storage._SYNC_EVERY
+    assert facts.byte_size > 3 * atomic._SYNC_EVERY
     assert facts == disk_facts(Path(site.path(rel)))
     assert len(syncs) >= 3  # bytes were started towards the disk while encoding went on
     assert site.read_segment(rel).equals(t)
@@ -453,12 +455,12 @@ def test_hashing_writer_hashes_exactly_the_bytes_written(tmp_path_factory, sizes
     chunks = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
     wrap = {"b": bytes, "y": bytearray, "m": memoryview}
 
-    def write(out: storage.HashingFileWriter) -> None:
+    def write(out: atomic.HashingFileWriter) -> None:
         for i, chunk in enumerate(chunks):
             assert out.write(wrap[kinds[i % len(kinds)] if kinds else "b"](chunk)) == len(chunk)
         assert out.tell() == sum(sizes)
 
-    facts = storage.atomic_local_write_stream(final, write)
+    facts = atomic.atomic_local_write_stream(final, write)
     data = b"".join(chunks)
     assert facts == FileFacts(len(data), hashlib.sha256(data).hexdigest())
     assert Path(final).read_bytes() == data
@@ -489,12 +491,12 @@ def test_a_failed_write_after_many_chunks_never_deadlocks(tmp_path: Path, monkey
     monkeypatch.setattr(storage.os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(5, "I/O error")))
     final = str(tmp_path / "f.bin")
 
-    def write(out: storage.HashingFileWriter) -> None:
+    def write(out: atomic.HashingFileWriter) -> None:
         for _ in range(500):  # far more chunks than the queue holds
-            out.write(b"x" * storage._BATCH)
+            out.write(b"x" * atomic._BATCH)
 
     with pytest.raises(OSError, match="I/O error"):
-        storage.atomic_local_write_stream(final, write)
+        atomic.atomic_local_write_stream(final, write)
     assert os.listdir(tmp_path) == []
 
 
@@ -505,7 +507,7 @@ def test_a_failed_fsync_fails_the_write(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(storage.os, "fsync", no_fsync)
     final = str(tmp_path / "d" / "f.bin")
     with pytest.raises(OSError, match="I/O error"):
-        storage.atomic_local_write_stream(final, lambda out: out.write(b"hello"))
+        atomic.atomic_local_write_stream(final, lambda out: out.write(b"hello"))
     assert os.listdir(tmp_path / "d") == []
 
 
@@ -513,20 +515,20 @@ def test_hashing_writer_refuses_a_file_changed_behind_its_back(tmp_path: Path) -
     """The size on disk after fsync must be the count of bytes hashed: anything else is not our file."""
     final = str(tmp_path / "f.bin")
 
-    def write(out: storage.HashingFileWriter) -> None:
+    def write(out: atomic.HashingFileWriter) -> None:
         out.write(b"hello")
         with open(out.name, "ab") as other:  # someone appends to the temporary file
             other.write(b"0123456789")  # more bytes than ours, wherever ours land
 
     with pytest.raises(OSError, match="after fsync"):
-        storage.atomic_local_write_stream(final, write)
+        atomic.atomic_local_write_stream(final, write)
     assert os.listdir(tmp_path) == []
 
 
 def test_hashing_writer_refuses_writes_after_close(tmp_path: Path) -> None:
     fd = os.open(tmp_path / "f.bin", os.O_WRONLY | os.O_CREAT)
     try:
-        out = storage.HashingFileWriter(fd)
+        out = atomic.HashingFileWriter(fd)
         out.write(b"abc")
         out.close()
         assert out.closed

@@ -21,7 +21,7 @@ from segrep.config.definitions import Definitions, SiteDef, TableDef
 from segrep.core import hlc, keys
 from segrep.core import schema as sch
 from segrep.core.errors import RefusedError
-from segrep.core.protocol import PartitionState, PlacementState
+from segrep.core.states import PartitionState, PlacementState
 
 
 @dataclass(frozen=True)

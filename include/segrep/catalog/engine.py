@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
+from segrep.catalog.migrate import current_revision, head_revision
 from segrep.core.errors import SegrepError
 
 CATALOG_URL_ENV = "SEGREP_CATALOG_URL"
@@ -99,8 +100,6 @@ class Catalog:
         return inspect(self.engine).has_table("alembic_version")
 
     def require_initialized(self) -> None:
-        from segrep.catalog.migrate import current_revision, head_revision
-
         if not self.is_initialized():
             raise SegrepError(f"catalog {self.safe_url} is not initialized: run `segrep init`")
         if current_revision(self) != head_revision():

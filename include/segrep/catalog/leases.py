@@ -1,4 +1,4 @@
-"""In-flight receipts (the receiver's INFLIGHT) and idempotent inserts, on SQLite and PostgreSQL.
+"""In-flight receipts (the receiver's INFLIGHT), on SQLite and PostgreSQL.
 
 A lease row says "target placement T is receiving segment S until E". The unique key (T, S) is the lock:
 two executions of the same offer race on the INSERT, and the loser sees an integrity error and answers
@@ -7,23 +7,11 @@ INFLIGHT. Nothing here reads and then writes across transactions.
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import delete, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
-
-
-def insert_ignore(s: Session, model: type[m.Base], values: dict[str, Any]) -> bool:
-    """INSERT the row unless its key exists (ON CONFLICT DO NOTHING); True if a row was inserted."""
-    dialect = s.get_bind().dialect.name
-    ins = postgresql.insert(model) if dialect == "postgresql" else sqlite.insert(model)
-    key = list(model.__table__.primary_key.columns)
-    # RETURNING says whether a row went in; rowcount cannot (PostgreSQL drivers may report -1 for an INSERT)
-    return s.execute(ins.values(**values).on_conflict_do_nothing().returning(*key)).first() is not None
 
 
 def expire(s: Session, target_placement_ids: int | list[int], now_us: int) -> None:

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-
-from segrep.catalog.engine import Catalog
+from sqlalchemy.engine import Engine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+class HasEngine(Protocol):
+    """What migrations need of a catalog: its engine (the engine module imports this one, not the reverse)."""
+
+    @property
+    def engine(self) -> Engine: ...
 
 
 def _config() -> Config:
@@ -26,12 +33,12 @@ def head_revision() -> str:
     return head
 
 
-def current_revision(catalog: Catalog) -> str | None:
+def current_revision(catalog: HasEngine) -> str | None:
     with catalog.engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def upgrade(catalog: Catalog, revision: str = "head") -> tuple[str | None, str]:
+def upgrade(catalog: HasEngine, revision: str = "head") -> tuple[str | None, str]:
     """Upgrade the catalog schema; return (revision before, revision after)."""
     before = current_revision(catalog)
     cfg = _config()

@@ -17,7 +17,7 @@ from segrep.core import schema as sch
 from segrep.core.chain import Chain, SegmentRef
 from segrep.core.errors import NotFoundError
 from segrep.core.names import check_name
-from segrep.core.protocol import PartitionState
+from segrep.core.states import PartitionState
 
 WRITABLE_STATES = (PartitionState.LOADING, PartitionState.LIVE, PartitionState.SPLITTING)
 

@@ -18,9 +18,11 @@ from sqlalchemy import delete, select
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.segments import segment_row
 from segrep.core.errors import CorruptSegmentError, RefusedError, SegrepError
+from segrep.storage.atomic import FileFacts
 from segrep.storage.segment_meta import SegmentEntry
-from segrep.storage.site import FileFacts, Site
+from segrep.storage.site import Site
 
 
 @dataclass
@@ -94,7 +96,7 @@ def rebuild_site(catalog: Catalog, site_name: str, *, dry_run: bool = False) -> 
         for pl in placements.values():
             s.execute(delete(m.Segment).where(m.Segment.placement_id == pl.placement_id))
             for entry, relpath, facts, mtime_us in ordered[pl.placement_id]:
-                s.add(entry.to_row(pl.placement_id, relpath, facts, mtime_us))
+                s.add(segment_row(entry, pl.placement_id, relpath, facts, mtime_us))
             s.flush()
             row = s.get(m.Placement, pl.placement_id)
             if row is None:

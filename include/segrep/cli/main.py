@@ -417,7 +417,7 @@ def split_(
     Exits 1 if the split is still waiting for a parent replica to push (its site is down)."""
     import json
 
-    from segrep.replication.run import run_split
+    from segrep.split.run import run_split
     from segrep.split.workflow import format_progress, split_progress
 
     obj.defs.table(table)

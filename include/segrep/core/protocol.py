@@ -8,49 +8,11 @@ here, so every branch is testable on its own and as a property.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 from segrep.core.chain import Chain, SegmentRef, is_referenced
+from segrep.core.states import Outcome, PartitionState, Reaction
 
 MAX_REPL_INCOMING_SEGMENTS = 8
-
-
-class PartitionState(StrEnum):
-    LOADING = "LOADING"
-    LIVE = "LIVE"
-    SPLITTING = "SPLITTING"
-    UNLOAD = "UNLOAD"
-    UNLOAD_FINAL = "UNLOAD_FINAL"
-
-
-class PlacementState(StrEnum):
-    JOINING = "JOINING"
-    LIVE = "LIVE"
-    REMOVED = "REMOVED"
-
-
-class Outcome(StrEnum):
-    """The receiver's answer to an offer: two ways to accept, five reasons to decline."""
-
-    FAST_FORWARD = "FAST_FORWARD"
-    MERGE = "MERGE"
-    SEGMENT_EXISTS = "SEGMENT_EXISTS"
-    OVERLOADED = "OVERLOADED"
-    INVALID = "INVALID"
-    INFLIGHT = "INFLIGHT"
-    OUT_OF_ORDER = "OUT_OF_ORDER"
-
-    @property
-    def accepted(self) -> bool:
-        return self in (Outcome.FAST_FORWARD, Outcome.MERGE)
-
-
-class Reaction(StrEnum):
-    """What the sender does after an outcome."""
-
-    ACK = "ack"  # record the target placement in the segment's acked list, go on with the next segment
-    STOP = "stop"  # stop offering to this target for now; retry next round (with backoff)
-    RESTART = "restart"  # drop the target's acks for this partition and restart from the newest major
 
 
 @dataclass(frozen=True)

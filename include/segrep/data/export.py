@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from segrep.storage.site import atomic_local_write
+from segrep.storage.atomic import atomic_local_write
 
 
 def format_rows(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

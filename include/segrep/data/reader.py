@@ -25,7 +25,7 @@ from segrep.core import keys
 from segrep.core import schema as sch
 from segrep.core.chain import visible_segments
 from segrep.core.errors import NotFoundError
-from segrep.core.protocol import PartitionState
+from segrep.core.states import PartitionState
 from segrep.storage.site import Site
 
 

@@ -23,12 +23,14 @@ from sqlalchemy import update
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.segments import register_segment
 from segrep.core import hlc
 from segrep.core import schema as sch
 from segrep.core.errors import ConflictError, SegrepError
 from segrep.core.ids import new_segment_id
-from segrep.storage.segment_meta import SegmentEntry, entry_stats, register_segment, stamp_rows
-from segrep.storage.site import FileFacts, Site, segment_relpath
+from segrep.storage.atomic import FileFacts
+from segrep.storage.segment_meta import SegmentEntry, entry_stats, stamp_rows
+from segrep.storage.site import Site, segment_relpath
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 20

@@ -33,7 +33,7 @@ from segrep.catalog import queries as q
 from segrep.config.definitions import Definitions
 from segrep.core import hlc
 from segrep.core.errors import RefusedError, SegrepError
-from segrep.core.protocol import PlacementState
+from segrep.core.states import PlacementState
 from segrep.data.reader import placement_files, read_placement, resolve
 from segrep.storage.site import Site
 

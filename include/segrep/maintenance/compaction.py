@@ -22,13 +22,16 @@ from typing import Any
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
+from segrep.catalog.snapshot import PartitionSnapshot, TableSnapshot, snapshot
 from segrep.config.definitions import Definitions, Policy
 from segrep.core import hlc
 from segrep.core.chain import visible_segments
-from segrep.replication.offers import PartitionSnapshot, TableSnapshot, pushes_from, snapshot
+from segrep.replication.offers import pushes_from
 from segrep.spark import launch
-from segrep.spark.jobs import Manifest, MergeItem
+from segrep.spark.items import round_item
+from segrep.spark.manifest import Manifest, MergeItem
 from segrep.spark.results import commit_results
+from segrep.storage.workdir import compaction_paths
 
 
 @dataclass(frozen=True)
@@ -74,10 +77,6 @@ def due(part: PartitionSnapshot, policy: Policy, *, force: bool = False) -> Cand
     return None
 
 
-def work_dir(defs: Definitions, table: str, key: str) -> Path:
-    return defs.data_dir / "work" / "compaction" / table / key
-
-
 def plan_compaction(
     catalog: Catalog,
     defs: Definitions,
@@ -88,8 +87,6 @@ def plan_compaction(
     now_us: int | None = None,
 ) -> CompactionPlan:
     """Pick the partitions due for compaction and write the manifest of their major items."""
-    from segrep.replication.rounds import _item  # one builder for every leader-side Spark item
-
     now = hlc.now_us() if now_us is None else now_us
     policy = defs.policy(table)
     key = f"{table}-compact-{now}"
@@ -103,13 +100,13 @@ def plan_compaction(
         if candidate is None:
             continue
         plan.candidates.append(candidate)
-        item = _item(snap, part, key, "major", [])
+        item = round_item(snap, part, key, "major", [])
         items.append(replace(item, tombstone_cutoff_us=cutoff))
     if items:
         plan.needs_bootstrap = _stop_stale_pushers(catalog, table, [c.partition_id for c in plan.candidates], cutoff)
-        folder = work_dir(defs, table, key)
-        Manifest(key, items).write(folder / "manifest.json")
-        plan.manifest, plan.result = str(folder / "manifest.json"), str(folder / "result.json")
+        mpath, rpath = compaction_paths(defs, table, key)
+        Manifest(key, items).write(mpath)
+        plan.manifest, plan.result = str(mpath), str(rpath)
     return plan
 
 

@@ -29,10 +29,10 @@ from sqlalchemy import delete, func, select
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.snapshot import PartitionSnapshot, snapshot
 from segrep.config.definitions import Definitions, Policy
 from segrep.core import hlc
 from segrep.core.chain import LocalAction, follower_action, leader_action
-from segrep.replication.offers import PartitionSnapshot, snapshot
 from segrep.storage.site import Site
 
 _TMP_RE = re.compile(r"\.[0-9a-f]{32}\.parquet\.tmp-[0-9a-f]+")

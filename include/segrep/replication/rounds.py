@@ -19,7 +19,6 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete, select, update
@@ -28,25 +27,25 @@ from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.segments import entry_of, register_segment
+from segrep.catalog.snapshot import TableSnapshot, snapshot
+from segrep.catalog.sql import insert_ignore, record_ack
 from segrep.config.definitions import Definitions, Policy
 from segrep.core import faults, hlc
 from segrep.core.errors import ConflictError, CorruptSegmentError, NotFoundError, SegrepError
 from segrep.core.names import check_name
-from segrep.core.protocol import Outcome, Reaction, sender_reaction
-from segrep.replication.offers import (
-    PartitionSnapshot,
-    TableSnapshot,
-    leader_decision,
-    offers_to,
-    pushes_from,
-    snapshot,
-)
+from segrep.core.protocol import sender_reaction
+from segrep.core.states import Outcome, Reaction
+from segrep.replication.offers import leader_decision, offers_to, pushes_from
 from segrep.replication.safetime import update_checkpoints_and_safe_time
-from segrep.spark.jobs import FileRef, Manifest, MergeItem, leader_item, output_segment_id
+from segrep.spark.items import file_ref, round_item
+from segrep.spark.manifest import FileRef, Manifest, MergeItem
 from segrep.spark.results import commit_merge_results
-from segrep.storage.segment_meta import SegmentEntry, register_segment
-from segrep.storage.site import FileFacts, Site
+from segrep.storage.atomic import FileFacts
+from segrep.storage.segment_meta import SegmentEntry
+from segrep.storage.site import Site
 from segrep.storage.transfer import copy_verified
+from segrep.storage.workdir import manifest_path
 
 log = logging.getLogger(__name__)
 LEASE_TTL_US = 30 * 60 * 1_000_000
@@ -67,18 +66,6 @@ def round_key(table: str, end_us: int) -> str:
     return f"{table}-{end_us}"
 
 
-def round_dir(defs: Definitions, table: str, end_us: int) -> Path:
-    return defs.data_dir / "work" / "rounds" / table / str(end_us)
-
-
-def manifest_path(defs: Definitions, table: str, end_us: int) -> Path:
-    return round_dir(defs, table, end_us) / "merge-manifest.json"
-
-
-def result_path(defs: Definitions, table: str, end_us: int) -> Path:
-    return round_dir(defs, table, end_us) / "merge-result.json"
-
-
 def clamp_end(end_us: int | None, now_us: int | None = None) -> int:
     """The interval end, never in the future (a segment committed later must not be claimed by this round)."""
     now = hlc.now_us() if now_us is None else now_us
@@ -86,7 +73,7 @@ def clamp_end(end_us: int | None, now_us: int | None = None) -> int:
 
 
 def _ensure_round(s: Any, table_id: int, end_us: int, start_us: int | None) -> m.Round:
-    ls.insert_ignore(
+    insert_ignore(
         s,
         m.Round,
         {"table_id": table_id, "interval_start_us": start_us, "interval_end_us": end_us, "status": "running",
@@ -171,7 +158,7 @@ def plan_round(
             for part in full.partitions:
                 pid = part.partition.partition_id
                 if pid in stuck and pid not in merged:  # merges first; the major follows next round
-                    items.append(_major_item(full, part, key))
+                    items.append(round_item(full, part, key, "major", []))
                     summary["majors"].append(pid)
         rnd.report = {**(rnd.report or {}), "plan": summary}
     manifest = None
@@ -198,35 +185,6 @@ def _target_sites(snap: TableSnapshot, target: str | None) -> list[str]:
     return names
 
 
-def _file_ref(snap: TableSnapshot, placement: m.Placement, seg: m.Segment) -> FileRef:
-    site = snap.sites[placement.site_id]
-    return FileRef(site.name, site.uri, seg.relpath, seg.segment_id, seg.byte_size, seg.sha256, placement.placement_id)
-
-
-def _visible_refs(snap: TableSnapshot, part: PartitionSnapshot) -> list[FileRef]:
-    from segrep.core.chain import visible_segments
-
-    return [
-        _file_ref(snap, part.leader, part.segment(part.leader.placement_id, ref.segment_id))
-        for ref in visible_segments(part.chain(part.leader))
-    ]
-
-
-def _item(snap: TableSnapshot, part: PartitionSnapshot, key: str, kind: str, incoming: list[FileRef]) -> MergeItem:
-    site = snap.sites[part.leader.site_id]
-    visible = _visible_refs(snap, part)
-    base = part.leader.root_segment_id
-    inputs = [f.segment_id for f in (incoming if kind == "merge" else visible)]
-    pid = part.partition.partition_id
-    return leader_item(snap.info, part.partition, part.leader, site, item_id=f"{kind}-{pid}", kind=kind, base=base,
-                       visible=visible, incoming=incoming,
-                       output_segment_id=output_segment_id(key, kind, pid, base, inputs))  # fmt: skip
-
-
-def _major_item(snap: TableSnapshot, part: PartitionSnapshot, key: str) -> MergeItem:
-    return _item(snap, part, key, "major", [])
-
-
 def _plan_merges(
     s: Any, snap: TableSnapshot, key: str, end: int, now: int, policy: Policy, summary: dict[str, Any]
 ) -> list[MergeItem]:
@@ -245,27 +203,18 @@ def _plan_merges(
                 outcome = leader_decision(part, follower, seg, others, policy.max_incoming_segments)
                 summary.setdefault("pushes", Counter())[str(outcome)] += 1
                 if outcome == Outcome.SEGMENT_EXISTS:
-                    _ack(s, follower.placement_id, seg.segment_id, leader.placement_id)
+                    record_ack(s, follower.placement_id, seg.segment_id, leader.placement_id, hlc.now_us())
                 elif outcome == Outcome.MERGE and (
                     seg.segment_id in held
                     or ls.acquire(s, leader.placement_id, seg.segment_id, key, now + MERGE_LEASE_TTL_US)
                 ):
-                    incoming.append(_file_ref(snap, follower, seg))
+                    incoming.append(file_ref(snap.sites[follower.site_id], follower, seg))
         if incoming:
-            items.append(_item(snap, part, key, "merge", incoming))
+            items.append(round_item(snap, part, key, "merge", incoming))
             summary["merges"].append(part.partition.partition_id)
     if "pushes" in summary:
         summary["pushes"] = dict(summary["pushes"])
     return items
-
-
-def _ack(s: Any, holder_id: int, segment_id: str, target_id: int) -> None:
-    ls.insert_ignore(
-        s,
-        m.Ack,
-        {"holder_placement_id": holder_id, "segment_id": segment_id, "target_placement_id": target_id,
-         "acked_us": hlc.now_us()},
-    )  # fmt: skip
 
 
 # -- fast-forward ---------------------------------------------------------------------------------------------
@@ -499,14 +448,14 @@ def _decide_batch(
                 return batch, True, False
             if outcome == Outcome.SEGMENT_EXISTS:
                 report.count(outcome)
-                _ack(s, part.leader.placement_id, seg.segment_id, replica_id)
+                record_ack(s, part.leader.placement_id, seg.segment_id, replica_id, hlc.now_us())
                 continue
             if len(batch) >= room:
                 return batch, False, False
             if seg.segment_id not in held and not ls.acquire(s, replica_id, seg.segment_id, key, now + LEASE_TTL_US):
                 report.count(Outcome.INFLIGHT)
                 return batch, True, False
-            entry = SegmentEntry.from_row(seg, table, part.partition)
+            entry = entry_of(seg, table, part.partition)
             item = CopyItem(leader_site.name, leader_site.uri, target_site.name, target_site.uri, seg.relpath,
                             seg.byte_size, seg.sha256)  # fmt: skip
             batch.append(_Leased(partition_id, part.leader.placement_id, replica_id, part.partition.epoch, seg,
@@ -542,7 +491,7 @@ def _copy_and_commit(
         faults.point("after_commit_before_ack")
         with catalog.write() as s:  # the sender's side: one transaction for the batch
             for leased in committed:
-                _ack(s, leased.leader_id, leased.segment.segment_id, leased.replica_id)
+                record_ack(s, leased.leader_id, leased.segment.segment_id, leased.replica_id, hlc.now_us())
     for leased in committed:
         report.count(Outcome.FAST_FORWARD)
         report.segments_copied += 1
@@ -590,7 +539,7 @@ def _receiver_commit(catalog: Catalog, batch: list[_Leased], key: str) -> list[_
                 if seg.segment_id not in present:
                     register_segment(s, replica, leased.entry, seg.relpath, FileFacts(seg.byte_size, seg.sha256),
                                      now, expected_root=leased.expected_root)  # fmt: skip
-                _ack(s, leased.replica_id, seg.segment_id, leased.leader_id)
+                record_ack(s, leased.replica_id, seg.segment_id, leased.leader_id, hlc.now_us())
                 ls.release(s, leased.replica_id, seg.segment_id, key)
     except ConflictError:
         return []
@@ -606,7 +555,7 @@ def _release_all(catalog: Catalog, batch: list[_Leased], key: str) -> None:
 def _bump_backoff(s: Any, table_id: int, site_id: int, reason: str, policy: Policy) -> None:
     """Exponential back-off per (table, target): retry_delay_s * 2^(failures-1), capped at an hour."""
     now = hlc.now_us()
-    ls.insert_ignore(s, m.Backoff, {"table_id": table_id, "site_id": site_id, "failures": 0, "next_attempt_us": 0,
+    insert_ignore(s, m.Backoff, {"table_id": table_id, "site_id": site_id, "failures": 0, "next_attempt_us": 0,
                                      "last_reason": None, "updated_us": now})  # fmt: skip
     row = s.get(m.Backoff, (table_id, site_id), with_for_update=True)
     row.failures += 1
@@ -627,7 +576,7 @@ def _record_target(
             _bump_backoff(s, table_id, site_id, report.decline_reason or "declined", policy)
         elif report.status == "ok":
             s.execute(delete(m.Backoff).where(m.Backoff.table_id == table_id, m.Backoff.site_id == site_id))
-        ls.insert_ignore(s, m.RoundTarget, {"round_id": round_id, "site_id": site_id, "status": report.status,
+        insert_ignore(s, m.RoundTarget, {"round_id": round_id, "site_id": site_id, "status": report.status,
                                              "report": asdict(report), "updated_us": now})  # fmt: skip
         s.execute(
             update(m.RoundTarget)

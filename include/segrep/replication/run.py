@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
 from segrep.catalog import Catalog
 from segrep.config.definitions import Definitions
-from segrep.core import faults, hlc
-from segrep.core.errors import SplitIncompleteError
+from segrep.core import hlc
 from segrep.replication.rounds import (
     Copier,
     CopyItem,
@@ -25,13 +24,11 @@ from segrep.replication.rounds import (
     commit_round,
     fast_forward_target,
     plan_round,
-    result_path,
-    round_dir,
 )
 from segrep.spark import launch
-from segrep.spark.jobs import write_json_atomic
-
-Submit = Callable[..., None]
+from segrep.spark.launch import Submit
+from segrep.storage.atomic import write_json_atomic
+from segrep.storage.workdir import copy_batch_paths, result_path
 
 
 def spark_copier(defs: Definitions, table: str, end_us: int, site: str, submit: Submit = launch.submit) -> Copier:
@@ -41,8 +38,7 @@ def spark_copier(defs: Definitions, table: str, end_us: int, site: str, submit: 
     def copy(items: list[CopyItem]) -> list[CopyOutcome]:
         nonlocal calls
         calls += 1
-        folder = round_dir(defs, table, end_us)
-        items_file, result_file = folder / f"copy-{site}-{calls}.json", folder / f"copy-{site}-{calls}-result.json"
+        items_file, result_file = copy_batch_paths(defs, table, end_us, site, calls)
         write_json_atomic(items_file, [asdict(i) for i in items])
         submit(
             "distributed_copy", ["--items", str(items_file), "--result", str(result_file)], name=f"segrep-copy-{table}"
@@ -79,53 +75,6 @@ def run_round(
     if plan.manifest:
         run_merge(defs, table, plan.end_us, plan.manifest, submit)
     return commit_round(catalog, defs, table, plan.end_us, merge_ran=plan.manifest is not None)
-
-
-def run_split(
-    catalog: Catalog,
-    defs: Definitions,
-    table: str,
-    partition_id: int,
-    split_keys: Sequence[Any] | None = None,
-    *,
-    is_async: bool = False,
-    submit: Submit = launch.submit,
-    max_passes: int = 3,
-) -> dict[str, Any]:
-    """A whole split without Airflow (``segrep split``): start (or resume), copy passes until SPLIT_FINALIZE,
-    an unload pass, UNLOAD_FINAL. One Spark application per pass that has rewrites or merges to run.
-    If a parent placement cannot push yet (its site is down), the split stays in UNLOAD and a re-run
-    continues it."""
-    from segrep.split import workflow as sp
-
-    if split_keys:
-        ref = sp.start_split(catalog, table, partition_id, list(split_keys), is_async=is_async)
-    else:
-        ref = sp.find_split(catalog, table, partition_id)
-    faults.point("split_after_start")
-    passes: list[dict[str, Any]] = []
-
-    def one_pass() -> sp.PassPlan:
-        plan = sp.plan_pass(catalog, defs, ref.split_id)
-        if plan.manifest:
-            submit("merge", ["--manifest", plan.manifest, "--result", str(plan.result)], name=f"segrep-split-{table}")
-        passes.append({**plan.to_dict(), "commit": sp.commit_pass(catalog, plan)})
-        return plan
-
-    for attempt in range(1, max_passes + 1):
-        if sp.find_split(catalog, table, partition_id).state != sp.SplitState.SPLITTING:
-            break
-        plan = one_pass()
-        try:
-            sp.finalize(catalog, ref.split_id, plan.cut_entry_id)
-        except SplitIncompleteError:
-            if attempt == max_passes:
-                raise
-    faults.point("split_after_finalize")
-    if sp.find_split(catalog, table, partition_id).state == sp.SplitState.UNLOAD:
-        one_pass()
-    finished = sp.finish(catalog, defs, ref.split_id)
-    return {"split_id": ref.split_id, "table": table, "children": ref.children, "passes": passes, **finished}
 
 
 def format_report(report: dict[str, Any], sites: Sequence[str] | None = None) -> str:

@@ -20,13 +20,14 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
-from segrep.catalog import leases as ls
 from segrep.catalog import models as m
+from segrep.catalog.snapshot import PartitionSnapshot, snapshot
+from segrep.catalog.splits import unload_safe_bound
+from segrep.catalog.sql import insert_ignore
 from segrep.core import hlc
 from segrep.core.chain import is_referenced, newest_major, visible_segments
-from segrep.core.protocol import PlacementState
-from segrep.replication.offers import PartitionSnapshot, pushes_from, snapshot
-from segrep.split.workflow import unload_safe_bound
+from segrep.core.states import PlacementState
+from segrep.replication.offers import pushes_from
 
 FOREVER_US = 2**63 - 1
 
@@ -180,7 +181,7 @@ def _upsert_checkpoint(
     # insert_ignore's "inserted" answer is not used: PostgreSQL drivers may report no row count for an
     # INSERT (SQLAlchemy gives -1), so the row is always read back under a lock and compared.
     values = {"partition_id": partition_id, "target_placement_id": target_id}
-    ls.insert_ignore(s, m.Checkpoint, {**values, "segment_id": seg_id, "max_version": version, "updated_us": now})
+    insert_ignore(s, m.Checkpoint, {**values, "segment_id": seg_id, "max_version": version, "updated_us": now})
     row = s.get(m.Checkpoint, (partition_id, target_id), with_for_update=True, populate_existing=True)
     if seg_id is None and row.segment_id is not None:
         return  # only unsettled entries were read: none acked yet says nothing about the settled ones
@@ -190,7 +191,7 @@ def _upsert_checkpoint(
 
 def _advance(s: Session, table_id: int, site_id: int, safe: int, now: int) -> int:
     """Raise the stored safe time to ``safe`` if that is later (never lower it); return the stored value."""
-    ls.insert_ignore(s, m.SafeTime, {"table_id": table_id, "site_id": site_id, "safe_time_us": safe, "updated_us": now})
+    insert_ignore(s, m.SafeTime, {"table_id": table_id, "site_id": site_id, "safe_time_us": safe, "updated_us": now})
     row = s.scalars(
         select(m.SafeTime)
         .where(m.SafeTime.table_id == table_id, m.SafeTime.site_id == site_id)

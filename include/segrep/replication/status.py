@@ -14,10 +14,10 @@ from sqlalchemy import select
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
+from segrep.catalog.snapshot import snapshot
 from segrep.core import hlc
 from segrep.core.chain import offer_order
-from segrep.core.protocol import Outcome
-from segrep.replication.offers import snapshot
+from segrep.core.states import Outcome
 
 DECLINES = (Outcome.OVERLOADED, Outcome.INVALID, Outcome.INFLIGHT, Outcome.OUT_OF_ORDER)
 HEADER = ["table", "target", "safe time", "lag s", "pending segs", "pending bytes", "last round", "declines", "note"]

@@ -17,163 +17,20 @@ PySpark is imported lazily: the package works without it.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import os
-import secrets
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from segrep.core import faults, keys
 from segrep.core import schema as sch
-from segrep.core.errors import CorruptSegmentError, SegrepError
+from segrep.core.errors import CorruptSegmentError
+from segrep.spark.manifest import MANIFEST_FORMAT, FileRef, Manifest, MergeItem
 from segrep.storage.segment_meta import SegmentEntry, entry_stats
-from segrep.storage.site import Site, segment_relpath
+from segrep.storage.site import Site
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-
-    from segrep.catalog import models as m
-    from segrep.catalog.queries import TableInfo
-
-MANIFEST_FORMAT = 1
-
-
-@dataclass(frozen=True)
-class FileRef:
-    site: str
-    uri: str
-    relpath: str
-    segment_id: str
-    byte_size: int
-    sha256: str
-    holder_placement_id: int
-
-
-@dataclass(frozen=True)
-class MergeItem:
-    item_id: str
-    kind: str  # "merge" | "major" | "split"
-    table: str
-    partition_id: int
-    columns: list[tuple[str, str]]  # (name, type) in table order: JSON objects would lose the order
-    primary_key: list[str]
-    schema_fingerprint: str
-    leader_site: str
-    leader_uri: str
-    leader_placement_id: int
-    leader_site_id: int
-    epoch: int
-    base_segment_id: str | None
-    partition_begin: Any
-    partition_end: Any
-    visible: list[FileRef]
-    incoming: list[FileRef] = field(default_factory=list)
-    output_segment_id: str = ""
-    # major only: tombstones with a row version before this are dropped (None keeps all; DESIGN 7, grace)
-    tombstone_cutoff_us: int | None = None
-    # merge and split: incoming rows outside [partition_begin, partition_end) on this column are left out
-    partition_key: str = ""
-    # split only: the source segment's shape, kept by the rewrite
-    is_major: bool = False
-    included_segment_ids: list[str] = field(default_factory=list)
-
-    @property
-    def output_relpath(self) -> str:
-        return segment_relpath(self.table, self.partition_id, self.output_segment_id)
-
-
-@dataclass(frozen=True)
-class Manifest:
-    round_key: str
-    items: list[MergeItem]
-
-    def to_json(self) -> str:
-        return json.dumps({"format": MANIFEST_FORMAT, **asdict(self)}, sort_keys=True)
-
-    def write(self, path: str | os.PathLike[str]) -> None:
-        write_json_atomic(path, json.loads(self.to_json()))
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Manifest:
-        try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise SegrepError(f"cannot read merge manifest {path}: {exc}") from None
-        if doc.get("format") != MANIFEST_FORMAT:
-            raise SegrepError(f"merge manifest {path} has format {doc.get('format')!r}, expected {MANIFEST_FORMAT}")
-        items = []
-        for raw in doc["items"]:
-            raw = dict(raw)
-            raw["visible"] = [FileRef(**f) for f in raw["visible"]]
-            raw["incoming"] = [FileRef(**f) for f in raw["incoming"]]
-            items.append(MergeItem(**raw))
-        return cls(doc["round_key"], items)
-
-
-def leader_item(
-    info: TableInfo,
-    partition: m.Partition,
-    leader: m.Placement,
-    site: m.Site,
-    *,
-    item_id: str,
-    kind: str,
-    base: str | None,
-    visible: list[FileRef],
-    incoming: list[FileRef],
-    output_segment_id: str,
-    **extra: Any,
-) -> MergeItem:
-    """An item that writes into ``partition`` at its leader placement (rounds, compaction and splits)."""
-    return MergeItem(
-        item_id=item_id,
-        kind=kind,
-        table=info.name,
-        partition_id=partition.partition_id,
-        columns=list(info.row.columns.items()),
-        primary_key=list(info.primary_key),
-        schema_fingerprint=info.row.schema_fingerprint,
-        leader_site=site.name,
-        leader_uri=site.uri,
-        leader_placement_id=leader.placement_id,
-        leader_site_id=site.site_id,
-        epoch=partition.epoch,
-        base_segment_id=base,
-        partition_begin=partition.begin_key,
-        partition_end=partition.end_key,
-        visible=visible,
-        incoming=incoming,
-        output_segment_id=output_segment_id,
-        **extra,
-    )
-
-
-def output_segment_id(round_key: str, kind: str, partition_id: int, base: str | None, inputs: list[str]) -> str:
-    """Deterministic: the same plan names the same output, so a retry overwrites instead of duplicating."""
-    text = "|".join([round_key, kind, str(partition_id), base or "-", *sorted(inputs)])
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def write_json_atomic(path: str | os.PathLike[str], doc: Any) -> None:
-    """Write JSON to a temporary name, fsync, rename: readers see the old file or the complete new one."""
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{secrets.token_hex(4)}")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(doc, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, final)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-
 
 # -- the Spark side -------------------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from segrep.core.errors import SegrepError
@@ -90,6 +90,9 @@ def spark_env() -> dict[str, str]:
     env.setdefault("PYSPARK_PYTHON", python())
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
+
+
+Submit = Callable[..., None]  # the signature of submit(), for callers that take a stand-in
 
 
 def submit(app: str, args: Sequence[str], *, name: str, master: str | None = None) -> None:

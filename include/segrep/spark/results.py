@@ -19,18 +19,20 @@ from sqlalchemy import select
 from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
+from segrep.catalog.segments import register_segment
+from segrep.catalog.sql import record_ack
 from segrep.config.definitions import Definitions
 from segrep.core import hlc
 from segrep.core.errors import SegrepError
-from segrep.spark.jobs import Manifest, MergeItem
-from segrep.storage.segment_meta import SegmentEntry, register_segment
-from segrep.storage.site import FileFacts, Site
+from segrep.spark.manifest import Manifest, MergeItem
+from segrep.storage.atomic import FileFacts
+from segrep.storage.segment_meta import SegmentEntry
+from segrep.storage.site import Site
+from segrep.storage.workdir import manifest_path, result_path
 
 
 def commit_merge_results(catalog: Catalog, defs: Definitions, table: str, end_us: int) -> dict[str, Any]:
     """Record the results of a round's merge job (if the round planned one)."""
-    from segrep.replication.rounds import manifest_path, result_path
-
     return commit_results(catalog, manifest_path(defs, table, end_us), result_path(defs, table, end_us))
 
 
@@ -107,8 +109,7 @@ def _commit_item(catalog: Catalog, item: MergeItem, output: dict[str, Any] | Non
                 if entry.max_version > part.last_version:
                     part.last_version = entry.max_version  # new writes must win over merged rows
         for ref in item.incoming:
-            ack = {"holder_placement_id": ref.holder_placement_id, "segment_id": ref.segment_id}
-            ls.insert_ignore(s, m.Ack, {**ack, "target_placement_id": leader.placement_id, "acked_us": hlc.now_us()})
+            record_ack(s, ref.holder_placement_id, ref.segment_id, leader.placement_id, hlc.now_us())
         _release_in(s, item, key)
     return outcome
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,30 +32,23 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
-from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.splits import SplitView, candidates, children_of, lacking_counts, split_view
+from segrep.catalog.sql import record_ack
 from segrep.config.definitions import Definitions
 from segrep.core import faults, hlc, keys
-from segrep.core.chain import Chain, is_reference_weak, is_referenced, offer_order, visible_segments
+from segrep.core.chain import is_referenced
 from segrep.core.errors import NotFoundError, SegrepError, SplitIncompleteError
-from segrep.core.protocol import PartitionState, PlacementState, apply_fast_forward
-from segrep.spark.jobs import FileRef, Manifest, MergeItem, leader_item, output_segment_id
+from segrep.core.protocol import apply_fast_forward
+from segrep.core.states import PartitionState, PlacementState, SplitPhase, SplitState
+from segrep.spark.items import file_ref, split_merge_item, split_rewrite_item
+from segrep.spark.manifest import FileRef, Manifest, MergeItem
 from segrep.spark.results import commit_results
 from segrep.storage.site import Site
+from segrep.storage.workdir import split_pass_paths
 
 log = logging.getLogger(__name__)
-
-
-class SplitState:
-    """The split row's state; the partitions carry the protocol's states (SPLITTING, UNLOAD, UNLOAD_FINAL)."""
-
-    SPLITTING = "SPLITTING"  # children being filled from the parent leader
-    UNLOAD = "UNLOAD"  # finalized: writes go to the children; parent placements push what they lack
-    DONE = "DONE"  # UNLOAD_FINAL: the parent is retired
-
-
-COPY, UNLOAD = "copy", "unload"
 
 
 # -- start ----------------------------------------------------------------------------------------------------
@@ -165,16 +157,8 @@ def _lock_partition(s: Session, info: q.TableInfo, partition_id: int) -> m.Parti
     return part
 
 
-def _children(s: Session, parent_id: int) -> list[m.Partition]:
-    return list(
-        s.scalars(
-            select(m.Partition).where(m.Partition.parent_partition_id == parent_id).order_by(m.Partition.partition_id)
-        )
-    )
-
-
 def _ref(s: Session, split: m.Split, table: str) -> SplitRef:
-    kids = [c.partition_id for c in _children(s, split.parent_partition_id)]
+    kids = [c.partition_id for c in children_of(s, split.parent_partition_id)]
     return SplitRef(split.split_id, table, split.parent_partition_id, split.state, split.is_async, kids)
 
 
@@ -192,82 +176,12 @@ def find_split(catalog: Catalog, table: str, partition_id: int) -> SplitRef:
 
 
 @dataclass
-class _View:
-    """One split as the catalog holds it now: parent, children, their placements, lists and the acks."""
-
-    info: q.TableInfo
-    split: m.Split
-    parent: m.Partition
-    children: list[m.Partition]
-    sources: list[m.Placement]  # parent placements that push (copy: the leader; unload: every active one)
-    child_leaders: dict[int, m.Placement]
-    segments: dict[int, list[m.Segment]]
-    acked: dict[int, set[str]]  # child leader placement id -> segment ids acked by any parent placement
-    sites: dict[int, m.Site]
-
-    def chain(self, placement: m.Placement) -> Chain:
-        return q.chain_of(placement, self.segments.get(placement.placement_id, []))
-
-    def by_id(self, placement: m.Placement) -> dict[str, m.Segment]:
-        return {x.segment_id: x for x in self.segments.get(placement.placement_id, [])}
-
-
-def _view(s: Session, split_id: int) -> _View:
-    split = s.get(m.Split, split_id)
-    if split is None:
-        raise NotFoundError(f"no split {split_id} in the catalog")
-    info = q.table_info(s, s.get(m.Table, split.table_id).name)
-    parent = s.get(m.Partition, split.parent_partition_id)
-    children = _children(s, parent.partition_id)
-    parent_pls = q.active_placements(s, [parent.partition_id])
-    if split.state == SplitState.SPLITTING:
-        sources = [pl for pl in parent_pls if pl.placement_id == parent.leader_placement_id]
-    else:  # UNLOAD: every replica is equal; one out of retention holds nothing that may still be merged
-        sources = [pl for pl in parent_pls if not pl.needs_bootstrap]
-    child_pls = {pl.placement_id: pl for pl in q.active_placements(s, [c.partition_id for c in children])}
-    # a finished split's child may have split in turn (retired, no placements): it takes no part any more
-    leaders = {c.partition_id: child_pls[c.leader_placement_id] for c in children if c.leader_placement_id in child_pls}
-    children = [c for c in children if c.partition_id in leaders]
-    ids = [pl.placement_id for pl in (*parent_pls, *leaders.values())]
-    acked: dict[int, set[str]] = defaultdict(set)
-    if parent_pls:
-        rows = s.execute(
-            select(m.Ack.target_placement_id, m.Ack.segment_id).where(
-                m.Ack.holder_placement_id.in_([pl.placement_id for pl in parent_pls]),
-                m.Ack.target_placement_id.in_([pl.placement_id for pl in leaders.values()]),
-            )
-        )
-        for target, seg in rows:
-            acked[target].add(seg)
-    return _View(info, split, parent, children, sources, leaders, q.segments_of(s, ids), acked, q.sites_by_id(s))
-
-
-def _candidates(view: _View, source: m.Placement, child_leader: m.Placement) -> list[m.Segment]:
-    """The source's segments this child has not acked, in offer order: its visible chain (newest major to
-    root) and, when unloading, its forks too (segments on no walk: written while it led, never merged)."""
-    chain = view.chain(source)
-    segs = view.by_id(source)
-    acked = view.acked.get(child_leader.placement_id, set())
-    out = [segs[ref.segment_id] for ref in offer_order(chain, acked)]
-    if view.split.state == SplitState.UNLOAD:
-        on_walk = {x.segment_id for x in out}
-        out += [
-            seg
-            for seg in view.segments.get(source.placement_id, [])
-            if seg.segment_id not in acked
-            and seg.segment_id not in on_walk
-            and not (is_referenced(chain, seg.segment_id) and is_reference_weak(chain, seg.segment_id))
-        ]
-    return out
-
-
-@dataclass
 class PassPlan:
     """What one pass decided: rewrites and merges for the Spark job, acks already recorded, and the cut."""
 
     split_id: int
     table: str
-    phase: str
+    phase: SplitPhase
     state: str
     manifest: str | None = None
     result: str | None = None
@@ -281,38 +195,33 @@ class PassPlan:
         return asdict(self)
 
 
-def split_dir(defs: Definitions, table: str, split_id: int) -> Path:
-    return defs.data_dir / "work" / "splits" / table / str(split_id)
-
-
-def plan_pass(catalog: Catalog, defs: Definitions, split_id: int, phase: str | None = None) -> PassPlan:
+def plan_pass(catalog: Catalog, defs: Definitions, split_id: int, phase: SplitPhase | str | None = None) -> PassPlan:
     """Decide, for every (source placement, child), each segment the child lacks: SEGMENT_EXISTS (acked
     now), a rewrite (fast-forward) or a merge; write the Spark manifest if there is anything to run.
     ``phase`` (copy or unload) plans only if the split is in that phase: a DAG's copy step does nothing for
     an async or already finalized split."""
     now = hlc.now_us()
     with catalog.write() as s:
-        view = _view(s, split_id)
-        current = COPY if view.split.state == SplitState.SPLITTING else UNLOAD
+        view = split_view(s, split_id)
+        current = SplitPhase.COPY if view.split.state == SplitState.SPLITTING else SplitPhase.UNLOAD
         plan = PassPlan(split_id, view.info.name, current, view.split.state)
         if view.split.state == SplitState.DONE or (phase is not None and phase != current):
             return plan
         key = f"{view.info.name}-split{split_id}"
         items: list[MergeItem] = []
         for source in view.sources:
-            if current == COPY:
+            if current == SplitPhase.COPY:
                 plan.cut_entry_id = max((x.entry_id for x in view.segments.get(source.placement_id, [])), default=0)
             for child in view.children:
                 items += _decide(s, view, source, child, key, plan)
         if items:
-            folder = split_dir(defs, view.info.name, split_id)
-            mpath, rpath = folder / f"{current}-{now}-manifest.json", folder / f"{current}-{now}-result.json"
+            mpath, rpath = split_pass_paths(defs, view.info.name, split_id, current, now)
             Manifest(key, items).write(mpath)
             plan.manifest, plan.result = str(mpath), str(rpath)
     return plan
 
 
-def _decide(s: Session, view: _View, source: m.Placement, child: m.Partition, key: str,
+def _decide(s: Session, view: SplitView, source: m.Placement, child: m.Partition, key: str,
             plan: PassPlan) -> list[MergeItem]:  # fmt: skip
     """The receive procedure at a child leader for one source: EXISTS, fast-forward (while the child is
     LOADING and the segment continues its chain) or merge; after the first merge, everything merges."""
@@ -321,53 +230,25 @@ def _decide(s: Session, view: _View, source: m.Placement, child: m.Partition, ke
     loading = child.state == PartitionState.LOADING
     items: list[MergeItem] = []
     incoming: list[FileRef] = []
-    for seg in _candidates(view, source, target):
+    for seg in candidates(view, source, target):
         ref = q.to_ref(seg)
         if is_referenced(sim, seg.segment_id):
-            _ack(s, source.placement_id, seg.segment_id, target.placement_id)
+            record_ack(s, source.placement_id, seg.segment_id, target.placement_id, hlc.now_us())
             plan.exists += 1
         elif loading and not incoming and (seg.base_segment_id == sim.root or (sim.root is None and seg.is_major)):
-            items.append(_item(view, child, target, key, "split", [_file_ref(view, source, seg)], seg))
+            source_ref = file_ref(view.sites[source.site_id], source, seg)
+            items.append(split_rewrite_item(view, child, target, seg, source_ref))
             sim = apply_fast_forward(sim, ref)
             plan.rewrites += 1
         else:
-            incoming.append(_file_ref(view, source, seg))
+            incoming.append(file_ref(view.sites[source.site_id], source, seg))
     if incoming:
-        items.append(_item(view, child, target, key, "merge", incoming, None, sim.root))
+        items.append(split_merge_item(view, child, target, key, incoming, sim.root))
         plan.merges += 1
     lacking = len(incoming) + sum(1 for it in items if it.kind == "split")
     if lacking:
         plan.pending[str(child.partition_id)] = plan.pending.get(str(child.partition_id), 0) + lacking
     return items
-
-
-def _ack(s: Session, holder_id: int, segment_id: str, target_id: int) -> None:
-    ls.insert_ignore(s, m.Ack, {"holder_placement_id": holder_id, "segment_id": segment_id,
-                                "target_placement_id": target_id, "acked_us": hlc.now_us()})  # fmt: skip
-
-
-def _file_ref(view: _View, placement: m.Placement, seg: m.Segment) -> FileRef:
-    site = view.sites[placement.site_id]
-    return FileRef(site.name, site.uri, seg.relpath, seg.segment_id, seg.byte_size, seg.sha256, placement.placement_id)
-
-
-def _item(view: _View, child: m.Partition, target: m.Placement, key: str, kind: str, incoming: list[FileRef],
-          seg: m.Segment | None, base: str | None = None) -> MergeItem:  # fmt: skip
-    """A ``split`` rewrite of ``seg`` for the child (same id, base and shape), or a ``merge`` of ``incoming``
-    into it; both keep only rows inside the child's range."""
-    site, pid, pkey = view.sites[target.site_id], child.partition_id, view.info.partition_key
-    if kind == "split":
-        assert seg is not None
-        shape = {"is_major": bool(seg.is_major), "included_segment_ids": list(seg.included_segment_ids or [])}
-        return leader_item(view.info, child, target, site, item_id=f"split-{pid}-{seg.segment_id}", kind=kind,
-                           base=seg.base_segment_id, visible=[], incoming=incoming,
-                           output_segment_id=seg.segment_id, partition_key=pkey, **shape)  # fmt: skip
-    segs = view.by_id(target)
-    visible = [_file_ref(view, target, segs[r.segment_id]) for r in visible_segments(view.chain(target))]
-    out_id = output_segment_id(key, kind, pid, base, [f.segment_id for f in incoming])
-    return leader_item(view.info, child, target, site, item_id=f"merge-{pid}-{incoming[0].holder_placement_id}",
-                       kind=kind, base=base, visible=visible, incoming=incoming, output_segment_id=out_id,
-                       partition_key=pkey)  # fmt: skip
 
 
 def commit_pass(catalog: Catalog, plan: PassPlan | dict[str, Any]) -> dict[str, Any]:
@@ -382,41 +263,6 @@ def commit_pass(catalog: Catalog, plan: PassPlan | dict[str, Any]) -> dict[str, 
 # -- finalize and finish ----------------------------------------------------------------------------------------
 
 
-def _lacking_segments(view: _View, cut_entry_id: int | None) -> dict[int, list[m.Segment]]:
-    """Per child: the sources' segments (up to the cut, if given) it neither references nor acked."""
-    out: dict[int, list[m.Segment]] = {}
-    for child in view.children:
-        target = view.child_leaders[child.partition_id]
-        chain = view.chain(target)
-        segs = [
-            seg
-            for source in view.sources
-            for seg in _candidates(view, source, target)
-            if (cut_entry_id is None or seg.entry_id <= cut_entry_id) and not is_referenced(chain, seg.segment_id)
-        ]
-        if segs:
-            out[child.partition_id] = segs
-    return out
-
-
-def _lacking(view: _View, cut_entry_id: int | None) -> dict[int, int]:
-    return {child: len(segs) for child, segs in _lacking_segments(view, cut_entry_id).items()}
-
-
-def unload_safe_bound(s: Session, table_id: int) -> int | None:
-    """The instant before the oldest row that the children of a parent in UNLOAD still lack, or None.
-
-    Such rows are readable where the parent's placement holds them (the reader adds it), but no replication
-    of the children vouches for them yet: no site's safe time may pass them until they are merged."""
-    bound: int | None = None
-    query = select(m.Split.split_id).where(m.Split.table_id == table_id, m.Split.state == SplitState.UNLOAD)
-    for split_id in s.scalars(query).all():
-        for segs in _lacking_segments(_view(s, split_id), None).values():
-            low = min(seg.min_version for seg in segs) - 1
-            bound = low if bound is None else min(bound, low)
-    return bound
-
-
 def finalize(catalog: Catalog, split_id: int, cut_entry_id: int | None = None) -> SplitRef:
     """SPLIT_FINALIZE once every child holds the parent leader's segments up to ``cut_entry_id`` (None: all
     of them). Segments written after the cut reach the children through UNLOAD. Raises SegrepError naming
@@ -429,7 +275,7 @@ def finalize(catalog: Catalog, split_id: int, cut_entry_id: int | None = None) -
         table = s.get(m.Table, split.table_id).name
         if split.state != SplitState.SPLITTING:
             return _ref(s, split, table)
-        lacking = _lacking(_view(s, split_id), cut_entry_id)
+        lacking = lacking_counts(split_view(s, split_id), cut_entry_id)
         if lacking:
             what = ", ".join(f"partition {c}: {n}" for c, n in sorted(lacking.items()))
             raise SplitIncompleteError(
@@ -450,7 +296,7 @@ def _finalize_in(s: Session, split: m.Split, parent: m.Partition) -> None:
         .execution_options(synchronize_session=False)
     )
     last = s.scalar(select(m.Partition.last_version).where(m.Partition.partition_id == parent.partition_id)) or 0
-    for child in _children(s, parent.partition_id):
+    for child in children_of(s, parent.partition_id):
         child.state = PartitionState.LIVE
         child.last_version = max(child.last_version, last)
     split.state = SplitState.UNLOAD
@@ -469,8 +315,8 @@ def finish(catalog: Catalog, defs: Definitions, split_id: int) -> dict[str, Any]
         if split.state == SplitState.SPLITTING:
             return {"split_id": split_id, "state": split.state, "waiting": "not finalized yet"}
         if split.state == SplitState.UNLOAD:
-            view = _view(s, split_id)
-            lacking = _lacking(view, None)
+            view = split_view(s, split_id)
+            lacking = lacking_counts(view, None)
             if lacking:
                 return {"split_id": split_id, "state": split.state,
                         "waiting": {str(c): n for c, n in sorted(lacking.items())}}  # fmt: skip
@@ -482,7 +328,7 @@ def finish(catalog: Catalog, defs: Definitions, split_id: int) -> dict[str, Any]
     return {"split_id": split_id, "state": SplitState.DONE, "files_removed": removed, "files_kept": kept}
 
 
-def _retire_parent(s: Session, split: m.Split, view: _View) -> None:
+def _retire_parent(s: Session, split: m.Split, view: SplitView) -> None:
     now = hlc.now_us()
     parent_pls = [pl.placement_id for pl in q.active_placements(s, [view.parent.partition_id])]
     view.parent.state = PartitionState.UNLOAD_FINAL
@@ -525,8 +371,8 @@ def split_progress(catalog: Catalog, table: str | None = None, *, include_done: 
         for split in s.scalars(query):
             if split.state == SplitState.DONE and not include_done:
                 continue
-            view = _view(s, split.split_id)
-            lacking = _lacking(view, None) if split.state != SplitState.DONE else {}
+            view = split_view(s, split.split_id)
+            lacking = lacking_counts(view, None) if split.state != SplitState.DONE else {}
             children = []
             for child in view.children:
                 target = view.child_leaders[child.partition_id]

@@ -5,9 +5,7 @@ entry in the Parquet key-value metadata (key ``segrep.segment``), so a site desc
 can be rebuilt from storage. Files are written to a temporary name in the same directory, hashed, fsynced and
 renamed (then the directory is fsynced): a file visible under its final name is complete, and its sha256 is
 known before the catalog references it.
-
-Local segment files are hashed as their bytes go out (``HashingFileWriter``), not by reading the file back: see
-``atomic_local_write_stream`` for why that verifies as much as a re-read would.
+Atomic writes themselves are in :mod:`segrep.storage.atomic`.
 """
 
 from __future__ import annotations
@@ -16,12 +14,8 @@ import contextlib
 import hashlib
 import json
 import os
-import queue
 import re
-import secrets
-import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,18 +25,10 @@ import pyarrow.parquet as pq
 
 from segrep.core.errors import CorruptSegmentError, SegrepError
 from segrep.core.names import NAME_RE, SEGMENT_ID_RE, check_name, check_segment_id
+from segrep.storage.atomic import CHUNK, FileFacts, atomic_local_write_stream, hash_local, remove_quietly, tmp_name
 
 META_KEY = b"segrep.segment"
 _SEGMENT_PATH_RE = re.compile(rf"{NAME_RE.pattern}/(0|[1-9][0-9]*)/{SEGMENT_ID_RE.pattern}\.parquet")
-_CHUNK = 4 * 1024 * 1024
-_BATCH = 1024 * 1024  # small writes (Parquet page headers) are gathered up to this size before going out
-_SYNC_EVERY = 8 * 1024 * 1024  # start written bytes on their way to disk every this many bytes
-
-
-@dataclass(frozen=True)
-class FileFacts:
-    byte_size: int
-    sha256: str
 
 
 def segment_relpath(table: str, partition_id: int, segment_id: str) -> str:
@@ -82,7 +68,7 @@ class Site:
         final = self.path(relpath)
         if self.local:
             return atomic_local_write_stream(final, lambda out: pq.write_table(table, out))
-        tmp = _tmp_name(final)
+        tmp = tmp_name(final)
         self.fs.create_dir(os.path.dirname(final), recursive=True)
         with self.fs.open_output_stream(tmp) as out:
             pq.write_table(table, out)
@@ -91,7 +77,7 @@ class Site:
 
     def delete(self, relpath: str) -> None:
         if self.local:
-            _remove_quietly(self.path(relpath))
+            remove_quietly(self.path(relpath))
         else:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.delete_file(self.path(relpath))
@@ -100,11 +86,11 @@ class Site:
     def facts(self, relpath: str) -> FileFacts:
         """Size and sha256 of a stored file, computed from its bytes."""
         if self.local:
-            return _hash_local(self.path(relpath), fsync=False)
+            return hash_local(self.path(relpath), fsync=False)
         digest = hashlib.sha256()
         size = 0
         with self.fs.open_input_stream(self.path(relpath)) as f:
-            while chunk := f.read(_CHUNK):
+            while chunk := f.read(CHUNK):
                 digest.update(chunk)
                 size += len(chunk)
         return FileFacts(size, digest.hexdigest())
@@ -152,256 +138,3 @@ class Site:
             if _SEGMENT_PATH_RE.fullmatch(rel):
                 rels.append(rel)
         return iter(sorted(rels))
-
-
-def atomic_local_write(final: str, write: Callable[[str], None]) -> FileFacts:
-    """Run ``write(tmp_path)``, fsync and hash the result, then rename it to ``final``: readers see the
-    complete file or none. Returns the size and sha256 of what is on disk."""
-    os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
-    tmp = _tmp_name(final)
-    try:
-        write(tmp)
-        facts = _hash_local(tmp, fsync=True)
-        os.rename(tmp, final)
-        _fsync_dir(os.path.dirname(final) or ".")
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
-    return facts
-
-
-def atomic_local_write_stream(
-    final: str,
-    write: Callable[[HashingFileWriter], None],
-    expected: FileFacts | None = None,
-    *,
-    sync_every: int | None = _SYNC_EVERY,
-) -> FileFacts:
-    """Run ``write(stream)`` onto a temporary file beside ``final``, then fsync it, rename it to ``final`` and
-    fsync the directory: readers see the complete file or none. Returns the size and sha256 of the file.
-
-    The sha256 is computed once, from the very bytes handed to write(2) (every one of them: short writes are
-    continued), not by reading the file back. After a successful fsync those bytes are what the file holds
-    on stable storage; the file's size is checked against the count. A re-read at this point would not check
-    anything more: it would be served from the same page cache the bytes were just written into, never from
-    the disk, so it cannot see a bad write to the medium either. Corruption after the fact (a flipped bit at
-    rest, a truncated or replaced file) is what ``Site.verify`` catches, from the bytes, whenever a file is
-    checked against its catalog entry. Any error from write(2), fdatasync or fsync fails the write and
-    removes the temporary file, so nothing unverified ever gets the final name. With ``expected`` (a copy of
-    a known file), facts that differ raise CorruptSegmentError before the rename.
-    """
-    with _temporary_beside(final) as (tmp, fd):
-        with HashingFileWriter(fd, tmp, sync_every=sync_every) as out:
-            write(out)
-            facts = out.finish()
-        _publish(tmp, final, facts, expected, "the bytes written")
-    return facts
-
-
-def atomic_local_copy(source: str, final: str, expected: FileFacts) -> FileFacts:
-    """Copy a local file to ``final`` inside the kernel (copy_file_range: no trip through Python, as cp
-    does), then hash the copy's bytes while it is fsynced, and rename it into place only if they equal
-    ``expected`` (else CorruptSegmentError and nothing appears). The hash is of the destination file as
-    the kernel holds it, so a bad source and a bad copy are both caught. OSError if the kernel cannot copy
-    between these files (the caller falls back to a streamed copy) or a site is unreachable."""
-    with _temporary_beside(final) as (tmp, out):
-        with open(source, "rb", buffering=0) as src:
-            left = os.fstat(src.fileno()).st_size
-            while left > 0:
-                n = os.copy_file_range(src.fileno(), out, left)
-                if n == 0:  # the source shrank under us: the size check below reports it
-                    break
-                left -= n
-        synced: list[BaseException | None] = []
-        flusher = threading.Thread(target=lambda: synced.append(_call(os.fsync, out)), name="segrep-copy-fsync")
-        flusher.start()  # write-back runs while this thread hashes the same bytes from the page cache
-        try:
-            facts = _hash_local(tmp, fsync=False)
-        finally:
-            flusher.join()
-        if synced[0] is not None:
-            raise synced[0]
-        _publish(tmp, final, facts, expected, "the copy")
-    return facts
-
-
-@contextlib.contextmanager
-def _temporary_beside(final: str) -> Iterator[tuple[str, int]]:
-    """A new temporary file beside ``final``, open for writing; removed on any error (``_publish`` renames it)."""
-    os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
-    tmp = _tmp_name(final)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        yield tmp, fd
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
-    finally:
-        os.close(fd)
-
-
-def _publish(tmp: str, final: str, facts: FileFacts, expected: FileFacts | None, what: str) -> None:
-    """Give a synced temporary file its final name (then sync the directory), unless it is not what the
-    catalog expects: CorruptSegmentError, and the caller's ``_temporary_beside`` removes it."""
-    if expected is not None and facts != expected:
-        raise CorruptSegmentError(
-            f"{final}: {what} ({facts.byte_size} bytes, sha256 {facts.sha256[:12]}...) does not match the catalog "
-            f"({expected.byte_size} bytes, sha256 {expected.sha256[:12]}...)"
-        )
-    os.rename(tmp, final)
-    _fsync_dir(os.path.dirname(final) or ".")
-
-
-def _call(fn: Callable[..., Any], *args: Any) -> BaseException | None:
-    try:
-        fn(*args)
-    except BaseException as exc:  # handed to the waiting thread
-        return exc
-    return None
-
-
-class HashingFileWriter:
-    """A write-only binary stream onto an open file that hashes every byte exactly once, on its way out.
-
-    ``write`` (called by pyarrow's Parquet writer from the encoding thread) only gathers bytes; a background
-    thread hashes them, writes them to the file and, every ``_SYNC_EVERY`` bytes, fdatasyncs so they start
-    towards the disk while encoding goes on. Hashing and most of the I/O thus overlap with encoding (on
-    another core), and ``finish`` (the closing fsync) only waits for the tail. An error in the background
-    thread is raised by the next ``write`` and by ``finish``; the file descriptor stays the caller's.
-    """
-
-    def __init__(self, fd: int, name: str = "", *, sync_every: int | None = _SYNC_EVERY) -> None:
-        self.name = name
-        # While pyarrow encodes, early fdatasyncs overlap the disk with the CPU; a plain copy has no CPU work
-        # to overlap, and there one fsync at the end lets the kernel write the file back in one go.
-        self._sync_every = sync_every
-        self._fd = fd
-        self._digest = hashlib.sha256()
-        self._pending = bytearray()
-        self._queued = 0  # bytes accepted by write()
-        self._written = 0  # bytes written to the file by the background thread
-        self._error: BaseException | None = None
-        self._closed = False
-        self._facts: FileFacts | None = None
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=64)
-        self._thread = threading.Thread(target=self._drain, name="segrep-hash-write", daemon=True)
-        self._thread.start()
-
-    # -- the file-like surface pyarrow uses ------------------------------------------------------------------
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def writable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return False
-
-    def seekable(self) -> bool:
-        return False
-
-    def tell(self) -> int:
-        return self._queued
-
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        if self._closed:
-            raise ValueError("write to a closed HashingFileWriter")
-        if self._error is not None:
-            raise self._error
-        n = len(data) if not isinstance(data, memoryview) else data.nbytes
-        if n >= _BATCH and not self._pending and isinstance(data, bytes):
-            self._queue.put(data)  # bytes are immutable: queued as they are, no copy
-        else:
-            self._pending += data
-            if len(self._pending) >= _BATCH:
-                self._queue.put(bytes(self._pending))
-                self._pending.clear()
-        self._queued += n
-        return n
-
-    def flush(self) -> None:
-        """Bytes reach the file in the background; ``finish`` is what makes them durable."""
-
-    def close(self) -> None:
-        """Stop accepting bytes and wait until every accepted byte is hashed and written (not yet fsynced)."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._pending:
-            self._queue.put(bytes(self._pending))
-            self._pending.clear()
-        self._queue.put(None)
-        self._thread.join()
-
-    def finish(self) -> FileFacts:
-        """Close, fsync the file and return the size and sha256 of what it holds."""
-        if self._facts is None:
-            self.close()
-            if self._error is not None:
-                raise self._error
-            os.fsync(self._fd)
-            size = os.fstat(self._fd).st_size
-            if size != self._written or size != self._queued:
-                raise OSError(f"{self.name or 'file'} holds {size} bytes after fsync, {self._queued} were written")
-            self._facts = FileFacts(size, self._digest.hexdigest())
-        return self._facts
-
-    def __enter__(self) -> HashingFileWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # -- background thread -----------------------------------------------------------------------------------
-    def _drain(self) -> None:
-        unsynced = 0
-        while (chunk := self._queue.get()) is not None:
-            if self._error is not None:
-                continue  # keep taking chunks so that write() never blocks on a full queue
-            try:
-                self._digest.update(chunk)  # releases the GIL for large buffers, as os.write does
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(self._fd, view) :]
-                self._written += len(chunk)
-                unsynced += len(chunk)
-                if self._sync_every is not None and unsynced >= self._sync_every:
-                    _fdatasync(self._fd)
-                    unsynced = 0
-            except BaseException as exc:
-                self._error = exc
-
-
-def _fdatasync(fd: int) -> None:
-    (getattr(os, "fdatasync", None) or os.fsync)(fd)
-
-
-def _tmp_name(final: str) -> str:
-    head, tail = os.path.split(final)
-    return os.path.join(head, f".{tail}.tmp-{secrets.token_hex(4)}")
-
-
-def _hash_local(path: str, *, fsync: bool) -> FileFacts:
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-        if fsync:
-            os.fsync(f.fileno())
-    return FileFacts(size, digest.hexdigest())
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove_quietly(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path)

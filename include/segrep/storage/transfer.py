@@ -16,7 +16,8 @@ import os
 import pyarrow.fs as pafs
 
 from segrep.core.errors import CorruptSegmentError
-from segrep.storage.site import FileFacts, HashingFileWriter, Site, atomic_local_copy, atomic_local_write_stream
+from segrep.storage.atomic import FileFacts, HashingFileWriter, atomic_local_copy, atomic_local_write_stream
+from segrep.storage.site import Site
 
 _CHUNK = 4 * 1024 * 1024
 # copy_file_range refuses some pairs of files (older kernels across file systems, some file system types)

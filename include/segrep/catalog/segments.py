@@ -1,0 +1,95 @@
+"""A segment's catalog row: built from its entry, read back as one, and registered in a placement's list.
+
+Registering a segment never reads its rows: it is one INSERT and a conditional root move.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from segrep.catalog import models as m
+from segrep.core.errors import ConflictError
+from segrep.storage.segment_meta import SegmentEntry
+from segrep.storage.site import FileFacts
+
+
+def entry_of(seg: m.Segment, table: str, partition: m.Partition) -> SegmentEntry:
+    """The entry of a catalog row (the footer's metadata as the catalog holds it)."""
+    return SegmentEntry(
+        segment_id=seg.segment_id,
+        table=table,
+        partition_id=seg.partition_id,
+        base_segment_id=seg.base_segment_id,
+        is_major=seg.is_major,
+        row_count=seg.row_count,
+        deleted_rows=seg.deleted_rows,
+        min_version=seg.min_version,
+        max_version=seg.max_version,
+        key_min=seg.key_min,
+        key_max=seg.key_max,
+        origin_site_id=seg.origin_site_id,
+        epoch=seg.epoch,
+        schema_fingerprint=seg.schema_fingerprint,
+        partition_begin=partition.begin_key,
+        partition_end=partition.end_key,
+        included_segment_ids=tuple(seg.included_segment_ids or ()),
+    )
+
+
+def segment_row(entry: SegmentEntry, placement_id: int, relpath: str, facts: FileFacts, committed_us: int) -> m.Segment:
+    """The catalog row of an entry held by a placement."""
+    return m.Segment(
+        placement_id=placement_id,
+        segment_id=entry.segment_id,
+        partition_id=entry.partition_id,
+        base_segment_id=entry.base_segment_id,
+        included_segment_ids=list(entry.included_segment_ids),
+        is_major=entry.is_major,
+        row_count=entry.row_count,
+        deleted_rows=entry.deleted_rows,
+        byte_size=facts.byte_size,
+        sha256=facts.sha256,
+        min_version=entry.min_version,
+        max_version=entry.max_version,
+        key_min=entry.key_min,
+        key_max=entry.key_max,
+        origin_site_id=entry.origin_site_id,
+        epoch=entry.epoch,
+        schema_fingerprint=entry.schema_fingerprint,
+        relpath=relpath,
+        committed_us=committed_us,
+    )
+
+
+def register_segment(
+    s: Session,
+    placement: m.Placement,
+    entry: SegmentEntry,
+    relpath: str,
+    facts: FileFacts,
+    committed_us: int,
+    *,
+    expected_root: str | None,
+    move_root: bool = True,
+) -> m.Segment:
+    """Insert a segment into a placement's list and (by default) make it the root, in the caller's
+    transaction. The root moves only if it is still ``expected_root`` (a conditional update), else
+    ConflictError: someone else extended the chain first and the caller must re-decide."""
+    if move_root:
+        root_is = (
+            m.Placement.root_segment_id.is_(None)
+            if expected_root is None
+            else m.Placement.root_segment_id == expected_root
+        )
+        res = s.execute(
+            update(m.Placement)
+            .where(m.Placement.placement_id == placement.placement_id, root_is)
+            .values(root_segment_id=entry.segment_id)
+            .execution_options(synchronize_session=False)
+        )
+        if res.rowcount != 1:
+            raise ConflictError(f"placement {placement.placement_id}: root moved while writing {entry.segment_id}")
+    row = segment_row(entry, placement.placement_id, relpath, facts, committed_us)
+    s.add(row)
+    return row

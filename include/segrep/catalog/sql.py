@@ -1,0 +1,25 @@
+"""Generic SQL helpers that behave the same on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from segrep.catalog import models as m
+
+
+def insert_ignore(s: Session, model: type[m.Base], values: dict[str, Any]) -> bool:
+    """INSERT the row unless its key exists (ON CONFLICT DO NOTHING); True if a row was inserted."""
+    dialect = s.get_bind().dialect.name
+    ins = postgresql.insert(model) if dialect == "postgresql" else sqlite.insert(model)
+    key = list(model.__table__.primary_key.columns)
+    # RETURNING says whether a row went in; rowcount cannot (PostgreSQL drivers may report -1 for an INSERT)
+    return s.execute(ins.values(**values).on_conflict_do_nothing().returning(*key)).first() is not None
+
+
+def record_ack(s: Session, holder_id: int, segment_id: str, target_id: int, acked_us: int) -> None:
+    """Note that ``target_id`` holds the holder's segment (EventQL 3.6: acks are by placement id); idempotent."""
+    insert_ignore(s, m.Ack, {"holder_placement_id": holder_id, "segment_id": segment_id,
+                             "target_placement_id": target_id, "acked_us": acked_us})  # fmt: skip
