@@ -24,11 +24,15 @@ test: venv
 	@scripts/ensure_postgres.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 format: venv
 	$(BIN)/ruff check --fix .
