@@ -85,7 +85,7 @@ def bench_compaction(rows: pa.Table, source: Path, work: Path, n_batches: int) -
     report = compact(catalog, defs, "lineitem", force=True)
     compact_s = time.perf_counter() - t
     after = read_table(catalog, "lineitem").sort_by(KEY)
-    assert report.get("committed") == len(report["candidates"]), report
+    assert report.committed == len(report.candidates), report
     assert after.equals(before), "compaction changed the resolved rows"
     run_round(catalog, defs, "lineitem")  # dr takes the majors by fast-forward
     assert read_table(catalog, "lineitem", "dr").sort_by(KEY).equals(before)
@@ -93,7 +93,7 @@ def bench_compaction(rows: pa.Table, source: Path, work: Path, n_batches: int) -
     return {
         "compaction_rows_in": rows_in,
         "compaction_rows_out": before.num_rows,
-        "compaction_partitions": len(report["candidates"]),
+        "compaction_partitions": len(report.candidates),
         "compaction_s": compact_s,
         "compaction_rows_per_s": rows_in / compact_s,
         "pyarrow_fold_s": pyarrow_s,
@@ -131,7 +131,7 @@ def bench_bootstrap(work: Path) -> dict[str, float]:
     report = run_round(catalog, defs, "lineitem", target="edge")
     seg_s = time.perf_counter() - t
     cp_times.append(cp())
-    assert report["spark_apps"] == 0 and report["targets"]["edge"]["status"] == "ok", report
+    assert report.spark_apps == 0 and report.targets["edge"].status == "ok", report
     copied = sum(p.stat().st_size for p in (work / "data/sites/edge/lineitem").rglob("*.parquet"))
     total = sum(p.stat().st_size for p in source_dir.rglob("*.parquet"))
     assert read_table(catalog, "lineitem", "edge").sort_by(KEY).equals(read_table(catalog, "lineitem").sort_by(KEY))

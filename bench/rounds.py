@@ -58,7 +58,9 @@ from segrep.config.definitions import load_definitions
 from segrep.core.errors import SegrepError
 from segrep.data import demo as demo_data
 from segrep.data.writer import write_batch
-from segrep.replication.rounds import commit_round, fast_forward_target, plan_round
+from segrep.replication.commit import commit_round
+from segrep.replication.fast_forward import fast_forward_target
+from segrep.replication.plan import plan_round
 from segrep.replication.run import run_round, spark_copier
 from segrep.spark import launch
 
@@ -224,11 +226,11 @@ def bench_fast_forward(rows: pa.Table, source: Path, work: Path, args: argparse.
                         samples[f"cpsync_{cache}"].append(cp_s + sync_s)
                     else:
                         report, seg_s = timed(run_round, catalog, defs, TABLE, target=site, submit=submit)
-                        tr = report["targets"][site]
-                        if tr["status"] != "ok" or tr["segments_copied"] != len(segs):
+                        tr = report.targets[site]
+                        if tr.status != "ok" or tr.segments_copied != len(segs):
                             raise SystemExit(f"(a) round to {site} did not copy everything: {tr}")
                         samples[f"seg_{cache}"].append(seg_s)
-                        samples[f"segff_{cache}"].append(tr["seconds"])
+                        samples[f"segff_{cache}"].append(tr.seconds)
                 log(f"(a) repeat {rep + 1} {cache}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in samples.items()
                                                                    if k.endswith(cache)))  # fmt: skip
                 n += 1
@@ -262,7 +264,7 @@ def bench_noop(catalog: Catalog, defs: Any, repeats: int) -> Results:
             copied += r.segments_copied
         ff_s = time.perf_counter() - start
         report, commit_s = timed(commit_round, catalog, defs, TABLE, plan.end_us, merge_ran=plan.manifest is not None)
-        if copied or plan.manifest or report["status"] != "ok":
+        if copied or plan.manifest or report.status != "ok":
             raise SystemExit(f"(b) the round was not a no-op: copied {copied}, manifest {plan.manifest}")
         parts["plan"].append(plan_s)
         parts["ff"].append(ff_s)
@@ -298,19 +300,19 @@ def bench_merge(rows: pa.Table, source: Path, work: Path, args: argparse.Namespa
             log(f"(c) merge FAILED after {submit.calls[-1]['seconds'] if submit.calls else 0:.0f} s: {exc}")
             catalog.dispose()
             return out
-        merges = report.get("merges", {})
+        merges = report.merges
         apps = [c for c in submit.calls if c["app"] == "merge"]
-        if report["status"] != "ok" or merges.get("rows_merged") != rows.num_rows or len(apps) != 1:
-            raise SystemExit(f"(c) unexpected merge round: status {report['status']}, merges {merges}, apps {apps}")
+        if report.status != "ok" or merges.rows_merged != rows.num_rows or len(apps) != 1:
+            raise SystemExit(f"(c) unexpected merge round: status {report.status}, merges {merges}, apps {apps}")
         merge_s = apps[0]["seconds"]
         out |= {
             "round_s": round_s,
             "merge_submit_s": merge_s,
-            "merge_rows_in": merges["rows_in"],
-            "merge_rows_merged": merges["rows_merged"],
-            "merge_items": merges["items"],
+            "merge_rows_in": merges.rows_in,
+            "merge_rows_merged": merges.rows_merged,
+            "merge_items": merges.items,
             "spark_apps": len(submit.calls),
-            "merge_rows_s": merges["rows_in"] / merge_s,
+            "merge_rows_s": merges.rows_in / merge_s,
         }
         log(f"(c) merge: one spark-submit {merge_s:.1f} s, round {round_s:.1f} s")
         catalog.dispose()

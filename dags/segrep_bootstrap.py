@@ -24,7 +24,6 @@ from segrep.config.definitions import load_definitions
 from segrep_airflow.common import catalog_for, hook_submit
 
 _defs = load_definitions()
-CATCH_UP_ROUNDS = 5
 
 
 @dag(
@@ -71,31 +70,26 @@ def segrep_bootstrap() -> None:
 
     @task
     def catch_up(b: dict[str, Any]) -> list[dict[str, Any]]:
-        from segrep.replication.run import format_report, run_round
-        from segrep.replication.status import status_rows
+        from segrep.cli.format import format_report
+        from segrep.replication.join import catch_up as run_catch_up
 
         defs = load_definitions()
-        catalog = catalog_for(defs)
-        reports = []
-        for _ in range(CATCH_UP_ROUNDS):
-            report = run_round(catalog, defs, b["table"], target=b["site"], submit=hook_submit)
-            print(format_report(report))
-            reports.append({"status": report["status"], "targets": report.get("targets", {})})
-            row = next(r for r in status_rows(catalog, b["table"]) if r["target"] == b["site"])
-            if row["pending_segments"] == 0 and "joining" not in row["note"]:
-                break
-        return reports
+        reports = run_catch_up(catalog_for(defs), defs, b["table"], b["site"], submit=hook_submit)
+        for r in reports:
+            print(format_report(r))
+        return [{"status": str(r.status), "targets": {t: x.to_dict() for t, x in r.targets.items()}} for r in reports]
 
     @task
     def report(b: dict[str, Any]) -> dict[str, Any]:
-        from segrep.replication.status import status_rows
+        from segrep.cli.format import status_note
+        from segrep.replication.join import target_state
 
         defs = load_definitions()
-        row = next(r for r in status_rows(catalog_for(defs), b["table"]) if r["target"] == b["site"])
-        print(row)
-        if "joining" in row["note"] or "NEEDS BOOTSTRAP" in row["note"]:
-            raise RuntimeError(f"{b['site']} has not finished joining {b['table']}: {row['note']} (re-run)")
-        return row
+        state = target_state(catalog_for(defs), b["table"], b["site"])
+        print(state)
+        if state.joining or state.needs_bootstrap:
+            raise RuntimeError(f"{b['site']} has not finished joining {b['table']}: {status_note(state)} (re-run)")
+        return state.to_dict()
 
     joined = bootstrap()
     catch_up(joined) >> report(joined)

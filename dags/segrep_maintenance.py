@@ -69,7 +69,7 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
             if not p["manifest"]:
                 return {"committed": 0}
             defs = load_definitions()
-            return commit_results(catalog_for(defs), Path(p["manifest"]), Path(p["result"]))
+            return commit_results(catalog_for(defs), Path(p["manifest"]), Path(p["result"])).to_dict()
 
         @task(trigger_rule="none_failed_min_one_success")
         def gc(params: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -88,16 +88,14 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
 
         @task(trigger_rule="all_done")
         def continue_splits() -> list[dict[str, Any]]:
-            from segrep.split.run import run_split
-            from segrep.split.workflow import split_progress
+            from segrep.split.run import resume_splits
 
             defs = load_definitions()
-            catalog = catalog_for(defs)
             out = []
-            for row in split_progress(catalog, name):
-                report = run_split(catalog, defs, name, row["parent_partition_id"], submit=hook_submit)
-                print(f"split {report['split_id']} of {name}: {report['state']} {report.get('waiting') or ''}")
-                out.append({k: report.get(k) for k in ("split_id", "state", "waiting")})
+            for report in resume_splits(catalog_for(defs), defs, name, submit=hook_submit):
+                waiting = report.finish.waiting or ""
+                print(f"split {report.split_id} of {name}: {report.state} {waiting}")
+                out.append({"split_id": report.split_id, "state": str(report.state), "waiting": report.finish.waiting})
             return out
 
         planned = plan_compaction()

@@ -25,7 +25,6 @@ that file at parse time and never touches a database or the network.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from airflow.sdk import Param, dag, task
@@ -66,7 +65,7 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
         @task
         def plan(params: dict[str, Any] | None = None, data_interval_start: Any = None,
                  data_interval_end: Any = None) -> dict[str, Any]:  # fmt: skip
-            from segrep.replication.rounds import plan_round
+            from segrep.replication.plan import plan_round
             from segrep.storage.workdir import result_path
 
             p = params or {}
@@ -83,14 +82,14 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
 
         @task(**retry)
         def fast_forward(target: str, p: dict[str, Any]) -> dict[str, Any]:
-            from segrep.replication.rounds import fast_forward_target
+            from segrep.replication.fast_forward import fast_forward_target
             from segrep.replication.run import spark_copier
 
             defs_now = load_definitions()
             copier = spark_copier(defs_now, name, p["end_us"], target, hook_submit)
             report = fast_forward_target(catalog_for(defs_now), defs_now, name, target, p["end_us"],
                                          reoffer=p["reoffer"], big_copier=copier)  # fmt: skip
-            return asdict(report)
+            return report.to_dict()
 
         @task.branch(trigger_rule="all_done")
         def choose(p: dict[str, Any]) -> str:
@@ -100,22 +99,25 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
 
         @task(trigger_rule="none_failed_min_one_success")
         def commit(p: dict[str, Any]) -> dict[str, Any]:
-            from segrep.replication.rounds import commit_round
+            from segrep.replication.commit import commit_round
 
             defs_now = load_definitions()
-            return commit_round(catalog_for(defs_now), defs_now, name, p["end_us"], merge_ran=bool(p["manifest"]))
+            committed = commit_round(catalog_for(defs_now), defs_now, name, p["end_us"], merge_ran=bool(p["manifest"]))
+            return committed.to_dict()
 
         @task(trigger_rule="all_done", retries=0)
         def report(ti: Any = None) -> dict[str, Any]:
-            from segrep.replication.run import format_report
+            from segrep.cli.format import format_report
+            from segrep.replication.reports import RoundReport
 
-            result = ti.xcom_pull(task_ids="commit") if ti is not None else None
-            if not result:
+            raw = ti.xcom_pull(task_ids="commit") if ti is not None else None
+            if not raw:
                 raise RuntimeError(f"round of {name} did not commit (see the merge and commit tasks)")
+            result = RoundReport.from_dict(raw)
             print(format_report(result))
-            if result["failed"]:
-                raise RuntimeError(f"round of {name}: target(s) {', '.join(result['failed'])} failed")
-            return {"status": result["status"], "safe_time_us": result.get("safe_time_us")}
+            if result.failed:
+                raise RuntimeError(f"round of {name}: target(s) {', '.join(result.failed)} failed")
+            return {"status": str(result.status), "safe_time_us": result.safe_time_us}
 
         planned = plan()
         copied = fast_forward.partial(p=planned).expand(target=targets_of(planned))

@@ -105,7 +105,7 @@ def segrep_split() -> None:
 
             summary = commit_pass(catalog_for(load_definitions()), p)
             print(summary)
-            return summary
+            return summary.to_dict()
 
         return commit
 
@@ -120,20 +120,22 @@ def segrep_split() -> None:
 
     @task
     def finish(ref: dict[str, Any]) -> dict[str, Any]:
+        from segrep.cli.format import format_progress
+        from segrep.core.states import SplitState
+        from segrep.split.progress import split_progress
         from segrep.split.workflow import finish as run
-        from segrep.split.workflow import format_progress, split_progress
 
         defs = load_definitions()
         catalog = catalog_for(defs)
         result = run(catalog, defs, ref["split_id"])
-        print(format_progress([r for r in split_progress(catalog, ref["table"], include_done=True)
-                               if r["split_id"] == ref["split_id"]]))  # fmt: skip
-        if result["state"] != "DONE":
+        progress = split_progress(catalog, ref["table"], include_done=True)
+        print(format_progress([r for r in progress if r.split_id == ref["split_id"]]))
+        if result.state != SplitState.DONE:
             raise RuntimeError(
-                f"split {ref['split_id']} of {ref['table']} waits for {result['waiting']}: a parent replica could "
+                f"split {ref['split_id']} of {ref['table']} waits for {result.waiting}: a parent replica could "
                 "not push yet (its site is down?); trigger this DAG again without split keys to resume"
             )
-        return result
+        return result.to_dict()
 
     policy = Policy()
     ref = start()

@@ -1,6 +1,6 @@
 """Spark distributed copy: fast-forward copies above the byte threshold, spread over the executors.
 
-Thin entry point for spark-submit; each executor runs segrep.replication.rounds.copy_one (copy, hash, verify, atomic
+Thin entry point for spark-submit; each executor runs segrep.replication.fast_forward.copy_one (copy, hash, verify,
 rename), exactly what the in-process copier does. The result file lists each copy's outcome; the
 fast-forward task commits the verified ones.
     spark-submit spark_jobs/distributed_copy.py --items ITEMS.json --result R.json
@@ -13,7 +13,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from segrep.replication.rounds import CopyItem, copy_one
+from segrep.replication.fast_forward import CopyItem, copy_one
 from segrep.storage.atomic import write_json_atomic
 
 

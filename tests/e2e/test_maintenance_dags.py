@@ -100,14 +100,15 @@ def test_maintenance_dag_continues_an_unfinished_split(segrep_env: Any) -> None:
     """An async split left in UNLOAD (nobody ran its unload) is finished by the next maintenance run."""
     import pendulum
 
-    from segrep.split.workflow import split_progress, start_split
+    from segrep.split.progress import split_progress
+    from segrep.split.workflow import start_split
 
     env = segrep_env(POLICY)
     write_batch(env.catalog, "events", events_batch(list(range(0, 60)), "a"))
     run_round(env.catalog, env.defs, "events", submit=_no_spark)
     before = read_sorted(env)
     start_split(env.catalog, "events", 5, ["a1"], is_async=True)
-    assert [r["state"] for r in split_progress(env.catalog, "events")] == ["UNLOAD"]
+    assert [r.state for r in split_progress(env.catalog, "events")] == ["UNLOAD"]
     run = load_dag("segrep_maintain_events").test(logical_date=pendulum.now("UTC"))
     assert str(run.state) == "success" and ti_states(run)[("continue_splits", -1)] == "success"
     assert split_progress(env.catalog, "events") == []  # finished: UNLOAD_FINAL

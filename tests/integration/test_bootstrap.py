@@ -22,6 +22,7 @@ from sqlalchemy import select
 
 from segrep.catalog import models as m
 from segrep.catalog.apply import apply_definitions
+from segrep.cli.format import status_note
 from segrep.core import faults, hlc
 from segrep.core.errors import RefusedError, SegrepError
 from segrep.data.reader import placement_files
@@ -97,17 +98,17 @@ def add_edge(env: Env) -> list[str]:
 
 
 def note(env: Env, site: str) -> str:
-    return next(r["note"] for r in status_rows(env.catalog, TABLE) if r["target"] == site)
+    return next(status_note(r) for r in status_rows(env.catalog, TABLE) if r.target == site)
 
 
 def with_majors(env: Env, model: Model) -> None:
     """Writes, a round, more writes and deletes, a compaction of both partitions, a round, GC: the leader
     lists one major per partition."""
     model.upsert(env, range(60), "a")
-    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark)["status"] == "ok"
+    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark).status == "ok"
     model.upsert(env, range(40, 90), "b")
     model.delete(env, range(0, 10))
-    assert compact(env.catalog, env.defs, TABLE, submit=arrow_submit())["committed"] == 2
+    assert compact(env.catalog, env.defs, TABLE, submit=arrow_submit()).committed == 2
     round_until_idle(env)
     collect(env.catalog, env.defs, TABLE)
 
@@ -154,8 +155,8 @@ def out_of_retention(env: Env, model: Model) -> None:
     aside = take_down(env, "dr")
     model.upsert(env, range(30, 70), "b")
     model.delete(env, range(0, 5))
-    assert compact(env.catalog, env.defs, TABLE, submit=arrow_submit())["committed"] == 2
-    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark)["failed"] == ["dr"]
+    assert compact(env.catalog, env.defs, TABLE, submit=arrow_submit()).committed == 2
+    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark).failed == ["dr"]
     retention_us = env.defs.table(TABLE).policy.max_retention_s * 1_000_000
     report = collect(env.catalog, env.defs, TABLE, now_us=hlc.now_us() + retention_us + 60_000_000)
     assert len(report.needs_bootstrap) == 2
@@ -195,8 +196,8 @@ def test_a_new_site_joins_while_writes_continue(dr_only: Env) -> None:
     assert states(env, "edge") == [("JOINING", True), ("JOINING", True)]
     assert note(env, "edge") == "joining; NEEDS BOOTSTRAP: run segrep bootstrap events edge"
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # nothing flows before the bootstrap
-    assert rep["targets"]["edge"]["outcomes"] == {} and triples(env.catalog, "edge") == []
-    assert "edge" not in rep["safe_time_us"]
+    assert rep.targets["edge"].outcomes == {} and triples(env.catalog, "edge") == []
+    assert "edge" not in rep.safe_time_us
 
     model.upsert(env, range(90, 100), "c")  # writes go on
     report = bootstrap(env.catalog, env.defs, TABLE, "edge")
@@ -210,16 +211,16 @@ def test_a_new_site_joins_while_writes_continue(dr_only: Env) -> None:
     before_d.rows = dict(model.rows)
     model.upsert(env, range(100, 110), "d")  # committed after the next round's interval end
     rep = run_round(env.catalog, env.defs, TABLE, until, submit=no_spark)
-    assert rep["targets"]["edge"]["outcomes"] == {"FAST_FORWARD": 4}  # the majors, then the c minors
-    assert rep["spark_apps"] == 0 and "edge" not in rep["safe_time_us"]
+    assert rep.targets["edge"].outcomes == {"FAST_FORWARD": 4}  # the majors, then the c minors
+    assert rep.spark_apps == 0 and "edge" not in rep.safe_time_us
     assert states(env, "edge") == [("JOINING", False), ("JOINING", False)]  # it lacks the leader's d segments
     assert triples(env.catalog, "edge") == before_d.snapshot()
 
     model.upsert(env, range(110, 120), "e")
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    assert rep["targets"]["edge"]["outcomes"] == {"FAST_FORWARD": 4} and rep["status"] == "ok"
+    assert rep.targets["edge"].outcomes == {"FAST_FORWARD": 4} and rep.status == "ok"
     assert states(env, "edge") == [("LIVE", False), ("LIVE", False)]  # JOIN_FINALIZE in the round's commit
-    assert rep["safe_time_us"]["edge"] == rep["end_us"] - 1 and note(env, "edge") == ""
+    assert rep.safe_time_us["edge"] == rep.end_us - 1 and note(env, "edge") == ""
     all_sites_read_the_model(env, model, ALL_SITES)
 
     model.upsert(env, range(5, 15), "f")
@@ -379,7 +380,7 @@ def test_a_replica_past_retention_is_rebootstrapped_into_a_new_placement(both: E
     old = placements_at(env, "dr")
     stale = triples(env.catalog, "dr")
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    assert rep["targets"]["dr"]["outcomes"] == {} and triples(env.catalog, "dr") == stale
+    assert rep.targets["dr"].outcomes == {} and triples(env.catalog, "dr") == stale
 
     code, out, err = cli(env, "bootstrap", TABLE, "dr")
     assert code == 0, err
@@ -399,9 +400,9 @@ def test_a_replica_past_retention_is_rebootstrapped_into_a_new_placement(both: E
 
     model.upsert(env, range(70, 80), "c")
     reports = round_until_idle(env)
-    assert reports[0]["targets"]["dr"]["outcomes"] == {"FAST_FORWARD": 4}  # the majors and the new minors
+    assert reports[0].targets["dr"].outcomes == {"FAST_FORWARD": 4}  # the majors and the new minors
     assert states(env, "dr") == [("LIVE", False), ("LIVE", False)]
-    assert "dr" in reports[-1]["safe_time_us"]
+    assert "dr" in reports[-1].safe_time_us
     assert_safe_time_honest(env.catalog, TABLE, "dr", safe_times(env.catalog)["dr"])
     all_sites_read_the_model(env, model, ALL_SITES)
 
@@ -494,7 +495,7 @@ def test_a_crash_in_a_round_feeding_a_joining_site(
     monkeypatch.delenv(faults.FAULTS_ENV)
     assert_files_match_catalog(env)
     rep = run_round(env.catalog, env.defs, TABLE, end, submit=no_spark)  # the retried task
-    assert rep["status"] == "ok"
+    assert rep.status == "ok"
     round_until_idle(env)
     assert states(env, "edge") == [("LIVE", False), ("LIVE", False)]
     all_sites_read_the_model(env, model, ALL_SITES)

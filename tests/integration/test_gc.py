@@ -30,6 +30,7 @@ from sqlalchemy import select
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.snapshot import snapshot
+from segrep.cli.format import status_note
 from segrep.core import hlc
 from segrep.core import schema as sch
 from segrep.core.chain import visible_segments
@@ -190,14 +191,14 @@ def compacted(env: Env, model: Model) -> None:
     """Three batches and a delete at the leader, a round, a compaction of both partitions, a round."""
     model.upsert(env, range(60), "a")
     model.upsert(env, range(40, 90), "b")
-    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark)["status"] == "ok"
+    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark).status == "ok"
     model.upsert(env, range(80, 100), "c")
     model.delete(env, range(0, 10))
     report = compact(env.catalog, env.defs, TABLE, submit=arrow_submit())
-    assert report["committed"] == 2 and report["spark_apps"] == 1, report
+    assert report.committed == 2 and report.spark_apps == 1, report
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
     for site in REPLICAS:  # the c batch and the delete are behind the majors: only the majors travel
-        assert rep["targets"][site]["outcomes"] == {"FAST_FORWARD": 2}, rep["targets"][site]
+        assert rep.targets[site].outcomes == {"FAST_FORWARD": 2}, rep.targets[site]
 
 
 @pytest.fixture
@@ -317,9 +318,9 @@ def test_an_offline_replica_holds_gc_until_retention_ends(gc_env: Env) -> None:
     aside = take_down(env, "dr")
     model.upsert(env, range(30, 70), "b")
     model.delete(env, range(0, 5))
-    assert compact(env.catalog, env.defs, TABLE, submit=arrow_submit())["committed"] == 2
+    assert compact(env.catalog, env.defs, TABLE, submit=arrow_submit()).committed == 2
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    assert rep["failed"] == ["dr"] and rep["targets"]["edge"]["status"] == "ok"
+    assert rep.failed == ["dr"] and rep.targets["edge"].status == "ok"
     leader_before = set(catalog_relpaths(env, "primary"))
 
     report = collect(env.catalog, env.defs, TABLE)
@@ -330,7 +331,7 @@ def test_an_offline_replica_holds_gc_until_retention_ends(gc_env: Env) -> None:
     retention_us = env.defs.table(TABLE).policy.max_retention_s * 1_000_000
     almost = collect(env.catalog, env.defs, TABLE, now_us=hlc.now_us() + retention_us - 60_000_000)
     assert almost.needs_bootstrap == [] and len(almost.held) == 2 and almost.deletions == []
-    assert not any("NEEDS BOOTSTRAP" in r["note"] for r in status_rows(env.catalog, TABLE))
+    assert not any("NEEDS BOOTSTRAP" in status_note(r) for r in status_rows(env.catalog, TABLE))
 
     past = hlc.now_us() + retention_us + 60_000_000
     code, out, err = cli(env, "gc", TABLE, "--dry-run")  # (real time: still held)
@@ -339,7 +340,7 @@ def test_an_offline_replica_holds_gc_until_retention_ends(gc_env: Env) -> None:
     assert len(report.needs_bootstrap) == 2 and all(" at dr " in x and "needs a bootstrap" in x
                                                     for x in report.needs_bootstrap)  # fmt: skip
     assert {d.site for d in report.deletions} == {"primary"}
-    notes = {r["target"]: r["note"] for r in status_rows(env.catalog, TABLE)}
+    notes = {r.target: status_note(r) for r in status_rows(env.catalog, TABLE)}
     assert "NEEDS BOOTSTRAP: run segrep bootstrap events dr" in notes["dr"] and "NEEDS" not in notes["edge"]
     code, out, err = cli(env, "status", TABLE)
     assert code == 0 and "NEEDS BOOTSTRAP" in out
@@ -347,8 +348,8 @@ def test_an_offline_replica_holds_gc_until_retention_ends(gc_env: Env) -> None:
     bring_up(env, "dr", aside)
     stale = triples(env.catalog, "dr")
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    assert rep["targets"]["dr"]["outcomes"] == {} and triples(env.catalog, "dr") == stale  # no offers, no pushes
-    assert "dr" not in rep["safe_time_us"]
+    assert rep.targets["dr"].outcomes == {} and triples(env.catalog, "dr") == stale  # no offers, no pushes
+    assert "dr" not in rep.safe_time_us
     assert_files_match_catalog(env)
     all_sites_read_the_model(env, model, ("primary", "edge"))
 
@@ -437,11 +438,11 @@ def test_a_caught_up_replica_is_never_out_of_retention(gc_sqlite: Env) -> None:
     retention_us = env.defs.table(TABLE).policy.max_retention_s * 1_000_000
     report = collect(env.catalog, env.defs, TABLE, now_us=hlc.now_us() + 10 * retention_us)
     assert report.needs_bootstrap == [] and report.held == []
-    assert not any(r["note"] for r in status_rows(env.catalog, TABLE))
+    assert not any(status_note(r) for r in status_rows(env.catalog, TABLE))
     assert_lists_hold_exactly_what_chains_need(env)
     model.upsert(env, range(100, 120), "d")
     reports = round_until_idle(env)
-    assert reports[0]["targets"]["dr"]["outcomes"] == {"FAST_FORWARD": 2}  # one new minor per partition
+    assert reports[0].targets["dr"].outcomes == {"FAST_FORWARD": 2}  # one new minor per partition
     all_sites_read_the_model(env, model)
 
 
@@ -455,10 +456,10 @@ def test_a_leader_change_does_not_send_caught_up_replicas_to_a_bootstrap(gc_sqli
     far = hlc.now_us() + 10 * env.defs.table(TABLE).policy.max_retention_s * 1_000_000
     report = collect(env.catalog, env.defs, TABLE, now_us=far)
     assert report.needs_bootstrap == [], report.needs_bootstrap
-    assert not any("NEEDS BOOTSTRAP" in r["note"] for r in status_rows(env.catalog, TABLE))
+    assert not any("NEEDS BOOTSTRAP" in status_note(r) for r in status_rows(env.catalog, TABLE))
     assert {d.site for d in report.deletions} == {"primary", "edge"}  # the new leader waits for acks
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # they answer SEGMENT_EXISTS: acks
-    assert rep["status"] == "ok" and rep["targets"]["edge"]["outcomes"] == {"SEGMENT_EXISTS": 2}
+    assert rep.status == "ok" and rep.targets["edge"].outcomes == {"SEGMENT_EXISTS": 2}
     report = collect(env.catalog, env.defs, TABLE, now_us=far)
     # dr drops what its majors cover; primary the minors it kept because dr never had them (folded into the
     # majors first), which the round's pushes had dr answer SEGMENT_EXISTS for
@@ -483,7 +484,7 @@ def test_compact_cli_selects_partitions_and_launches_nothing_when_nothing_is_due
     assert (code, out.strip()) == (0, f"{TABLE}: no partition is due for compaction"), err
     calls: list[str] = []
     report = compact(env.catalog, env.defs, TABLE, partitions=[p0], force=True, submit=arrow_submit(calls))
-    assert [c["partition_id"] for c in report["candidates"]] == [p0] and report["committed"] == 1
+    assert [c.partition_id for c in report.candidates] == [p0] and report.committed == 1
     assert calls == [f"segrep-compact-{TABLE}"]
     code, _out, err = cli(env, "compact", "nope")
     assert code == 2 and err.startswith("segrep: error: unknown table 'nope'")

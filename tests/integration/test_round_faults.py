@@ -13,8 +13,9 @@ import pytest
 from sqlalchemy import select
 
 from segrep.catalog import models as m
+from segrep.cli.format import format_report
 from segrep.core import faults, hlc
-from segrep.replication.run import format_report, run_round
+from segrep.replication.run import run_round
 from tests.conftest import Env
 from tests.integration.test_rounds import (
     REPLICAS,
@@ -59,7 +60,7 @@ def _leader_acks_to(env: Env, site: str) -> set[str]:
 def test_crash_at_point_then_retry_converges(env: Env, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
     model = Model()
     model.upsert(env, range(40), "a")
-    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark)["status"] == "ok"
+    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark).status == "ok"
     model.upsert(env, range(20, 60), "b")
     model.delete(env, range(0, 6))
     model.upsert(env, range(50, 70), "c")
@@ -94,10 +95,10 @@ def test_crash_at_point_then_retry_converges(env: Env, monkeypatch: pytest.Monke
     assert safe_times(env.catalog) == safe_before  # nothing claimed by the crashed round
 
     retry = run_round(env.catalog, env.defs, TABLE, end, submit=no_spark)  # the retried task: same interval
-    assert retry["status"] == "ok", format_report(retry)
+    assert retry.status == "ok", format_report(retry)
     for site in REPLICAS:
         assert triples(env.catalog, site) == expected, site
-        assert safe_before[site] <= retry["safe_time_us"][site] <= end
+        assert safe_before[site] <= retry.safe_time_us[site] <= end
     assert lease_count(env.catalog) == 0
     round_until_idle(env)
 
@@ -107,7 +108,7 @@ def test_crash_at_point_then_retry_converges(env: Env, monkeypatch: pytest.Monke
     assert_files_match_catalog(env)
     assert lease_count(env.catalog) == 0
     final = safe_times(env.catalog)
-    assert all(final[s] >= retry["safe_time_us"][s] for s in REPLICAS)
+    assert all(final[s] >= retry.safe_time_us[s] for s in REPLICAS)
     for site in REPLICAS:
         assert_safe_time_honest(env.catalog, TABLE, site, final[site])
     assert_acks_are_prefixes(env.catalog, TABLE)
@@ -130,7 +131,7 @@ def test_every_point_at_once_on_successive_retries(env: Env, monkeypatch: pytest
             run_round(env.catalog, env.defs, TABLE, end, submit=no_spark)
         assert_files_match_catalog(env)
     monkeypatch.delenv(faults.FAULTS_ENV)
-    assert run_round(env.catalog, env.defs, TABLE, end, submit=no_spark)["status"] == "ok"
+    assert run_round(env.catalog, env.defs, TABLE, end, submit=no_spark).status == "ok"
     round_until_idle(env)
     assert triples(env.catalog, "dr") == triples(env.catalog, "edge") == model.snapshot()
     assert_each_segment_once(env.catalog)

@@ -11,6 +11,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,23 +23,19 @@ from sqlalchemy import func, select
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog.models import Base
+from segrep.cli.format import format_report, last_round, status_note
 from segrep.cli.main import main
 from segrep.core import hlc
 from segrep.core.chain import visible_segments
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
-from segrep.replication import rounds as rounds_mod
-from segrep.replication.rounds import (
-    CopyItem,
-    CopyOutcome,
-    TargetUnreachable,
-    commit_round,
-    copy_one,
-    fast_forward_target,
-    plan_round,
-)
-from segrep.replication.run import format_report, run_round
+from segrep.replication.commit import commit_round
+from segrep.replication.fast_forward import CopyItem, CopyOutcome, copy_one, fast_forward_target
+from segrep.replication.plan import plan_round
+from segrep.replication.round import TargetUnreachable
+from segrep.replication.run import run_round
 from segrep.replication.status import status_rows
+from segrep.spark.results import CommitSummary
 from segrep.storage.site import Site
 from segrep.storage.transfer import copy_verified
 from tests.conftest import Env, make_env
@@ -281,8 +278,8 @@ def round_until_idle(env: Env, max_rounds: int = 6, **kwargs: Any) -> list[dict[
     for _ in range(max_rounds):
         rep = run_round(env.catalog, env.defs, TABLE, submit=kwargs.pop("submit", no_spark), **kwargs)
         reports.append(rep)
-        busy = any(t.get("segments_copied") or t.get("outcomes") for t in rep["targets"].values())
-        if not busy and not rep["merges"].get("items") and rep["status"] == "ok":
+        busy = any(t.segments_copied or t.outcomes for t in rep.targets.values())
+        if not busy and not rep.merges.items and rep.status == "ok":
             return reports
     pytest.fail(f"no idle round after {max_rounds}: {[format_report(r) for r in reports]}")
 
@@ -296,31 +293,31 @@ def test_two_targets_converge_and_a_second_round_does_nothing(env: Env) -> None:
     model.upsert(env, range(50, 150), "b")
     model.delete(env, range(0, 20))
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    assert rep["status"] == "ok" and rep["failed"] == [] and rep["spark_apps"] == 0
+    assert rep.status == "ok" and rep.failed == [] and rep.spark_apps == 0
     for site in REPLICAS:
-        t = rep["targets"][site]
-        assert t["status"] == "ok"
-        assert t["outcomes"] == {"FAST_FORWARD": 6}, t  # 3 batches x 2 partitions
-        assert t["segments_copied"] == 6 and t["bytes_copied"] > 0
+        t = rep.targets[site]
+        assert t.status == "ok"
+        assert t.outcomes == {"FAST_FORWARD": 6}, t  # 3 batches x 2 partitions
+        assert t.segments_copied == 6 and t.bytes_copied > 0
     leader = assert_replicas_equal_leader(env.catalog)
     assert triples(env.catalog) == model.snapshot() and leader.num_rows == 130
     assert_each_segment_once(env.catalog)
     assert_files_match_catalog(env)
-    assert set(rep["safe_time_us"]) == set(REPLICAS)
-    assert all(v == rep["end_us"] - 1 for v in rep["safe_time_us"].values())
+    assert set(rep.safe_time_us) == set(REPLICAS)
+    assert all(v == rep.end_us - 1 for v in rep.safe_time_us.values())
 
     before = catalog_state(env, skip=("rounds", "round_targets", "safe_times", "checkpoints"))
     again = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    assert again["round_id"] != rep["round_id"] and again["status"] == "ok" and again["spark_apps"] == 0
+    assert again.round_id != rep.round_id and again.status == "ok" and again.spark_apps == 0
     for site in REPLICAS:
-        t = again["targets"][site]
-        assert (t["outcomes"], t["segments_copied"], t["bytes_copied"]) == ({}, 0, 0)
-    assert again["merges"]["items"] == 0
+        t = again.targets[site]
+        assert (t.outcomes, t.segments_copied, t.bytes_copied) == ({}, 0, 0)
+    assert again.merges.items == 0
     text = format_report(again)
     assert text.count("nothing to offer; copied 0 segments, 0 bytes") == 2, text
     assert "spark applications: 0" in text
     assert catalog_state(env, skip=("rounds", "round_targets", "safe_times", "checkpoints")) == before
-    assert all(again["safe_time_us"][s] >= rep["safe_time_us"][s] for s in REPLICAS)
+    assert all(again.safe_time_us[s] >= rep.safe_time_us[s] for s in REPLICAS)
     assert lease_count(env.catalog) == 0
 
 
@@ -331,44 +328,44 @@ def test_interval_end_limits_what_is_offered_and_safe_time_never_decreases(env: 
     second.rows = dict(first.rows)
     second.upsert(env, range(30, 60), "b")
     rep = run_round(env.catalog, env.defs, TABLE, t, submit=no_spark)
-    assert rep["end_us"] == t and rep["status"] == "ok"
+    assert rep.end_us == t and rep.status == "ok"
     for site in REPLICAS:
         assert triples(env.catalog, site) == first.snapshot(), site  # nothing of the second write
-        assert rep["targets"][site]["outcomes"] == {"FAST_FORWARD": 2}
-        assert rep["safe_time_us"][site] <= t
+        assert rep.targets[site].outcomes == {"FAST_FORWARD": 2}
+        assert rep.safe_time_us[site] <= t
         # invariant 4: everything the leader holds up to the safe time is readable at the target
-        assert sorted_table(env.catalog, site, as_of=rep["safe_time_us"][site]).equals(
-            sorted_table(env.catalog, as_of=rep["safe_time_us"][site])
+        assert sorted_table(env.catalog, site, as_of=rep.safe_time_us[site]).equals(
+            sorted_table(env.catalog, as_of=rep.safe_time_us[site])
         )
     previous = safe_times(env.catalog)
-    assert previous == rep["safe_time_us"]
+    assert previous == rep.safe_time_us
 
     earlier = run_round(env.catalog, env.defs, TABLE, t - 10_000_000, submit=no_spark)
-    assert earlier["status"] == "ok"
-    assert all(earlier["targets"][s]["segments_copied"] == 0 for s in REPLICAS)
-    assert earlier["safe_time_us"] == previous  # an earlier interval never lowers it
+    assert earlier.status == "ok"
+    assert all(earlier.targets[s].segments_copied == 0 for s in REPLICAS)
+    assert earlier.safe_time_us == previous  # an earlier interval never lowers it
     assert safe_times(env.catalog) == previous
     for site in REPLICAS:
         assert triples(env.catalog, site) == first.snapshot()
 
     later = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
     for site in REPLICAS:
-        assert later["safe_time_us"][site] > previous[site]
+        assert later.safe_time_us[site] > previous[site]
         assert triples(env.catalog, site) == second.snapshot()
     assert_replicas_equal_leader(env.catalog)
 
 
 def test_a_round_with_nothing_to_do_launches_no_spark(env: Env) -> None:
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # empty table
-    assert rep["spark_apps"] == 0 and rep["status"] == "ok" and rep["merges"] == {"items": 0}
-    assert not (env.root / "data" / "work" / "rounds" / TABLE / str(rep["end_us"]) / "merge-manifest.json").exists()
-    assert all(rep["targets"][s]["outcomes"] == {} for s in REPLICAS)
+    assert rep.spark_apps == 0 and rep.status == "ok" and rep.merges == CommitSummary()
+    assert not (env.root / "data" / "work" / "rounds" / TABLE / str(rep.end_us) / "merge-manifest.json").exists()
+    assert all(rep.targets[s].outcomes == {} for s in REPLICAS)
     write_batch(env.catalog, TABLE, batch(range(10), "a"))
-    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark)["spark_apps"] == 0
+    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark).spark_apps == 0
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    assert rep["spark_apps"] == 0 and rep["merges"]["items"] == 0
+    assert rep.spark_apps == 0 and rep.merges.items == 0
     orders = run_round(env.catalog, env.defs, "orders", submit=no_spark)  # another table, one replica
-    assert orders["spark_apps"] == 0 and set(orders["targets"]) == {"dr"}
+    assert orders.spark_apps == 0 and set(orders.targets) == {"dr"}
 
 
 class FlippingInput:
@@ -441,16 +438,16 @@ def test_corruption_in_transit_is_invalid_backs_off_and_a_retry_replicates(env: 
     edge = fast_forward_target(env.catalog, env.defs, TABLE, "edge", plan.end_us)  # another target is unaffected
     assert edge.status == "ok" and edge.segments_copied == 2
     rep = commit_round(env.catalog, env.defs, TABLE, plan.end_us, merge_ran=False)
-    assert rep["status"] == "partial" and rep["targets"]["dr"]["status"] == "declined"
-    assert "dr" not in rep["safe_time_us"] or rep["safe_time_us"]["dr"] < plan.end_us - 1
-    row = next(r for r in status_rows(env.catalog, TABLE) if r["target"] == "dr")
-    assert row["declines"] == {"INVALID": 2} and "backing off (INVALID)" in row["note"] and row["pending_segments"] == 2
+    assert rep.status == "partial" and rep.targets["dr"].status == "declined"
+    assert "dr" not in rep.safe_time_us or rep.safe_time_us["dr"] < plan.end_us - 1
+    row = next(r for r in status_rows(env.catalog, TABLE) if r.target == "dr")
+    assert row.declines == {"INVALID": 2} and "backing off (INVALID)" in status_note(row) and row.pending_segments == 2
 
     held_off = run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # still inside the back-off window
-    assert held_off["targets"]["dr"]["status"] == "backoff" and held_off["targets"]["dr"]["segments_copied"] == 0
+    assert held_off.targets["dr"].status == "backoff" and held_off.targets["dr"].segments_copied == 0
 
     retry = run_round(env.catalog, env.defs, TABLE, reoffer=True, submit=no_spark)
-    assert retry["status"] == "ok" and retry["targets"]["dr"]["segments_copied"] == 2, format_report(retry)
+    assert retry.status == "ok" and retry.targets["dr"].segments_copied == 2, format_report(retry)
     assert_replicas_equal_leader(env.catalog)
     assert_files_match_catalog(env)
     with env.catalog.read() as s:
@@ -465,17 +462,17 @@ def _item_for_first_segment(env: Env) -> CopyItem:
                     seg.sha256)  # fmt: skip
 
 
-def test_corrupting_copier_through_run_round(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same through the default copier of run_round (both targets corrupt): nothing lands anywhere."""
+def test_corrupting_copier_through_run_round(env: Env) -> None:
+    """The same through the copier given to run_round (both targets corrupt): nothing lands anywhere."""
     write_batch(env.catalog, TABLE, batch(range(10), "a"))
-    monkeypatch.setattr(rounds_mod, "local_copier", corrupting_copier)
-    rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    assert rep["status"] == "partial" and rep["failed"] == []
-    assert {rep["targets"][s]["status"] for s in REPLICAS} == {"declined"}
+    rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark, copier=corrupting_copier)
+    assert rep.status == "partial" and rep.failed == []
+    assert {rep.targets[s].status for s in REPLICAS} == {"declined"}
     assert segment_rows(env.catalog, "dr") == [] and segment_rows(env.catalog, "edge") == []
-    monkeypatch.setattr(rounds_mod, "local_copier", lambda items: [copy_one(i) for i in items])
-    rep = run_round(env.catalog, env.defs, TABLE, reoffer=True, submit=no_spark)
-    assert rep["status"] == "ok"
+    rep = run_round(
+        env.catalog, env.defs, TABLE, reoffer=True, submit=no_spark, copier=lambda items: [copy_one(i) for i in items]
+    )
+    assert rep.status == "ok"
     assert_replicas_equal_leader(env.catalog)
 
 
@@ -498,7 +495,7 @@ def test_outage_fails_one_target_and_a_backfill_catches_up_in_order(outage_env: 
     env = outage_env
     model = Model()
     model.upsert(env, range(20), "a")
-    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark)["status"] == "ok"
+    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark).status == "ok"
     expected_at: list[list[tuple[str, int, str]]] = []
     ends: list[int] = []
     first_missing = []
@@ -513,20 +510,20 @@ def test_outage_fails_one_target_and_a_backfill_catches_up_in_order(outage_env: 
     aside = take_down(env, "dr")
     for end, expected in zip(ends, expected_at, strict=True):
         rep = run_round(env.catalog, env.defs, TABLE, end, submit=no_spark)
-        assert rep["status"] == "failed" and rep["failed"] == ["dr"], format_report(rep)
-        assert rep["targets"]["dr"]["status"] == "failed" and rep["targets"]["edge"]["status"] == "ok"
-        assert "dr" in rep["targets"]["dr"]["error"] or "Error" in rep["targets"]["dr"]["error"]
+        assert rep.status == "failed" and rep.failed == ["dr"], format_report(rep)
+        assert rep.targets["dr"].status == "failed" and rep.targets["edge"].status == "ok"
+        assert "dr" in rep.targets["dr"].error or "Error" in rep.targets["dr"].error
         assert triples(env.catalog, "edge") == expected  # edge proceeds interval by interval
         # dr's safe time may reach the instant before the oldest write it lacks, never further (nor back)
-        assert safe_before["dr"] <= rep["safe_time_us"]["dr"] < first_missing[0]
+        assert safe_before["dr"] <= rep.safe_time_us["dr"] < first_missing[0]
         assert ": failed" in format_report(rep).splitlines()[0]
     with pytest.raises(TargetUnreachable, match="target dr"):
         fast_forward_target(env.catalog, env.defs, TABLE, "dr", ends[-1])
     with env.catalog.read() as s:
         backoff = s.scalars(select(m.Backoff)).one()
         assert backoff.failures == 4 and backoff.last_reason.startswith("unreachable")
-    row = next(r for r in status_rows(env.catalog, TABLE) if r["target"] == "dr")
-    assert row["last_status"] == "failed" and row["last_round"].endswith("failed") and row["pending_segments"] > 0
+    row = next(r for r in status_rows(env.catalog, TABLE) if r.target == "dr")
+    assert row.last_status == "failed" and last_round(row).endswith("failed") and row.pending_segments > 0
     code, out, err = cli(env, "status", TABLE)
     assert code == 0, err
     dr_line = next(line for line in out.splitlines() if line.split()[:2] == [TABLE, "dr"])
@@ -537,9 +534,9 @@ def test_outage_fails_one_target_and_a_backfill_catches_up_in_order(outage_env: 
     last_safe = safe_times(env.catalog)["dr"]
     for end, expected in zip(ends, expected_at, strict=True):  # the backfill: the same intervals, in order
         rep = run_round(env.catalog, env.defs, TABLE, end, submit=no_spark)
-        assert rep["status"] == "ok", format_report(rep)
+        assert rep.status == "ok", format_report(rep)
         assert triples(env.catalog, "dr") == expected
-        safe = rep["safe_time_us"]["dr"]
+        safe = rep.safe_time_us["dr"]
         assert last_safe <= safe <= end
         last_safe = safe
         leader_then = sorted_table(env.catalog, as_of=safe)
@@ -573,7 +570,7 @@ def test_fast_forward_and_commit_twice_change_nothing(env: Env) -> None:
     after_commit = catalog_state(env)
     two = commit_round(env.catalog, env.defs, TABLE, plan.end_us, merge_ran=False)
     assert catalog_state(env) == after_commit
-    assert {k: v for k, v in one.items() if k != "round_id"} == {k: v for k, v in two.items() if k != "round_id"}
+    assert replace(one, round_id=0) == replace(two, round_id=0)
     with env.catalog.read() as s:
         assert s.scalar(select(func.count()).select_from(m.Round)) == 1
         assert s.scalar(select(func.count()).select_from(m.RoundTarget)) == 2
@@ -725,12 +722,12 @@ def test_outage_status_rows_name_the_failure(env: Env) -> None:
     write_batch(env.catalog, TABLE, batch(range(5), "a"))
     aside = take_down(env, "dr")
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    assert rep["failed"] == ["dr"]
-    row = next(r for r in status_rows(env.catalog, TABLE) if r["target"] == "dr")
-    assert row["note"].startswith("backing off (unreachable") and row["last_status"] == "failed"
+    assert rep.failed == ["dr"]
+    row = next(r for r in status_rows(env.catalog, TABLE) if r.target == "dr")
+    assert status_note(row).startswith("backing off (unreachable") and row.last_status == "failed"
     bring_up(env, "dr", aside)
     held = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    assert held["targets"]["dr"]["status"] == "backoff"
+    assert held.targets["dr"].status == "backoff"
     retry = run_round(env.catalog, env.defs, TABLE, reoffer=True, submit=no_spark)
-    assert retry["status"] == "ok"
+    assert retry.status == "ok"
     assert_replicas_equal_leader(env.catalog)

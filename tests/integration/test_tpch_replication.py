@@ -34,7 +34,7 @@ def test_orders_replicate_and_a_site_joins_while_writes_continue(env: Env, tmp_p
     for b in batches[:half]:
         write_batch(env.catalog, "orders", b.rows, delete=b.delete)
     report = run_round(env.catalog, env.defs, "orders", submit=_no_spark)
-    assert report["status"] == "ok" and report["spark_apps"] == 0
+    assert report.status == "ok" and report.spark_apps == 0
 
     # `edge` becomes a replica of a table that holds data: JOINING, fed only after the bootstrap
     env.config.write_text(env.config.read_text().replace("    replicas: [dr]\n", "    replicas: [dr, edge]\n", 1))
@@ -46,7 +46,7 @@ def test_orders_replicate_and_a_site_joins_while_writes_continue(env: Env, tmp_p
             run_round(env.catalog, env.defs, "orders", submit=_no_spark)
     for _ in range(2):
         report = run_round(env.catalog, env.defs, "orders", submit=_no_spark)
-    assert report["status"] == "ok"
+    assert report.status == "ok"
 
     expected = demo_data.expected_rows(batches, "o_orderkey")
     for site in (None, "dr", "edge"):

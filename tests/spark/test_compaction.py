@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import select
 
 from segrep.catalog import models as m
+from segrep.cli.format import status_note
 from segrep.core import faults, hlc
 from segrep.core import schema as sch
 from segrep.maintenance import compaction as compaction_mod
@@ -30,6 +31,7 @@ from segrep.replication.run import run_round
 from segrep.replication.status import status_rows
 from segrep.spark import jobs as merge_mod
 from segrep.spark.manifest import Manifest
+from segrep.spark.results import CommitSummary
 from tests.conftest import ORDERS_YAML, Env, make_env
 from tests.integration.test_gc import (
     _arrow_major_rows,
@@ -78,11 +80,11 @@ def pid_index(env: Env, pid: int) -> int:
 def history(env: Env, model: Model) -> None:
     """Per partition: a major (the first batch) and three minors (an overlapping batch, deletes, a batch)."""
     model.upsert(env, range(60), "a")
-    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark)["status"] == "ok"
+    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark).status == "ok"
     model.upsert(env, range(40, 90), "b")
     model.delete(env, range(0, 10))
     model.upsert(env, range(85, 100), "c")
-    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark)["status"] == "ok"
+    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark).status == "ok"
 
 
 def leader_rows(env: Env) -> dict[int, tuple[m.Placement, list[m.Segment]]]:
@@ -112,9 +114,9 @@ def roots(env: Env, site: str) -> dict[int, str | None]:
 
 def assert_majors_fast_forwarded(env: Env, rep: dict[str, Any], expected_majors: dict[int, str]) -> None:
     for site in ("dr", "edge"):
-        assert rep["targets"][site]["outcomes"] == {"FAST_FORWARD": len(expected_majors)}, rep["targets"][site]
+        assert rep.targets[site].outcomes == {"FAST_FORWARD": len(expected_majors)}, rep.targets[site]
         assert roots(env, site) == expected_majors
-    assert rep["merges"] == {"items": 0} and rep["spark_apps"] == 0
+    assert rep.merges == CommitSummary() and rep.spark_apps == 0
 
 
 # -- the real spark-submit path -------------------------------------------------------------------------------------
@@ -214,7 +216,7 @@ def test_crashes_in_and_after_the_job_then_a_rerun_converges(
     all_sites_read_the_model(env, model, SITES)
 
     report = compact(env.catalog, env.defs, TABLE, submit=submit)  # the re-run plans afresh and commits
-    assert report["committed"] == 2 and report["dropped"] == []
+    assert report.committed == 2 and report.dropped == []
     majors = {pid: leader.root_segment_id for pid, (leader, _s) in leader_rows(env).items()}
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
     assert_majors_fast_forwarded(env, rep, majors)
@@ -248,12 +250,12 @@ def test_tombstones_within_the_grace_defeat_a_late_fork(tmp_path: Path, spark: A
     deleted, updated = _fork_at_dr_then_deletes_at_primary(env, model)
     submit = spark_submit_in(spark)
     report = compact(env.catalog, env.defs, TABLE, force=True, submit=submit)
-    assert report["committed"] == 2 and report["needs_bootstrap"] == []
+    assert report.committed == 2 and report.needs_bootstrap == []
     assert sum(segs[-1].deleted_rows for _l, segs in leader_rows(env).values()) == len(deleted)
 
     reports = round_until_idle(env, submit=submit)  # dr pushes its fork; the merge meets the tombstones
-    assert reports[0]["merges"]["committed"] == 2
-    assert reports[0]["merges"]["rows_merged"] == len(updated)  # its updates of 0-4 lost to the deletes
+    assert reports[0].merges.committed == 2
+    assert reports[0].merges.rows_merged == len(updated)  # its updates of 0-4 lost to the deletes
     for k in updated:
         model.rows[(("a", "b", "x", "y")[k % 4], k)] = f"dr{k}"
     all_sites_read_the_model(env, model, SITES)
@@ -268,16 +270,16 @@ def test_past_the_grace_a_replica_with_an_old_fork_is_rebootstrapped_not_merged(
     time.sleep(1.2)  # the deletes are now older than the grace (1 s); dr has been away as long
     submit = spark_submit_in(spark)
     report = compact(env.catalog, env.defs, TABLE, force=True, submit=submit)
-    assert report["committed"] == 2
-    assert len(report["needs_bootstrap"]) == 2 and all("older than the tombstone grace" in x
-                                                       for x in report["needs_bootstrap"])  # fmt: skip
+    assert report.committed == 2
+    assert len(report.needs_bootstrap) == 2 and all("older than the tombstone grace" in x
+                                                       for x in report.needs_bootstrap)  # fmt: skip
     assert sum(segs[-1].deleted_rows for _l, segs in leader_rows(env).values()) == 0  # tombstones dropped
-    note = {r["target"]: r["note"] for r in status_rows(env.catalog, TABLE)}
+    note = {r.target: status_note(r) for r in status_rows(env.catalog, TABLE)}
     assert "NEEDS BOOTSTRAP" in note["dr"] and "NEEDS BOOTSTRAP" not in note["edge"]
 
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # no push from dr, so no merge
-    assert "pushes" not in rep["plan"] and rep["merges"] == {"items": 0}
-    assert rep["targets"]["dr"]["outcomes"] == {}
+    assert "pushes" not in rep.plan and rep.merges == CommitSummary()
+    assert rep.targets["dr"].outcomes == {}
     all_sites_read_the_model(env, model, ("primary", "edge"))
     assert not {k for _t, k, _p in triples(env.catalog)} & set(deleted)
 

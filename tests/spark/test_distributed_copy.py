@@ -46,9 +46,9 @@ def test_batches_above_the_threshold_are_copied_by_spark(tmp_path: Path) -> None
     report = run_round(env.catalog, env.defs, "events", submit=counting_submit)
 
     assert calls == ["distributed_copy", "distributed_copy"]  # one application per target's batch, no merge
-    assert report["status"] == "ok"
-    assert {site: r["spark_apps"] for site, r in report["targets"].items()} == {"dr": 1, "edge": 1}
-    assert all(r["segments_copied"] == 2 for r in report["targets"].values())
+    assert report.status == "ok"
+    assert {site: r.spark_apps for site, r in report.targets.items()} == {"dr": 1, "edge": 1}
+    assert all(r.segments_copied == 2 for r in report.targets.values())
     key = [("tenant", "ascending"), ("seq", "ascending")]
     leader = read_table(env.catalog, "events").sort_by(key)
     assert leader.num_rows == 300

@@ -46,6 +46,7 @@ from sqlalchemy import select
 
 from segrep.catalog import models as m
 from segrep.catalog.snapshot import snapshot
+from segrep.cli.format import format_report
 from segrep.core import hlc
 from segrep.core.chain import offer_order, visible_segments
 from segrep.core.errors import RefusedError
@@ -54,7 +55,7 @@ from segrep.data.writer import write_batch
 from segrep.maintenance.bootstrap import bootstrap
 from segrep.maintenance.compaction import compact, plan_compaction
 from segrep.maintenance.gc import collect
-from segrep.replication.run import format_report, run_round
+from segrep.replication.run import run_round
 from segrep.spark.results import commit_results
 from segrep.storage.site import Site
 from tests.conftest import make_env
@@ -134,9 +135,9 @@ class MaintenanceMachine(RuleBasedStateMachine):
         report = run_round(self.env.catalog, self.env.defs, TABLE, submit=self.submit)
         text = format_report(report).replace("\n", "\n  ")
         self.log.append(f"round (down: {sorted(self.down)})\n  {text}")
-        assert set(report["failed"]) <= set(self.down), format_report(report)
+        assert set(report.failed) <= set(self.down), format_report(report)
         self.stats["rounds"] += 1
-        self.stats["segments copied"] += sum(t.get("segments_copied", 0) for t in report["targets"].values())
+        self.stats["segments copied"] += sum(t.segments_copied for t in report.targets.values())
 
     @rule(force=st.sampled_from([True, True, False]), later=st.booleans())
     def compaction(self, force: bool, later: bool) -> None:
@@ -148,12 +149,12 @@ class MaintenanceMachine(RuleBasedStateMachine):
             committed = 0
             if plan.manifest and plan.result:
                 submit("merge", ["--manifest", plan.manifest, "--result", plan.result], name="compact")
-                committed = commit_results(self.env.catalog, Path(plan.manifest), Path(plan.result))["committed"]
+                committed = commit_results(self.env.catalog, Path(plan.manifest), Path(plan.result)).committed
             self.log.append(f"compaction later: {len(plan.candidates)} candidate(s), {committed} committed")
         else:
             report = compact(self.env.catalog, self.env.defs, TABLE, force=force, submit=submit)
-            committed = report.get("committed", 0)
-            self.stats["compaction candidates"] += len(report["candidates"])
+            committed = report.committed
+            self.stats["compaction candidates"] += len(report.candidates)
             self.stats["majors dropped"] += len(report.get("dropped", []))
             self.log.append(f"compaction force={force}: {report}")
         self.stats["majors committed"] += committed
@@ -345,8 +346,8 @@ class MaintenanceMachine(RuleBasedStateMachine):
         for _ in range(8):
             report = run_round(self.env.catalog, self.env.defs, TABLE, submit=self.submit)
             reports.append(report)
-            busy = any(t.get("outcomes") or t["status"] != "ok" for t in report["targets"].values())
-            if not busy and not report["merges"].get("items"):
+            busy = any(t.outcomes or t.status != "ok" for t in report.targets.values())
+            if not busy and not report.merges.items:
                 break
         else:
             pytest.fail(self.fail("no idle round:\n" + "\n".join(format_report(r) for r in reports[-3:])))

@@ -19,9 +19,10 @@ import pytest
 from sqlalchemy import delete, select
 
 from segrep.catalog import models as m
+from segrep.cli.format import format_report
 from segrep.core import faults, hlc
 from segrep.core.errors import SegrepError
-from segrep.replication.run import format_report, run_round
+from segrep.replication.run import run_round
 from segrep.spark.jobs import run_manifest
 from segrep.spark.manifest import Manifest
 from segrep.storage.atomic import write_json_atomic
@@ -53,7 +54,7 @@ def fork(env: Env) -> Model:
     and writes over some of dr's keys. Returns the rows everyone must end with."""
     model = Model()
     model.upsert(env, range(60), "a")
-    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark)["status"] == "ok"
+    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark).status == "ok"
     set_leader(env.catalog, "dr")
     model.upsert(env, range(40, 70), "dr")  # 40-49 updated, 60-69 new
     model.delete(env, range(0, 5))  # deleted at dr only
@@ -90,27 +91,27 @@ def test_fork_merged_by_spark_submit_with_a_crash_in_the_job(sqlite_env: Env, mo
     assert not result_path(env.defs, TABLE, end).exists()
 
     retry = run_round(env.catalog, env.defs, TABLE, end)  # Spark application 2: the retried merge
-    assert retry["spark_apps"] == 1, format_report(retry)
-    assert retry["merges"]["committed"] == 2 and retry["merges"]["dropped"] == []
+    assert retry.spark_apps == 1, format_report(retry)
+    assert retry.merges.committed == 2 and retry.merges.dropped == []
     # rows kept: dr's 40-44, 48-49, 60-69 and its deletes of 0-4 (its 45-47 and 50-59 lost to newer writes)
-    assert retry["merges"]["rows_merged"] == 5 + 2 + 10 + 5 and retry["merges"]["rows_in"] == 35
+    assert retry.merges.rows_merged == 5 + 2 + 10 + 5 and retry.merges.rows_in == 35
     assert Manifest.load(manifest_path(env.defs, TABLE, end)).items == manifest.items  # the same plan again
     assert triples(env.catalog) == expected  # the leader has every winner now
-    assert retry["targets"]["dr"]["outcomes"].get("OUT_OF_ORDER")  # dr's own chain cannot take the leader's
+    assert retry.targets["dr"].outcomes.get("OUT_OF_ORDER")  # dr's own chain cannot take the leader's
 
     reports = []
     for _ in range(4):  # Spark application 3: the major segment dr needs; then fast-forwards; then idle
         rep = run_round(env.catalog, env.defs, TABLE)
         reports.append(rep)
         for site in REPLICAS:
-            assert_safe_time_honest(env.catalog, TABLE, site, rep["safe_time_us"][site])
+            assert_safe_time_honest(env.catalog, TABLE, site, rep.safe_time_us[site])
         assert_acks_are_prefixes(env.catalog, TABLE)
-        if all(not t["outcomes"] for t in rep["targets"].values()) and not rep["merges"].get("items"):
+        if all(not t.outcomes for t in rep.targets.values()) and not rep.merges.items:
             break
     else:
         pytest.fail("\n".join(format_report(r) for r in reports))
-    assert sum(r["spark_apps"] for r in reports) == 1, [format_report(r) for r in reports]
-    assert reports[0]["plan"]["majors"] == partitions(env.catalog) and reports[0]["merges"]["committed"] == 2
+    assert sum(r.spark_apps for r in reports) == 1, [format_report(r) for r in reports]
+    assert reports[0].plan.majors == partitions(env.catalog) and reports[0].merges.committed == 2
 
     assert triples(env.catalog) == expected
     assert_replicas_equal_leader(env.catalog)
@@ -142,7 +143,7 @@ def test_a_repeated_merge_keeps_nothing_new(sqlite_env: Env, spark: Any) -> None
     calls: list[str] = []
     submit = inprocess_submit(spark, calls)
     first = run_round(env.catalog, env.defs, TABLE, submit=submit)
-    assert first["merges"]["committed"] == 2 and len(calls) == 1
+    assert first.merges.committed == 2 and len(calls) == 1
     assert triples(env.catalog) == model.snapshot()
     leader_before = segment_rows(env.catalog, "primary")
     files_before = leader_files(env)
@@ -159,8 +160,8 @@ def test_a_repeated_merge_keeps_nothing_new(sqlite_env: Env, spark: Any) -> None
             )
         )
     again = run_round(env.catalog, env.defs, TABLE, submit=submit)
-    assert len(calls) == 2 and again["merges"]["items"] == 2
-    assert again["merges"]["rows_in"] == 35 and again["merges"]["rows_merged"] == 0  # every pushed row loses
+    assert len(calls) == 2 and again.merges.items == 2
+    assert again.merges.rows_in == 35 and again.merges.rows_merged == 0  # every pushed row loses
     result = json.loads(Path(result_path(env.defs, TABLE, again["end_us"])).read_text())
     assert [it["output"] for it in result["items"]] == [None, None] and result["items"][0]["rows_out"] == 0
     assert segment_rows(env.catalog, "primary") == leader_before  # nothing new at the leader

@@ -39,14 +39,14 @@ from sqlalchemy import select
 
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.cli.format import format_report
 from segrep.core import faults, hlc
 from segrep.core.errors import SegrepError, SplitIncompleteError
 from segrep.core.states import SplitState
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
-from segrep.replication import rounds as rounds_mod
-from segrep.replication.rounds import CopyItem, CopyOutcome, copy_one
-from segrep.replication.run import format_report, run_round
+from segrep.replication.fast_forward import CopyItem, CopyOutcome, copy_one, local_copier
+from segrep.replication.run import run_round
 from segrep.spark.jobs import run_manifest
 from segrep.spark.manifest import Manifest
 from segrep.split.workflow import commit_pass, finalize, finish, plan_pass, start_split
@@ -180,12 +180,11 @@ class RoundsMachine(RuleBasedStateMachine):
         end = self.pending_end or hlc.now_us()
         self.log.append(f"round end={end} fault={fault} site={site} retry={self.pending_end is not None}")
         aside = take_down(self.env, site) if fault == "down" else None
-        if fault == "corrupt":
-            rounds_mod.local_copier = corrupting_to(site)  # type: ignore[assignment]
+        copier = corrupting_to(site) if fault == "corrupt" else local_copier
         if fault in POINTS:
             os.environ[faults.FAULTS_ENV] = fault
         try:
-            report = run_round(self.env.catalog, self.env.defs, TABLE, end, submit=self.submit)
+            report = run_round(self.env.catalog, self.env.defs, TABLE, end, submit=self.submit, copier=copier)
         except faults.InjectedFault as exc:
             assert fault in POINTS and fault in str(exc)
             self.stats[f"crash {fault}"] += 1
@@ -198,15 +197,14 @@ class RoundsMachine(RuleBasedStateMachine):
             return
         finally:
             os.environ.pop(faults.FAULTS_ENV, None)
-            rounds_mod.local_copier = ORIGINAL_COPIER  # type: ignore[assignment]
             if aside is not None:
                 bring_up(self.env, site, aside)
         self.pending_end = None
         self.log.append("  " + format_report(report).replace("\n", "\n  "))
         self.count(report)
         if fault == "none":
-            assert report["status"] in ("ok", "partial"), format_report(report)
-        if report["failed"]:
+            assert report.status in ("ok", "partial"), format_report(report)
+        if report.failed:
             assert fault == "down", format_report(report)
 
     @rule(
@@ -254,12 +252,12 @@ class RoundsMachine(RuleBasedStateMachine):
         self.log.append(f"split pass {plan.phase}: {plan.rewrites} rewrites, {plan.merges} merges")
 
     def count(self, report: dict[str, Any]) -> None:
-        merges = report["merges"]
+        merges = report.merges
         self.stats["rounds"] += 1
-        self.stats["merges committed"] += merges.get("committed", 0)
-        self.stats["merge rows kept"] += merges.get("rows_merged", 0)
-        for target in report["targets"].values():
-            for outcome, n in (target.get("outcomes") or {}).items():
+        self.stats["merges committed"] += merges.committed
+        self.stats["merge rows kept"] += merges.rows_merged
+        for target in report.targets.values():
+            for outcome, n in (target.outcomes or {}).items():
                 self.stats[outcome] += n
             self.stats[f"target {target['status']}"] += 1
 
@@ -313,8 +311,8 @@ class RoundsMachine(RuleBasedStateMachine):
             reports.append(report)
             self.count(report)
             self.log.append("  quiesce " + format_report(report).replace("\n", "\n  "))
-            busy = any(t.get("outcomes") or t["status"] != "ok" for t in report["targets"].values())
-            if not busy and not report["merges"].get("items") and retry is None:  # idle up to now
+            busy = any(t.outcomes or t.status != "ok" for t in report.targets.values())
+            if not busy and not report.merges.items and retry is None:  # idle up to now
                 break
         else:
             pytest.fail("no idle round:\n" + "\n".join(self.log + [format_report(r) for r in reports[-3:]]))
@@ -333,9 +331,6 @@ class RoundsMachine(RuleBasedStateMachine):
             targets = {SITE_IDS[site] for site in SITES for leader in leaders if site != leader}
             backoffs = s.scalars(select(m.Backoff.site_id)).all()
             assert not targets & set(backoffs), backoffs
-
-
-ORIGINAL_COPIER = rounds_mod.local_copier
 
 
 def test_rounds_state_machine(spark: Any) -> None:

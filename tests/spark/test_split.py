@@ -16,14 +16,16 @@ import pytest
 from sqlalchemy import select
 
 from segrep.catalog import models as m
+from segrep.cli.format import format_progress
 from segrep.core import faults
 from segrep.core.errors import SegrepError, SplitIncompleteError
 from segrep.core.states import SplitState
 from segrep.replication.run import run_round
 from segrep.spark.jobs import run_manifest
 from segrep.spark.manifest import Manifest
+from segrep.split.progress import split_progress
 from segrep.split.run import run_split
-from segrep.split.workflow import commit_pass, finalize, finish, format_progress, plan_pass, split_progress, start_split
+from segrep.split.workflow import commit_pass, finalize, finish, plan_pass, start_split
 from segrep.storage.atomic import write_json_atomic
 from tests.conftest import Env
 from tests.integration.test_rounds import (
@@ -109,8 +111,8 @@ def test_split_while_writes_continue(env: Env, spark: Any) -> None:
     manifests: list[Manifest] = []
     inprocess(spark, manifests)("merge", ["--manifest", str(plan.manifest), "--result", str(plan.result)], name="t")
     summary = commit_pass(env.catalog, plan)
-    assert summary["committed"] == 10 and summary["dropped"] == []
-    assert commit_pass(env.catalog, plan)["committed"] == 0  # a second commit records nothing twice
+    assert summary.committed == 10 and summary.dropped == []
+    assert commit_pass(env.catalog, plan).committed == 0  # a second commit records nothing twice
     with pytest.raises(SegrepError, match="still lack"):
         finalize(env.catalog, ref.split_id)  # without the cut: the after_cut segment is missing
     assert finalize(env.catalog, ref.split_id, plan.cut_entry_id).state == SplitState.UNLOAD
@@ -130,7 +132,7 @@ def test_split_while_writes_continue(env: Env, spark: Any) -> None:
                                 name="t")  # fmt: skip
     commit_pass(env.catalog, unload)
     done = finish(env.catalog, env.defs, ref.split_id)
-    assert done["state"] == SplitState.DONE and done["files_removed"] > 0
+    assert done.state == SplitState.DONE and done.files_removed > 0
     assert_parent_retired(env)
     assert triples(env.catalog) == model.snapshot()  # after_finalize rows kept over the older after_cut ones
     converge(env)
@@ -156,7 +158,7 @@ def test_finalize_waits_for_every_segment_up_to_the_cut(sqlite_env: Env, spark: 
     plan = plan_pass(env.catalog, env.defs, ref.split_id)
     submit("merge", ["--manifest", str(plan.manifest), "--result", str(plan.result)], name="t")
     summary = commit_pass(env.catalog, plan)
-    assert len(summary["invalid"]) == 2 and summary["committed"] == 0  # its rewrite for each child; the
+    assert len(summary.invalid) == 2 and summary.committed == 0  # its rewrite for each child; the
     # second segment continues the first, so neither child could take it: nothing else was registered
     with pytest.raises(SplitIncompleteError, match="still lack segments"):
         finalize(env.catalog, ref.split_id, plan.cut_entry_id)
@@ -164,7 +166,7 @@ def test_finalize_waits_for_every_segment_up_to_the_cut(sqlite_env: Env, spark: 
 
     path.write_bytes(good)  # repaired (in real life: a re-bootstrap from a replica's copy)
     report = run_split(env.catalog, env.defs, TABLE, PARENT, submit=submit)
-    assert report["state"] == SplitState.DONE and report["passes"][0]["rewrites"] == 2 * 2
+    assert report.state == SplitState.DONE and report.passes[0].rewrites == 2 * 2
     assert triples(env.catalog) == model.snapshot()
     assert_parent_retired(env)
 
@@ -181,12 +183,12 @@ def test_async_split_finalizes_at_once_and_converges(env: Env, spark: Any) -> No
     assert triples(env.catalog) == model.snapshot()  # reads add the unloading parent's rows: nothing is missing
     report = run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # the children's new rows reach dr, edge
     for site in REPLICAS:  # but not the parent's late rows: no site's safe time may claim them yet
-        assert_safe_time_honest(env.catalog, TABLE, site, report["safe_time_us"][site])
+        assert_safe_time_honest(env.catalog, TABLE, site, report.safe_time_us[site])
         late = [p for _t, k, p in triples(env.catalog, site) if 60 <= k < 70]
         assert late == [p for _t, k, p in model.snapshot() if 60 <= k < 70 and _t in ("x", "y")], site
     manifests: list[Manifest] = []
     report = run_split(env.catalog, env.defs, TABLE, PARENT, submit=inprocess(spark, manifests))
-    assert report["state"] == SplitState.DONE and len(manifests) == 1
+    assert report.state == SplitState.DONE and len(manifests) == 1
     assert rewritten(manifests) == []  # async: everything reached the children as merges
     assert triples(env.catalog) == model.snapshot()
     assert_parent_retired(env)
@@ -228,7 +230,7 @@ def test_a_crash_at_each_step_then_a_rerun_converges(
     monkeypatch.delenv(faults.FAULTS_ENV)
     model.upsert(env, range(0, 10), "between")
     report = run_split(env.catalog, env.defs, TABLE, PARENT, ["b"], submit=submit)
-    assert report["state"] == SplitState.DONE
+    assert report.state == SplitState.DONE
     done = rewritten(manifests)
     if point != "in_merge_job":  # a job that died before its result file is re-run; nothing else is
         assert len(done) == len(set(done)) >= 2 * 3
@@ -254,7 +256,7 @@ def test_a_leader_change_mid_split_resumes_from_the_acks(env: Env, spark: Any) -
     set_leader(env.catalog, "dr", partition_ids=[PARENT])  # the parent's leader fails over to dr
     model.upsert(env, range(90, 100), "new_leader")
     report = run_split(env.catalog, env.defs, TABLE, PARENT, submit=submit)
-    assert report["state"] == SplitState.DONE
+    assert report.state == SplitState.DONE
     done = rewritten(manifests)
     assert len(done) == len(set(done)) == 2 * 4  # the two acked segments were never rewritten again
     assert triples(env.catalog) == model.snapshot()
@@ -276,7 +278,7 @@ def test_a_replica_offline_during_the_split_pushes_when_back(outage_env: Env, sp
     manifests: list[Manifest] = []
     submit = inprocess(spark, manifests)
     report = run_split(env.catalog, env.defs, TABLE, PARENT, ["b"], submit=submit)
-    assert report["state"] == SplitState.UNLOAD and report["waiting"]  # edge could not push
+    assert report.state == SplitState.UNLOAD and report.waiting  # edge could not push
     model.upsert(env, range(50, 60), "after_split")  # newer than edge's fork for these keys
     assert partition_states(env)[PARENT] == "UNLOAD"
     code, out, err = cli(env, "status", TABLE)
@@ -286,7 +288,7 @@ def test_a_replica_offline_during_the_split_pushes_when_back(outage_env: Env, sp
 
     bring_up(env, "edge", aside)
     report = run_split(env.catalog, env.defs, TABLE, PARENT, submit=submit)
-    assert report["state"] == SplitState.DONE
+    assert report.state == SplitState.DONE
     assert triples(env.catalog) == model.snapshot()  # edge's fork merged; after_split rows kept
     assert {p for _t, k, p in triples(env.catalog) if 50 <= k < 60} == {f"after_split{k}" for k in range(50, 60)}
     assert_parent_retired(env)

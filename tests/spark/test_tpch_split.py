@@ -125,16 +125,16 @@ def test_split_lineitem_partitions_in_three_sync_and_async_while_writes_continue
     late = [parts for at, parts in zip(writer.started_us, writer.partitions, strict=True) if at > started]
     assert late and not any(ASYNC_PARENT in parts for parts in late)
     for report in (sync, async_):
-        assert report["state"] == SplitState.DONE and len(report["children"]) == 3
-    children = set(sync["children"])
+        assert report.state == SplitState.DONE and len(report.children) == 3
+    children = set(sync.children)
     assert any(PARENT in p for p in writer.partitions[:written_sync]), "no write reached the splitting parent"
     assert any(p & children for p in writer.partitions), "no write reached the children after finalize"
-    assert any(p & set(async_["children"]) for p in writer.partitions[written_sync:])
+    assert any(p & set(async_.children) for p in writer.partitions[written_sync:])
 
     with env.catalog.read() as s:
         states = {p.partition_id: p.state for p in s.scalars(select(m.Partition))}
     for parent, report in ((PARENT, sync), (ASYNC_PARENT, async_)):
-        assert states[parent] == "UNLOAD_FINAL" and {states[c] for c in report["children"]} == {"LIVE"}
+        assert states[parent] == "UNLOAD_FINAL" and {states[c] for c in report.children} == {"LIVE"}
         assert not list((env.site_dir("primary") / "lineitem" / str(parent)).glob("*.parquet"))
 
     for _ in range(2):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
@@ -227,9 +227,7 @@ def _drop_undefined_tables(s: Session, defs: Definitions, changes: list[Change])
 def _drop_table(s: Session, row: m.Table) -> None:
     part_ids = select(m.Partition.partition_id).where(m.Partition.table_id == row.table_id)
     pl_ids = select(m.Placement.placement_id).where(m.Placement.partition_id.in_(part_ids))
-    s.execute(
-        m.Partition.__table__.update().where(m.Partition.table_id == row.table_id).values(leader_placement_id=None)
-    )
+    s.execute(update(m.Partition).where(m.Partition.table_id == row.table_id).values(leader_placement_id=None))
     for model, cond in (
         (m.Ack, m.Ack.target_placement_id.in_(pl_ids)),
         (m.Checkpoint, m.Checkpoint.partition_id.in_(part_ids)),

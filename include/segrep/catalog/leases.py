@@ -12,6 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
+from segrep.catalog.sql import rowcount
 
 
 def expire(s: Session, target_placement_ids: int | list[int], now_us: int) -> None:
@@ -65,7 +66,7 @@ def release(s: Session, target_placement_id: int, segment_id: str, holder: str) 
         )
         .execution_options(synchronize_session=False)
     )
-    return bool(res.rowcount)
+    return bool(rowcount(res))
 
 
 def count(s: Session, target_placement_id: int, now_us: int) -> int:

@@ -9,9 +9,10 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
+from segrep.catalog.sql import rowcount
 from segrep.core.errors import ConflictError
+from segrep.storage.atomic import FileFacts
 from segrep.storage.segment_meta import SegmentEntry
-from segrep.storage.site import FileFacts
 
 
 def entry_of(seg: m.Segment, table: str, partition: m.Partition) -> SegmentEntry:
@@ -88,7 +89,7 @@ def register_segment(
             .values(root_segment_id=entry.segment_id)
             .execution_options(synchronize_session=False)
         )
-        if res.rowcount != 1:
+        if rowcount(res) != 1:
             raise ConflictError(f"placement {placement.placement_id}: root moved while writing {entry.segment_id}")
     row = segment_row(entry, placement.placement_id, relpath, facts, committed_us)
     s.add(row)

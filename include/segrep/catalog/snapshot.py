@@ -65,7 +65,7 @@ class TableSnapshot:
         raise KeyError(name)
 
 
-def unsettled_partitions(table_id: int) -> Select[tuple[int]]:
+def unsettled_partitions(table_id: int) -> Select[int]:
     """Ids of the table's partitions where some placement has list entries past its settled watermark (a
     watermark set under an older leader epoch counts as 0). Answered from the (placement, entry) index."""
     pl, pa, sg = m.Placement, m.Partition, m.Segment

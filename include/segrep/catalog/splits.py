@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.sql import must_get
 from segrep.core.chain import Chain, is_reference_weak, is_referenced, offer_order
-from segrep.core.errors import NotFoundError
 from segrep.core.states import SplitState
 
 
@@ -48,11 +48,9 @@ class SplitView:
 
 
 def split_view(s: Session, split_id: int) -> SplitView:
-    split = s.get(m.Split, split_id)
-    if split is None:
-        raise NotFoundError(f"no split {split_id} in the catalog")
-    info = q.table_info(s, s.get(m.Table, split.table_id).name)
-    parent = s.get(m.Partition, split.parent_partition_id)
+    split = must_get(s, m.Split, split_id, what="split")
+    info = q.table_info(s, must_get(s, m.Table, split.table_id).name)
+    parent = must_get(s, m.Partition, split.parent_partition_id)
     children = children_of(s, parent.partition_id)
     parent_pls = q.active_placements(s, [parent.partition_id])
     if split.state == SplitState.SPLITTING:

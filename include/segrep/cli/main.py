@@ -24,9 +24,10 @@ from segrep.catalog import Catalog, resolve_url
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.migrate import upgrade
+from segrep.cli.format import format_rows
 from segrep.config.definitions import Definitions, load_definitions
 from segrep.core.errors import SegrepError
-from segrep.data.export import atomic_write_table, format_rows
+from segrep.data.export import atomic_write_table
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -326,15 +327,14 @@ def compact_(obj: Context, table: str, partitions: tuple[int, ...], force: bool)
 
     obj.defs.table(table)
     report = compact(obj.catalog(), obj.defs, table, partitions=list(partitions) or None, force=force)
-    if not report["candidates"]:
+    if not report.candidates:
         click.echo(f"{table}: no partition is due for compaction")
         return
-    for c in report["candidates"]:
-        click.echo(
-            f"partition {c['partition_id']}: {c['minors']} minor segment(s), {c['minor_bytes']:,} bytes ({c['reason']})"
-        )
-    click.echo(f"committed {report.get('committed', 0)} major segment(s); dropped: {report.get('dropped') or 'none'}")
-    for line in report.get("needs_bootstrap") or []:
+    for c in report.candidates:
+        click.echo(f"partition {c.partition_id}: {c.minors} minor segment(s), {c.minor_bytes:,} bytes ({c.reason})")
+    dropped = ", ".join(f"{d.item}: {d.reason}" for d in report.commit.dropped) or "none"
+    click.echo(f"committed {report.committed} major segment(s); dropped: {dropped}")
+    for line in report.needs_bootstrap:
         click.echo(f"ALERT: {line}")
 
 
@@ -390,13 +390,15 @@ def round_(obj: Context, table: str, until: str | None, target: str | None, reof
     Exits 1 if a target could not be reached (the others are still replicated)."""
     import json
 
-    from segrep.replication.run import format_report, run_round
+    from segrep.cli.format import format_report
+    from segrep.replication.run import run_round
 
     obj.defs.table(table)
     report = run_round(obj.catalog(), obj.defs, table, _parse_until(until), target=target, reoffer=reoffer)
-    click.echo(json.dumps(report, indent=2, sort_keys=True, default=str) if as_json else format_report(report))
-    if report["failed"]:
-        _fail(f"round of {table}: target(s) {', '.join(report['failed'])} failed; re-run to retry", 1)
+    text = json.dumps(report.to_dict(), indent=2, sort_keys=True, default=str) if as_json else format_report(report)
+    click.echo(text)
+    if report.failed:
+        _fail(f"round of {table}: target(s) {', '.join(report.failed)} failed; re-run to retry", 1)
 
 
 @main.command("split")
@@ -417,20 +419,23 @@ def split_(
     Exits 1 if the split is still waiting for a parent replica to push (its site is down)."""
     import json
 
+    from segrep.cli.format import format_progress
+    from segrep.core.states import SplitState
+    from segrep.split.progress import split_progress
     from segrep.split.run import run_split
-    from segrep.split.workflow import format_progress, split_progress
 
     obj.defs.table(table)
     report = run_split(obj.catalog(), obj.defs, table, partition, list(split_keys), is_async=is_async)
     if as_json:
-        click.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
+        click.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True, default=str))
     else:
-        for p in report["passes"]:
-            click.echo(f"{p['phase']} pass: {p['rewrites']} rewrite(s), {p['merges']} merge(s), "
-                       f"{p['exists']} already held")  # fmt: skip
+        for p in report.passes:
+            plan = p.plan
+            held = f"{plan.exists} already held"
+            click.echo(f"{plan.phase} pass: {plan.rewrites} rewrite(s), {plan.merges} merge(s), {held}")
         click.echo(format_progress(split_progress(obj.catalog(), table, include_done=True)[-1:]))
-    if report["state"] != "DONE":
-        _fail(f"split {report['split_id']} of {table} waits: {report.get('waiting')}; re-run to continue", 1)
+    if report.state != SplitState.DONE:
+        _fail(f"split {report.split_id} of {table} waits: {report.finish.waiting}; re-run to continue", 1)
 
 
 @main.command()
@@ -442,15 +447,18 @@ def status(obj: Context, table: str | None, as_json: bool) -> None:
     """Per table and target site: safe time, lag, pending segments and bytes, last round, declines."""
     import json
 
-    from segrep.replication.status import HEADER, status_rows, status_table
-    from segrep.split.workflow import format_progress, split_progress
+    from segrep.cli.format import STATUS_HEADER, format_progress, last_round, status_note, status_table
+    from segrep.replication.status import status_rows
+    from segrep.split.progress import split_progress
 
     rows = status_rows(obj.catalog(), table)
     splits = split_progress(obj.catalog(), table)
     if as_json:
-        click.echo(json.dumps({"replication": rows, "splits": splits}, indent=2, sort_keys=True))
+        replication = [{**r.to_dict(), "note": status_note(r), "last_round": last_round(r)} for r in rows]
+        doc = {"replication": replication, "splits": [sp.to_dict() for sp in splits]}
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
-    click.echo(format_rows(HEADER, status_table(rows)) if rows else "no replicas")
+    click.echo(format_rows(STATUS_HEADER, status_table(rows)) if rows else "no replicas")
     if splits:
         click.echo(format_progress(splits))
 

@@ -7,8 +7,9 @@ from sqlalchemy import select
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.cli.format import format_rows
 from segrep.core.chain import is_reference_weak, is_referenced, visible_segments
-from segrep.data.export import format_rows
+from segrep.core.errors import NotFoundError
 
 
 def _range(info: q.TableInfo, begin: object, end: object) -> str:
@@ -99,7 +100,7 @@ def segment_listing(catalog: Catalog, table: str, site: str | None, partition_id
         site_row = q.site_by_name(s, site) if site else None
         parts = [p for p in q.partitions_of(s, info) if partition_id is None or p.partition_id == partition_id]
         if partition_id is not None and not parts:
-            raise q.NotFoundError(f"table {table} has no partition {partition_id}")
+            raise NotFoundError(f"table {table} has no partition {partition_id}")
         placements = [
             pl
             for pl in q.active_placements(s, [p.partition_id for p in parts])

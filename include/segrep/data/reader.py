@@ -114,7 +114,8 @@ def _unloading_parents(
     at = {(pl.partition_id, pl.site_id): pl for pl in q.active_placements(s, sorted(parents))}
     out = {}
     for pl in chosen:
-        parent_pl = at.get((children.get(pl.partition_id), pl.site_id))
+        parent_id = children.get(pl.partition_id)
+        parent_pl = None if parent_id is None else at.get((parent_id, pl.site_id))
         if parent_pl is not None:
             out[pl.placement_id] = parent_pl
     return out

@@ -24,6 +24,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.segments import register_segment
+from segrep.catalog.sql import rowcount
 from segrep.core import hlc
 from segrep.core import schema as sch
 from segrep.core.errors import ConflictError, SegrepError
@@ -127,7 +128,7 @@ def _attempt(
                     .values(last_version=entry.max_version)
                     .execution_options(synchronize_session=False)
                 )
-                if res.rowcount != 1:
+                if rowcount(res) != 1:
                     raise ConflictError(f"partition {target.partition.partition_id} changed while writing")
                 register_segment(
                     s, target.placement, entry, relpath, facts, committed_us,
@@ -184,7 +185,9 @@ def _route(rows: pa.Table, info: q.TableInfo, parts: list[m.Partition]) -> list[
 def _bucketize(col: pa.ChunkedArray, bounds: list[object], dtype: pa.DataType) -> np.ndarray:
     if pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_date(dtype):
         values = col.to_numpy()
-        return np.searchsorted(np.asarray(pa.array(bounds, dtype).to_numpy(zero_copy_only=False)), values, "right")
+        edges = np.asarray(pa.array(bounds, dtype).to_numpy(zero_copy_only=False))
+        found: np.ndarray = np.searchsorted(edges, values, "right")
+        return found
     values = col.to_pylist()
     return np.fromiter((bisect.bisect_right(bounds, v) for v in values), np.int64, len(values))
 

@@ -16,7 +16,7 @@ later, those rows would beat the missing tombstones and resurrect deleted rows, 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from segrep.replication.offers import pushes_from
 from segrep.spark import launch
 from segrep.spark.items import round_item
 from segrep.spark.manifest import Manifest, MergeItem
-from segrep.spark.results import commit_results
+from segrep.spark.results import CommitSummary, ItemProblem, commit_results
 from segrep.storage.workdir import compaction_paths
 
 
@@ -50,6 +50,31 @@ class CompactionPlan:
     manifest: str | None = None
     result: str | None = None
     needs_bootstrap: list[str] = field(default_factory=list)  # replicas stopped from pushing (see above)
+
+
+@dataclass
+class CompactionReport:
+    """A compaction run: the partitions that were due, the replicas sent to re-bootstrap, the commit."""
+
+    table: str
+    candidates: list[Candidate]
+    needs_bootstrap: list[str]
+    commit: CommitSummary
+
+    @property
+    def committed(self) -> int:
+        return self.commit.committed
+
+    @property
+    def dropped(self) -> list[ItemProblem]:
+        return self.commit.dropped
+
+    @property
+    def spark_apps(self) -> int:
+        return self.commit.spark_apps
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def minor_tail(part: PartitionSnapshot) -> tuple[int, int]:
@@ -141,13 +166,11 @@ def compact(
     partitions: list[int] | None = None,
     force: bool = False,
     submit: Callable[..., None] = launch.submit,
-) -> dict[str, Any]:
+) -> CompactionReport:
     """Plan, fold on Spark (one application for every partition due), commit. Returns a report."""
     plan = plan_compaction(catalog, defs, table, partitions=partitions, force=force)
-    report: dict[str, Any] = {"table": table, "candidates": [c.__dict__ for c in plan.candidates], "spark_apps": 0,
-                              "needs_bootstrap": plan.needs_bootstrap}  # fmt: skip
     if plan.manifest is None or plan.result is None:
-        return {**report, "committed": 0}
+        return CompactionReport(table, plan.candidates, plan.needs_bootstrap, CommitSummary())
     submit("merge", ["--manifest", plan.manifest, "--result", plan.result], name=f"segrep-compact-{table}")
     result = commit_results(catalog, Path(plan.manifest), Path(plan.result))
-    return {**report, **result, "spark_apps": 1}
+    return CompactionReport(table, plan.candidates, plan.needs_bootstrap, result)

@@ -9,22 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
 
 from segrep.catalog import Catalog
 from segrep.config.definitions import Definitions
-from segrep.core import hlc
-from segrep.replication.rounds import (
-    Copier,
-    CopyItem,
-    CopyOutcome,
-    TargetUnreachable,
-    commit_round,
-    fast_forward_target,
-    plan_round,
-)
+from segrep.replication.commit import commit_round
+from segrep.replication.fast_forward import Copier, CopyItem, CopyOutcome, fast_forward_target, local_copier
+from segrep.replication.plan import plan_round
+from segrep.replication.reports import RoundReport
+from segrep.replication.round import TargetUnreachable
 from segrep.spark import launch
 from segrep.spark.launch import Submit
 from segrep.storage.atomic import write_json_atomic
@@ -65,35 +58,17 @@ def run_round(
     target: str | None = None,
     reoffer: bool = False,
     submit: Submit = launch.submit,
-) -> dict[str, Any]:
-    """plan -> fast-forward each target -> merge (only if planned) -> commit; return the round report."""
+    copier: Copier = local_copier,
+) -> RoundReport:
+    """plan -> fast-forward each target -> merge (only if planned) -> commit; return the round report.
+
+    ``copier`` copies the batches below the policy's ``spark_copy_threshold_bytes`` (threads by default);
+    larger ones go to the Spark distributed copy through ``submit``."""
     plan = plan_round(catalog, defs, table, until_us, target=target, reoffer=reoffer)
     for site in plan.targets:
+        big = spark_copier(defs, table, plan.end_us, site, submit)
         with contextlib.suppress(TargetUnreachable):  # recorded in the round; the others go on
-            fast_forward_target(catalog, defs, table, site, plan.end_us, reoffer=reoffer,
-                                big_copier=spark_copier(defs, table, plan.end_us, site, submit))  # fmt: skip
+            fast_forward_target(catalog, defs, table, site, plan.end_us, reoffer=reoffer, copier=copier, big_copier=big)
     if plan.manifest:
         run_merge(defs, table, plan.end_us, plan.manifest, submit)
     return commit_round(catalog, defs, table, plan.end_us, merge_ran=plan.manifest is not None)
-
-
-def format_report(report: dict[str, Any], sites: Sequence[str] | None = None) -> str:
-    """A few lines a person can read: per target what happened, merges, safe times."""
-    lines = [f"round {report['round_id']} of {report['table']} up to {hlc.iso(report['end_us'])}: {report['status']}"]
-    for site, r in sorted(report.get("targets", {}).items()):
-        if sites and site not in sites:
-            continue
-        outcomes = ", ".join(f"{k} {v}" for k, v in sorted((r.get("outcomes") or {}).items())) or "nothing to offer"
-        extra = f"; {r['error']}" if r.get("error") else ""
-        copied = f"; copied {r.get('segments_copied', 0)} segments, {r.get('bytes_copied', 0):,} bytes"
-        lines.append(f"  {site}: {r['status']} ({outcomes}{copied}){extra}")
-    merges = report.get("merges", {})
-    if merges.get("items"):
-        lines.append(
-            f"  merges: {merges.get('committed', 0)}/{merges['items']} committed, {merges.get('rows_merged', 0):,} rows"
-            f" kept of {merges.get('rows_in', 0):,} pushed"
-        )
-    for site, us in sorted((report.get("safe_time_us") or {}).items()):
-        lines.append(f"  safe time at {site}: {hlc.iso(us)}")
-    lines.append(f"  spark applications: {report.get('spark_apps', 0)}")
-    return "\n".join(lines)

@@ -183,6 +183,7 @@ def _upsert_checkpoint(
     values = {"partition_id": partition_id, "target_placement_id": target_id}
     insert_ignore(s, m.Checkpoint, {**values, "segment_id": seg_id, "max_version": version, "updated_us": now})
     row = s.get(m.Checkpoint, (partition_id, target_id), with_for_update=True, populate_existing=True)
+    assert row is not None  # inserted above or already there, and now locked
     if seg_id is None and row.segment_id is not None:
         return  # only unsettled entries were read: none acked yet says nothing about the settled ones
     if (row.segment_id, row.max_version) != (seg_id, version):

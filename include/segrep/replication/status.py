@@ -8,6 +8,7 @@ come from the rounds report; back-off and stuck partitions say why a target is n
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sqlalchemy import select
@@ -18,12 +19,40 @@ from segrep.catalog.snapshot import snapshot
 from segrep.core import hlc
 from segrep.core.chain import offer_order
 from segrep.core.states import Outcome
+from segrep.replication.reports import TargetReport
 
 DECLINES = (Outcome.OVERLOADED, Outcome.INVALID, Outcome.INFLIGHT, Outcome.OUT_OF_ORDER)
-HEADER = ["table", "target", "safe time", "lag s", "pending segs", "pending bytes", "last round", "declines", "note"]
 
 
-def status_rows(catalog: Catalog, table: str | None = None) -> list[dict[str, Any]]:
+@dataclass
+class TargetState:
+    """One replica site of one table, as an operator needs to see it."""
+
+    table: str
+    target: str
+    safe_time_us: int | None
+    lag_s: float | None
+    pending_segments: int
+    pending_bytes: int
+    last_round_end_us: int | None  # the newest finished round of the table, and its status
+    last_round_status: str | None
+    last_status: str | None  # this target's status in that round
+    declines: dict[str, int] = field(default_factory=dict)
+    backing_off: str | None = None  # the reason, while a back-off is in force
+    needs_major: list[int] = field(default_factory=list)  # partitions waiting for a major segment
+    joining: bool = False  # bootstrapped, waiting for JOIN_FINALIZE
+    needs_bootstrap: bool = False  # out of retention: only `segrep bootstrap` brings it back
+
+    @property
+    def caught_up(self) -> bool:
+        """Nothing pending and a member of the table (not joining, not stalled)."""
+        return self.pending_segments == 0 and not self.joining and not self.needs_bootstrap
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def status_rows(catalog: Catalog, table: str | None = None) -> list[TargetState]:
     now = hlc.now_us()
     out = []
     with catalog.read() as s:
@@ -34,12 +63,13 @@ def status_rows(catalog: Catalog, table: str | None = None) -> list[dict[str, An
             safe = {r.site_id: r.safe_time_us for r in s.scalars(select(m.SafeTime).where(m.SafeTime.table_id == tid))}
             backoff = {r.site_id: r for r in s.scalars(select(m.Backoff).where(m.Backoff.table_id == tid))}
             last = s.scalars(
-                select(m.Round).where(m.Round.table_id == tid, m.Round.finished_us.is_not(None))
-                .order_by(m.Round.interval_end_us.desc()).limit(1)
-            ).one_or_none()  # fmt: skip
+                select(m.Round)
+                .where(m.Round.table_id == tid, m.Round.finished_us.is_not(None))
+                .order_by(m.Round.interval_end_us.desc())
+                .limit(1)
+            ).one_or_none()
             pending: Counter[int] = Counter()
             pending_bytes: Counter[int] = Counter()
-            joining = snap.joining_site_ids
             for part in snap.partitions:
                 chain = part.chain(part.leader)
                 for replica in part.replicas:
@@ -48,51 +78,29 @@ def status_rows(catalog: Catalog, table: str | None = None) -> list[dict[str, An
                     pending_bytes[replica.site_id] += sum(
                         part.segment(part.leader.placement_id, r.segment_id).byte_size for r in refs
                     )
-            targets = sorted(snap.replica_site_ids)
-            for site_id in targets:
+            for site_id in sorted(snap.replica_site_ids):
                 site = snap.sites[site_id].name
-                report = ((last.report or {}).get("targets", {}) if last else {}).get(site, {})
-                outcomes = report.get("outcomes") or {}
-                declines = {k: v for k, v in outcomes.items() if k in {str(d) for d in DECLINES}}
-                notes = []
-                if site_id in backoff and backoff[site_id].next_attempt_us > now:
-                    notes.append(f"backing off ({backoff[site_id].last_reason})")
-                if report.get("needs_major"):
-                    notes.append(f"needs a major segment for partitions {report['needs_major']}")
-                if site_id in joining:
-                    notes.append("joining")
-                if site_id in snap.stalled_site_ids:
-                    notes.append(f"NEEDS BOOTSTRAP: run segrep bootstrap {name} {site}")
+                stored = ((last.report or {}).get("targets", {}) if last else {}).get(site)
+                report = TargetReport.from_dict(stored) if stored else None
+                outcomes = report.outcomes if report else {}
+                held = backoff.get(site_id)
                 safe_us = safe.get(site_id)
                 out.append(
-                    {
-                        "table": name,
-                        "target": site,
-                        "safe_time_us": safe_us,
-                        "lag_s": None if safe_us is None else round((now - safe_us) / 1e6, 1),
-                        "pending_segments": pending[site_id],
-                        "pending_bytes": pending_bytes[site_id],
-                        "last_round": None if last is None else f"{hlc.iso(last.interval_end_us)} {last.status}",
-                        "last_status": report.get("status"),
-                        "declines": declines,
-                        "note": "; ".join(notes),
-                    }
+                    TargetState(
+                        table=name,
+                        target=site,
+                        safe_time_us=safe_us,
+                        lag_s=None if safe_us is None else round((now - safe_us) / 1e6, 1),
+                        pending_segments=pending[site_id],
+                        pending_bytes=pending_bytes[site_id],
+                        last_round_end_us=None if last is None else last.interval_end_us,
+                        last_round_status=None if last is None else last.status,
+                        last_status=None if report is None else str(report.status),
+                        declines={k: v for k, v in outcomes.items() if k in {str(d) for d in DECLINES}},
+                        backing_off=held.last_reason if held is not None and held.next_attempt_us > now else None,
+                        needs_major=list(report.needs_major) if report else [],
+                        joining=site_id in snap.joining_site_ids,
+                        needs_bootstrap=site_id in snap.stalled_site_ids,
+                    )
                 )
     return out
-
-
-def status_table(rows: list[dict[str, Any]]) -> list[list[object]]:
-    return [
-        [
-            r["table"],
-            r["target"],
-            "-" if r["safe_time_us"] is None else hlc.iso(r["safe_time_us"]),
-            "-" if r["lag_s"] is None else r["lag_s"],
-            r["pending_segments"],
-            r["pending_bytes"],
-            r["last_round"] or "-",
-            ", ".join(f"{k} {v}" for k, v in sorted(r["declines"].items())) or "-",
-            r["note"] or "-",
-        ]
-        for r in rows
-    ]

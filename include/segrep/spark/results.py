@@ -11,6 +11,7 @@ and their leases released. Registering an output that is already there is a no-o
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,44 +32,77 @@ from segrep.storage.site import Site
 from segrep.storage.workdir import manifest_path, result_path
 
 
-def commit_merge_results(catalog: Catalog, defs: Definitions, table: str, end_us: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ItemProblem:
+    """An item whose output was not recorded, and why (the job's error, or the commit's reason)."""
+
+    item: str
+    reason: str | None
+
+
+@dataclass
+class CommitSummary:
+    """What recording one Spark job's results did. ``ran`` is False when a manifest exists but its job has
+    not written a result (the Spark step failed or was skipped)."""
+
+    items: int = 0
+    committed: int = 0
+    rows_in: int = 0
+    rows_merged: int = 0
+    invalid: list[ItemProblem] = field(default_factory=list)
+    dropped: list[ItemProblem] = field(default_factory=list)
+    spark_apps: int = 0
+    ran: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> CommitSummary:
+        doc = dict(doc)
+        doc["invalid"] = [ItemProblem(**x) for x in doc.get("invalid", [])]
+        doc["dropped"] = [ItemProblem(**x) for x in doc.get("dropped", [])]
+        return cls(**doc)
+
+
+def commit_merge_results(catalog: Catalog, defs: Definitions, table: str, end_us: int) -> CommitSummary:
     """Record the results of a round's merge job (if the round planned one)."""
     return commit_results(catalog, manifest_path(defs, table, end_us), result_path(defs, table, end_us))
 
 
-def commit_results(catalog: Catalog, mpath: Path, rpath: Path) -> dict[str, Any]:
-    """Record a merge job's result file against its manifest (rounds and compaction share this)."""
+def commit_results(catalog: Catalog, mpath: Path, rpath: Path) -> CommitSummary:
+    """Record a merge job's result file against its manifest (rounds, compaction and splits share this)."""
     if not mpath.exists():
-        return {"items": 0, "spark_apps": 0}
+        return CommitSummary()
     manifest = Manifest.load(mpath)
     if not rpath.exists():
-        return {"items": len(manifest.items), "status": "not run", "spark_apps": 0}
+        return CommitSummary(items=len(manifest.items), ran=False)
     result = _load_result(rpath)
     by_id = {it.item_id: it for it in manifest.items}
     key = manifest.round_key
-    summary: dict[str, Any] = {"items": len(manifest.items), "committed": 0, "rows_in": 0, "rows_merged": 0,
-                               "invalid": [], "dropped": [], "spark_apps": 1}  # fmt: skip
+    summary = CommitSummary(items=len(manifest.items), spark_apps=1)
     for res in result["items"]:
         item = by_id[res["item_id"]]
-        summary["rows_in"] += int(res.get("rows_in", 0))
+        summary.rows_in += int(res.get("rows_in", 0))
         if res["status"] != "ok":
-            summary["invalid"].append({"item": item.item_id, "error": res.get("error")})
+            summary.invalid.append(ItemProblem(item.item_id, res.get("error")))
             _release(catalog, item, key)
             continue
         outcome = _commit_item(catalog, item, res.get("output"), key)
         if outcome == "committed":
-            summary["committed"] += 1
-            summary["rows_merged"] += int(res.get("rows_out", 0))
+            summary.committed += 1
+            summary.rows_merged += int(res.get("rows_out", 0))
         elif outcome != "present":
-            summary["dropped"].append({"item": item.item_id, "reason": outcome})
+            summary.dropped.append(ItemProblem(item.item_id, outcome))
     return summary
 
 
 def _load_result(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        doc: dict[str, Any] = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise SegrepError(f"cannot read merge result {path}: {exc}") from None
+    return doc
 
 
 def _commit_item(catalog: Catalog, item: MergeItem, output: dict[str, Any] | None, key: str) -> str:
@@ -115,8 +149,6 @@ def _commit_item(catalog: Catalog, item: MergeItem, output: dict[str, Any] | Non
 
 
 def _rebase(site: Site, item: MergeItem, entry: SegmentEntry, root: str | None) -> tuple[SegmentEntry, FileFacts]:
-    from dataclasses import replace
-
     rebased = replace(entry, base_segment_id=root)
     rows = site.read_segment(item.output_relpath)
     return rebased, site.write_segment(item.output_relpath, rows.replace_schema_metadata(None), rebased.to_meta())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from segrep.catalog import Catalog
@@ -12,7 +13,33 @@ from segrep.core.errors import SplitIncompleteError
 from segrep.core.states import SplitState
 from segrep.spark import launch
 from segrep.spark.launch import Submit
+from segrep.spark.results import CommitSummary
 from segrep.split import workflow as sp
+from segrep.split.progress import split_progress
+
+
+@dataclass(frozen=True)
+class SplitPass:
+    plan: sp.PassPlan
+    commit: CommitSummary
+
+
+@dataclass(frozen=True)
+class SplitRunReport:
+    """A whole split run: each pass's plan and commit, and what UNLOAD_FINAL did or waits for."""
+
+    split_id: int
+    table: str
+    children: list[int]
+    passes: list[SplitPass]
+    finish: sp.FinishReport
+
+    @property
+    def state(self) -> SplitState:
+        return self.finish.state
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def run_split(
@@ -25,7 +52,7 @@ def run_split(
     is_async: bool = False,
     submit: Submit = launch.submit,
     max_passes: int = 3,
-) -> dict[str, Any]:
+) -> SplitRunReport:
     """A whole split without Airflow (``segrep split``): start (or resume), copy passes until SPLIT_FINALIZE,
     an unload pass, UNLOAD_FINAL. One Spark application per pass that has rewrites or merges to run.
     If a parent placement cannot push yet (its site is down), the split stays in UNLOAD and a re-run
@@ -35,13 +62,13 @@ def run_split(
     else:
         ref = sp.find_split(catalog, table, partition_id)
     faults.point("split_after_start")
-    passes: list[dict[str, Any]] = []
+    passes: list[SplitPass] = []
 
     def one_pass() -> sp.PassPlan:
         plan = sp.plan_pass(catalog, defs, ref.split_id)
         if plan.manifest:
             submit("merge", ["--manifest", plan.manifest, "--result", str(plan.result)], name=f"segrep-split-{table}")
-        passes.append({**plan.to_dict(), "commit": sp.commit_pass(catalog, plan)})
+        passes.append(SplitPass(plan, sp.commit_pass(catalog, plan)))
         return plan
 
     for attempt in range(1, max_passes + 1):
@@ -57,4 +84,14 @@ def run_split(
     if sp.find_split(catalog, table, partition_id).state == SplitState.UNLOAD:
         one_pass()
     finished = sp.finish(catalog, defs, ref.split_id)
-    return {"split_id": ref.split_id, "table": table, "children": ref.children, "passes": passes, **finished}
+    return SplitRunReport(ref.split_id, table, ref.children, passes, finished)
+
+
+def resume_splits(
+    catalog: Catalog, defs: Definitions, table: str, *, submit: Submit = launch.submit
+) -> list[SplitRunReport]:
+    """Continue every unfinished split of ``table`` (one whose parent replica could not push, say)."""
+    return [
+        run_split(catalog, defs, table, progress.parent_partition_id, submit=submit)
+        for progress in split_progress(catalog, table)
+    ]

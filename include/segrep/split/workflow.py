@@ -35,7 +35,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.splits import SplitView, candidates, children_of, lacking_counts, split_view
-from segrep.catalog.sql import record_ack
+from segrep.catalog.sql import must_get, record_ack
 from segrep.config.definitions import Definitions
 from segrep.core import faults, hlc, keys
 from segrep.core.chain import is_referenced
@@ -44,7 +44,7 @@ from segrep.core.protocol import apply_fast_forward
 from segrep.core.states import PartitionState, PlacementState, SplitPhase, SplitState
 from segrep.spark.items import file_ref, split_merge_item, split_rewrite_item
 from segrep.spark.manifest import FileRef, Manifest, MergeItem
-from segrep.spark.results import commit_results
+from segrep.spark.results import CommitSummary, commit_results
 from segrep.storage.site import Site
 from segrep.storage.workdir import split_pass_paths
 
@@ -251,12 +251,12 @@ def _decide(s: Session, view: SplitView, source: m.Placement, child: m.Partition
     return items
 
 
-def commit_pass(catalog: Catalog, plan: PassPlan | dict[str, Any]) -> dict[str, Any]:
+def commit_pass(catalog: Catalog, plan: PassPlan | dict[str, Any]) -> CommitSummary:
     """Record the Spark job's outputs: rewrites fast-forward the children, merges land on them, and the
     parent placements' segments are acked by the children. Running it twice records nothing twice."""
     p = plan if isinstance(plan, PassPlan) else PassPlan(**plan)
     if not p.manifest:
-        return {"items": 0, "spark_apps": 0}
+        return CommitSummary()
     return commit_results(catalog, Path(p.manifest), Path(p.result or ""))
 
 
@@ -268,11 +268,9 @@ def finalize(catalog: Catalog, split_id: int, cut_entry_id: int | None = None) -
     of them). Segments written after the cut reach the children through UNLOAD. Raises SegrepError naming
     what is missing if the copy is not complete; a split past this point is returned as it is."""
     with catalog.write() as s:
-        split = s.get(m.Split, split_id, with_for_update=True)
-        if split is None:
-            raise NotFoundError(f"no split {split_id} in the catalog")
-        parent = s.get(m.Partition, split.parent_partition_id, with_for_update=True)
-        table = s.get(m.Table, split.table_id).name
+        split = must_get(s, m.Split, split_id, lock=True, what="split")
+        parent = must_get(s, m.Partition, split.parent_partition_id, lock=True)
+        table = must_get(s, m.Table, split.table_id).name
         if split.state != SplitState.SPLITTING:
             return _ref(s, split, table)
         lacking = lacking_counts(split_view(s, split_id), cut_entry_id)
@@ -302,30 +300,42 @@ def _finalize_in(s: Session, split: m.Split, parent: m.Partition) -> None:
     split.state = SplitState.UNLOAD
 
 
-def finish(catalog: Catalog, defs: Definitions, split_id: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FinishReport:
+    """What UNLOAD_FINAL did, or what it waits for (``waiting``: a reason, or child partition -> lacking)."""
+
+    split_id: int
+    state: SplitState
+    waiting: str | dict[str, int] | None = None
+    files_removed: int = 0
+    files_kept: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def finish(catalog: Catalog, defs: Definitions, split_id: int) -> FinishReport:
     """UNLOAD_FINAL once every parent placement's segments are held by every child: the parent and its
     placements are retired and its segment rows dropped in one transaction, then its files are removed at
     each site (a site that cannot be reached keeps them until a later run). Returns what it did or awaits."""
     with catalog.write() as s:
-        split = s.get(m.Split, split_id, with_for_update=True)
-        if split is None:
-            raise NotFoundError(f"no split {split_id} in the catalog")
-        table = s.get(m.Table, split.table_id).name
+        split = must_get(s, m.Split, split_id, lock=True, what="split")
+        table = must_get(s, m.Table, split.table_id).name
         parent_id = split.parent_partition_id
         if split.state == SplitState.SPLITTING:
-            return {"split_id": split_id, "state": split.state, "waiting": "not finalized yet"}
+            return FinishReport(split_id, SplitState(split.state), waiting="not finalized yet")
         if split.state == SplitState.UNLOAD:
             view = split_view(s, split_id)
             lacking = lacking_counts(view, None)
             if lacking:
-                return {"split_id": split_id, "state": split.state,
-                        "waiting": {str(c): n for c, n in sorted(lacking.items())}}  # fmt: skip
+                waiting = {str(c): n for c, n in sorted(lacking.items())}
+                return FinishReport(split_id, SplitState(split.state), waiting=waiting)
             _retire_parent(s, split, view)
         sites = {pl.site_id for pl in s.scalars(select(m.Placement).where(m.Placement.partition_id == parent_id))}
-        site_rows = [s.get(m.Site, sid) for sid in sorted(sites)]
+        site_rows = [must_get(s, m.Site, sid) for sid in sorted(sites)]
     faults.point("split_before_parent_files")
     removed, kept = _remove_parent_files(table, parent_id, site_rows)
-    return {"split_id": split_id, "state": SplitState.DONE, "files_removed": removed, "files_kept": kept}
+    return FinishReport(split_id, SplitState.DONE, files_removed=removed, files_kept=kept)
 
 
 def _retire_parent(s: Session, split: m.Split, view: SplitView) -> None:
@@ -359,63 +369,3 @@ def _remove_parent_files(table: str, parent_id: int, sites: list[m.Site]) -> tup
 
 
 # -- progress ------------------------------------------------------------------------------------------------
-
-
-def split_progress(catalog: Catalog, table: str | None = None, *, include_done: bool = False) -> list[dict[str, Any]]:
-    """Each split's state and, per child, how many of the sources' segments it holds and how many it lacks."""
-    out = []
-    with catalog.read() as s:
-        query = select(m.Split).order_by(m.Split.split_id)
-        if table is not None:
-            query = query.where(m.Split.table_id == q.table_info(s, table).table_id)
-        for split in s.scalars(query):
-            if split.state == SplitState.DONE and not include_done:
-                continue
-            view = split_view(s, split.split_id)
-            lacking = lacking_counts(view, None) if split.state != SplitState.DONE else {}
-            children = []
-            for child in view.children:
-                target = view.child_leaders[child.partition_id]
-                children.append(
-                    {
-                        "partition_id": child.partition_id,
-                        "range": [child.begin_key, child.end_key],
-                        "state": child.state,
-                        "site": view.sites[target.site_id].name,
-                        "acked": len(view.acked.get(target.placement_id, ())),
-                        "lacking": lacking.get(child.partition_id, 0),
-                    }
-                )
-            out.append(
-                {
-                    "split_id": split.split_id,
-                    "table": view.info.name,
-                    "parent_partition_id": split.parent_partition_id,
-                    "parent_state": view.parent.state,
-                    "split_keys": split.split_keys,
-                    "async": split.is_async,
-                    "state": split.state,
-                    "sources": sorted(view.sites[pl.site_id].name for pl in view.sources),
-                    "children": children,
-                    "started": hlc.iso(split.created_us),
-                    "finished": hlc.iso(split.finished_us) if split.finished_us else None,
-                }
-            )
-    return out
-
-
-def format_progress(rows: list[dict[str, Any]]) -> str:
-    lines = []
-    for r in rows:
-        mode = "async" if r["async"] else "sync"
-        lines.append(
-            f"split {r['split_id']} of {r['table']} partition {r['parent_partition_id']} at {r['split_keys']} "
-            f"({mode}): {r['state']}, parent {r['parent_state']}, pushing from {', '.join(r['sources']) or '-'}"
-        )
-        for c in r["children"]:
-            lo, hi = c["range"]
-            lines.append(
-                f"  child {c['partition_id']} [{'-inf' if lo is None else lo}, {'+inf' if hi is None else hi}) "
-                f"{c['state']} at {c['site']}: {c['acked']} segment(s) acked, {c['lacking']} lacking"
-            )
-    return "\n".join(lines)

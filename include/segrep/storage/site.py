@@ -118,10 +118,11 @@ class Site:
             raise CorruptSegmentError(f"{self.path(relpath)} is not a readable Parquet file: {exc}") from None
         if META_KEY not in md:
             raise CorruptSegmentError(f"{self.path(relpath)} is not a segrep segment (no {META_KEY.decode()})")
-        return json.loads(md[META_KEY])
+        doc: dict[str, Any] = json.loads(md[META_KEY])
+        return doc
 
     def exists(self, relpath: str) -> bool:
-        return self.fs.get_file_info(self.path(relpath)).type == pafs.FileType.File
+        return bool(self.fs.get_file_info(self.path(relpath)).type == pafs.FileType.File)
 
     def list_segment_files(self) -> Iterator[str]:
         """Relative paths of every ``<table>/<partition>/<segment>.parquet`` under the root, sorted.

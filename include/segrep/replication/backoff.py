@@ -1,0 +1,56 @@
+"""Recording a target's attempt in a round, and its back-off after failures (per table and target site).
+
+A failed or declined attempt doubles the wait before the next one (``retry_delay_s * 2^(failures-1)``, capped
+at an hour); a successful one clears it. One attempt counts once, however many partitions declined.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, update
+from sqlalchemy.orm import Session
+
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.catalog.sql import insert_ignore
+from segrep.config.definitions import Policy
+from segrep.core import hlc
+from segrep.replication.reports import TargetReport, TargetStatus
+
+BACKOFF_CAP_S = 3600
+
+
+def bump_backoff(s: Session, table_id: int, site_id: int, reason: str, policy: Policy) -> None:
+    """Exponential back-off per (table, target): retry_delay_s * 2^(failures-1), capped at an hour."""
+    now = hlc.now_us()
+    fresh = {"table_id": table_id, "site_id": site_id, "failures": 0, "next_attempt_us": 0, "last_reason": None,
+             "updated_us": now}  # fmt: skip
+    insert_ignore(s, m.Backoff, fresh)
+    row = s.get(m.Backoff, (table_id, site_id), with_for_update=True)
+    assert row is not None  # inserted above or already there, and locked
+    row.failures += 1
+    delay_s = min(policy.retry_delay_s * 2 ** (row.failures - 1), BACKOFF_CAP_S)
+    row.next_attempt_us = now + int(delay_s * 1_000_000)
+    row.last_reason = reason
+    row.updated_us = now
+
+
+def record_target(
+    catalog: Catalog, round_id: int, table_id: int, site_id: int, report: TargetReport, policy: Policy
+) -> None:
+    """Keep the target's report with the round, and move its back-off by the outcome, in one transaction."""
+    with catalog.write() as s:
+        now = hlc.now_us()
+        if report.status == TargetStatus.FAILED:
+            bump_backoff(s, table_id, site_id, f"unreachable: {report.error}", policy)
+        elif report.status == TargetStatus.DECLINED:
+            bump_backoff(s, table_id, site_id, report.decline_reason or "declined", policy)
+        elif report.status == TargetStatus.OK:
+            s.execute(delete(m.Backoff).where(m.Backoff.table_id == table_id, m.Backoff.site_id == site_id))
+        doc = report.to_dict()
+        insert_ignore(s, m.RoundTarget, {"round_id": round_id, "site_id": site_id, "status": report.status,
+                                         "report": doc, "updated_us": now})  # fmt: skip
+        s.execute(
+            update(m.RoundTarget)
+            .where(m.RoundTarget.round_id == round_id, m.RoundTarget.site_id == site_id)
+            .values(status=report.status, report=doc, updated_us=now)
+        )

@@ -1,0 +1,58 @@
+"""The commit step of a round: record the merge job's results, then checkpoints and safe time, then the report.
+
+Idempotent: merge outputs have deterministic ids and registering one that is already there is a no-op;
+checkpoints and safe time only move forward; the report is rewritten from what the catalog holds.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, select
+
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+from segrep.config.definitions import Definitions
+from segrep.core import faults, hlc
+from segrep.replication.reports import PlanSummary, RoundReport, RoundStatus, TargetReport, TargetStatus
+from segrep.replication.round import round_key
+from segrep.replication.safetime import update_checkpoints_and_safe_time
+from segrep.spark.results import CommitSummary, commit_merge_results
+
+NOT_REPORTED = "its fast-forward task did not report (failed or not run)"
+
+
+def commit_round(
+    catalog: Catalog, defs: Definitions, table: str, end_us: int, *, merge_ran: bool = True
+) -> RoundReport:
+    """Record merge results, then checkpoints and safe time, then the round's report. Idempotent."""
+    merges = commit_merge_results(catalog, defs, table, end_us) if merge_ran else CommitSummary()
+    faults.point("before_checkpoint")
+    safe_times = update_checkpoints_and_safe_time(catalog, table, end_us)
+    with catalog.write() as s:
+        # A finished round has nothing in flight. Leases it still holds were taken by an attempt that crashed
+        # and whose retry no longer needed them (the leader changed meanwhile): without this they would
+        # linger until they expire. A task of this round run again later simply takes its leases anew.
+        s.execute(delete(m.Lease).where(m.Lease.holder == round_key(table, end_us)))
+        info = q.table_info(s, table)
+        rnd = s.scalars(
+            select(m.Round).where(m.Round.table_id == info.table_id, m.Round.interval_end_us == end_us)
+        ).one()
+        sites = q.sites_by_id(s)
+        rows = s.scalars(select(m.RoundTarget).where(m.RoundTarget.round_id == rnd.round_id))
+        targets = {sites[t.site_id].name: TargetReport.from_dict({**t.report, "status": t.status}) for t in rows}
+        stored = rnd.report or {}
+        plan = PlanSummary.from_dict(stored["plan"]) if "plan" in stored else None
+        if plan is not None:  # a retried round reports on its last plan's targets only: a site that led
+            targets = {t: r for t, r in targets.items() if t in plan.targets}  # meanwhile is not one
+            for name in sorted(plan.targets):
+                if name not in targets:
+                    targets[name] = TargetReport(name, status=TargetStatus.FAILED, error=NOT_REPORTED)
+        failed = sorted(t for t, r in targets.items() if r.status == TargetStatus.FAILED)
+        status = RoundStatus.FAILED if failed else RoundStatus.OK
+        if not failed and any(r.status != TargetStatus.OK for r in targets.values()):
+            status = RoundStatus.PARTIAL
+        spark_apps = merges.spark_apps + sum(r.spark_apps for r in targets.values())
+        report = RoundReport(rnd.round_id, table, end_us, status, failed, targets, merges, safe_times, spark_apps,
+                             plan)  # fmt: skip
+        rnd.report, rnd.status, rnd.finished_us = report.stored(), status, hlc.now_us()
+    return report

@@ -1,0 +1,348 @@
+"""The fast-forward step of a round: offer every due segment to one target site, copy, verify, commit, ack.
+
+Each step re-reads what it needs from the catalog and decides again inside its own transaction, so a step run
+twice, or twice at once, commits each segment once per target:
+- an offer is leased (the unique lease row is the INFLIGHT lock), copied and verified, then registered with a
+  conditional root move; a lost race shows up as SEGMENT_EXISTS on the next offer and becomes an ack;
+- the receiver's commit and the sender's ack are separate transactions (as two servers would do them); a
+  crash in between is repaired by the next offer, which the receiver answers SEGMENT_EXISTS.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import Enum
+
+from sqlalchemy import delete, select
+
+from segrep.catalog import Catalog
+from segrep.catalog import leases as ls
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+from segrep.catalog.segments import entry_of, register_segment
+from segrep.catalog.snapshot import snapshot
+from segrep.catalog.sql import record_ack
+from segrep.config.definitions import Definitions, Policy
+from segrep.core import faults, hlc
+from segrep.core.errors import ConflictError, CorruptSegmentError
+from segrep.core.protocol import sender_reaction
+from segrep.core.states import Outcome, Reaction
+from segrep.replication.backoff import record_target
+from segrep.replication.offers import offers_to
+from segrep.replication.reports import TargetReport, TargetStatus
+from segrep.replication.round import LEASE_TTL_US, TargetUnreachable, clamp_end, ensure_round, round_key
+from segrep.storage.atomic import FileFacts
+from segrep.storage.segment_meta import SegmentEntry
+from segrep.storage.site import Site
+from segrep.storage.transfer import copy_verified
+
+PARTITIONS_AT_ONCE = 4
+
+
+@dataclass(frozen=True)
+class CopyItem:
+    source: str
+    source_uri: str
+    target: str
+    target_uri: str
+    relpath: str
+    byte_size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class CopyOutcome:
+    relpath: str
+    ok: bool
+    invalid: str | None = None  # the verification failure (INVALID)
+    error: str | None = None  # the target or source could not be reached
+
+
+Copier = Callable[[list[CopyItem]], list[CopyOutcome]]
+
+
+def copy_one(item: CopyItem) -> CopyOutcome:
+    try:
+        source, target = Site(item.source, item.source_uri), Site(item.target, item.target_uri)
+        copy_verified(source, target, item.relpath, item.byte_size, item.sha256)
+    except CorruptSegmentError as exc:
+        return CopyOutcome(item.relpath, False, invalid=str(exc))
+    except OSError as exc:
+        return CopyOutcome(item.relpath, False, error=f"{type(exc).__name__}: {exc}")
+    return CopyOutcome(item.relpath, True)
+
+
+def local_copier(items: list[CopyItem]) -> list[CopyOutcome]:
+    """Copy in threads (hashing and file I/O release the GIL)."""
+    if len(items) <= 1:
+        return [copy_one(i) for i in items]
+    with ThreadPoolExecutor(max_workers=min(4, len(items))) as pool:
+        return list(pool.map(copy_one, items))
+
+
+def fast_forward_target(
+    catalog: Catalog,
+    defs: Definitions,
+    table: str,
+    site: str,
+    end_us: int | None = None,
+    *,
+    reoffer: bool = False,
+    copier: Copier | None = None,
+    big_copier: Copier | None = None,
+) -> TargetReport:
+    """Offer every due segment of every partition to the replicas at ``site``, in order.
+
+    Copies run through ``copier`` (threads by default); a batch of at least the policy's
+    ``spark_copy_threshold_bytes`` goes to ``big_copier`` (the Spark distributed copy) when one is given.
+    Raises TargetUnreachable after recording the failure if the site cannot be written.
+    """
+    started = time.perf_counter()
+    end = clamp_end(end_us)
+    policy = defs.policy(table)
+    report = TargetReport(site)
+    with catalog.write() as s:
+        snap = snapshot(s, table, active_only=not reoffer)
+        rnd = ensure_round(s, snap.info.table_id, end, None)
+        round_id = rnd.round_id
+        site_row = q.site_by_name(s, site)
+        backoff = s.get(m.Backoff, (snap.info.table_id, site_row.site_id))
+    if backoff is not None and backoff.next_attempt_us > hlc.now_us() and not reoffer:
+        report.status = TargetStatus.BACKOFF
+        report.error = f"backing off after {backoff.failures} failure(s) ({backoff.last_reason}); next attempt later"
+    else:
+        context = _Context(catalog, table, end, round_key(table, end), policy, copier or local_copier, big_copier)
+        work = [
+            _PartitionRun(context, part.partition.partition_id, replica.placement_id, reoffer)
+            for part in snap.partitions
+            for replica in part.replicas
+            if replica.site_id == site_row.site_id
+        ]
+        # Partitions are independent chains: copying several at once keeps the disk busy while one waits on
+        # an fsync (each partition still goes strictly in order, and takes its own row lock to decide).
+        with ThreadPoolExecutor(max_workers=PARTITIONS_AT_ONCE) as pool:
+            for part_report in pool.map(_PartitionRun.run, work):
+                report.absorb(part_report)
+    report.seconds = round(time.perf_counter() - started, 3)
+    record_target(catalog, round_id, snap.info.table_id, site_row.site_id, report, policy)
+    if report.status == TargetStatus.FAILED:
+        raise TargetUnreachable(f"target {site}: {report.error}")
+    return report
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What every partition of one target's fast-forward shares."""
+
+    catalog: Catalog
+    table: str
+    end: int
+    key: str  # the round's key: it holds the leases
+    policy: Policy
+    copier: Copier
+    big_copier: Copier | None
+
+
+@dataclass(frozen=True)
+class _Leased:
+    """An offer decided FAST_FORWARD and leased: what to copy, and how to commit it."""
+
+    partition_id: int
+    leader_id: int
+    replica_id: int
+    epoch: int
+    segment: m.Segment
+    entry: SegmentEntry
+    expected_root: str | None
+    item: CopyItem
+
+
+class _Next(Enum):
+    """What a partition's offer loop does after a decided batch (copied first, if it holds anything)."""
+
+    CONTINUE = "continue"  # decide the next batch (an empty batch ends the loop: nothing more is due)
+    STOP = "stop"  # done for this round (everything offered, or a decline)
+    RESTART = "restart"  # OUT_OF_ORDER: the replica's acks were dropped; decide again from the newest major
+
+
+@dataclass(frozen=True)
+class _Decision:
+    batch: list[_Leased]
+    next: _Next
+
+
+@dataclass
+class _PartitionRun:
+    """Leader -> one replica placement of one partition, strictly in order (EventQL replicate_partition_to)."""
+
+    ctx: _Context
+    partition_id: int
+    replica_id: int
+    reoffer: bool
+
+    def run(self) -> TargetReport:
+        report = TargetReport("")
+        try:
+            self._offer_all(report)
+        except TargetUnreachable as exc:
+            report.status, report.error = TargetStatus.FAILED, str(exc)
+        return report
+
+    def _offer_all(self, report: TargetReport) -> None:
+        restarted, reoffer = False, self.reoffer
+        while True:
+            decision = self._decide(reoffer, restarted, report)
+            reoffer = False  # only the first offer of the partition is a re-offer
+            if decision.next is _Next.RESTART:
+                restarted = True
+                continue
+            if decision.batch:
+                self._copy_and_commit(decision.batch, report)
+            if decision.next is _Next.STOP or not decision.batch:
+                return
+
+    def _decide(self, reoffer: bool, restarted: bool, report: TargetReport) -> _Decision:
+        """In one write transaction: re-read the partition, decide the next offers in order, ack what the
+        replica already holds and lease what it will fast-forward."""
+        ctx, pid, replica_id = self.ctx, self.partition_id, self.replica_id
+        with ctx.catalog.write() as s:
+            s.get(m.Partition, pid, with_for_update=True)  # serialises deciders of this partition
+            snap = snapshot(s, ctx.table, [pid])
+            part = next((p for p in snap.partitions if p.partition.partition_id == pid), None)
+            replica = next((r for r in part.replicas if r.placement_id == replica_id), None) if part else None
+            if part is None or replica is None:
+                return _Decision([], _Next.STOP)  # the placement went away or lost its leader: nothing to offer
+            now = hlc.now_us()
+            ls.expire(s, replica_id, now)
+            held = ls.in_flight(s, replica_id, now)
+            others = frozenset(seg for seg, holder in held.items() if holder != ctx.key)
+            max_in = ctx.policy.max_incoming_segments
+            offers, _ = offers_to(part, replica, ctx.end, in_flight=others, max_incoming=max_in,
+                                  reoffer=reoffer or restarted, restart=False)  # fmt: skip
+            batch: list[_Leased] = []
+            room = max(max_in - len(others), 0)
+            root = replica.root_segment_id
+            leader_site, target_site = snap.sites[part.leader.site_id], snap.sites[replica.site_id]
+            for seg, outcome in offers:
+                reaction = sender_reaction(outcome)
+                if reaction == Reaction.RESTART:
+                    if batch:
+                        return _Decision(batch, _Next.CONTINUE)  # commit what precedes it; the next batch meets it
+                    report.count(outcome)
+                    if restarted:
+                        report.needs_major.append(pid)  # the planner schedules a major segment
+                        return _Decision([], _Next.STOP)
+                    s.execute(
+                        delete(m.Ack)
+                        .where(m.Ack.holder_placement_id == part.leader.placement_id,
+                               m.Ack.target_placement_id == replica_id)
+                        .execution_options(synchronize_session=False)
+                    )  # fmt: skip
+                    q.reset_watermarks(s, pid)  # the dropped acks make settled entries pending again
+                    return _Decision([], _Next.RESTART)
+                if reaction == Reaction.STOP:
+                    if outcome == Outcome.OVERLOADED and batch:
+                        return _Decision(batch, _Next.CONTINUE)  # our own batch filled the window: go on after it
+                    report.decline(outcome)
+                    return _Decision(batch, _Next.STOP)
+                if outcome == Outcome.SEGMENT_EXISTS:
+                    report.count(outcome)
+                    record_ack(s, part.leader.placement_id, seg.segment_id, replica_id, hlc.now_us())
+                    continue
+                if len(batch) >= room:
+                    return _Decision(batch, _Next.CONTINUE)
+                if seg.segment_id not in held and not ls.acquire(s, replica_id, seg.segment_id, ctx.key,
+                                                                 now + LEASE_TTL_US):  # fmt: skip
+                    report.count(Outcome.INFLIGHT)
+                    return _Decision(batch, _Next.STOP)
+                item = CopyItem(leader_site.name, leader_site.uri, target_site.name, target_site.uri, seg.relpath,
+                                seg.byte_size, seg.sha256)  # fmt: skip
+                entry = entry_of(seg, ctx.table, part.partition)
+                leased = _Leased(pid, part.leader.placement_id, replica_id, part.partition.epoch, seg, entry, root,
+                                 item)  # fmt: skip
+                batch.append(leased)
+                root = seg.segment_id
+            return _Decision(batch, _Next.STOP)
+
+    def _copy_and_commit(self, batch: list[_Leased], report: TargetReport) -> None:
+        ctx = self.ctx
+        faults.point("before_copy")
+        items = [b.item for b in batch]
+        big = ctx.big_copier
+        use_spark = big is not None and sum(i.byte_size for i in items) >= ctx.policy.spark_copy_threshold_bytes
+        outcomes = big(items) if use_spark and big is not None else ctx.copier(items)
+        report.spark_apps += int(use_spark)
+        faults.point("after_copy_before_commit")
+        copied_ok: list[_Leased] = []
+        failed: tuple[int, CopyOutcome] | None = None
+        for n, (leased, copied) in enumerate(zip(batch, outcomes, strict=True)):
+            if not copied.ok:
+                failed = (n, copied)
+                break
+            copied_ok.append(leased)
+        committed = _receiver_commit(ctx.catalog, copied_ok, ctx.key) if copied_ok else []
+        if committed:
+            faults.point("after_commit_before_ack")
+            with ctx.catalog.write() as s:  # the sender's side: one transaction for the batch
+                for leased in committed:
+                    record_ack(s, leased.leader_id, leased.segment.segment_id, leased.replica_id, hlc.now_us())
+        for leased in committed:
+            report.count(Outcome.FAST_FORWARD)
+            report.segments_copied += 1
+            report.bytes_copied += leased.segment.byte_size
+        if len(committed) < len(copied_ok):
+            report.count(Outcome.INFLIGHT)  # a concurrent execution of this round got there first
+            _release_all(ctx.catalog, batch[len(committed) :], ctx.key)
+            return
+        if failed is not None:
+            n, copied = failed
+            _release_all(ctx.catalog, batch[n:], ctx.key)
+            if copied.invalid:
+                report.decline(Outcome.INVALID)
+                return
+            raise TargetUnreachable(copied.error or "copy failed")
+
+
+def _receiver_commit(catalog: Catalog, batch: list[_Leased], key: str) -> list[_Leased]:
+    """The receiver registers the copied segments in order, moving its root conditionally, notes that the
+    sender holds each, and drops the leases: one transaction for the batch (all of one partition). Returns
+    what it committed: nothing if leadership changed since the decision (the offer is stale) or the chain
+    moved under us (a concurrent execution of this round won; its next offer is answered SEGMENT_EXISTS)."""
+    first = batch[0]
+    try:
+        with catalog.write() as s:
+            part = s.get(m.Partition, first.partition_id, with_for_update=True)
+            replica = s.get(m.Placement, first.replica_id)
+            if part is None or replica is None or replica.removed_us is not None:
+                return []
+            if part.leader_placement_id != first.leader_id or part.epoch != first.epoch:
+                return []
+            present = set(
+                s.scalars(
+                    select(m.Segment.segment_id).where(
+                        m.Segment.placement_id == first.replica_id,
+                        m.Segment.segment_id.in_([b.segment.segment_id for b in batch]),
+                    )
+                )
+            )
+            now = hlc.now_us()
+            for leased in batch:
+                seg = leased.segment
+                if seg.segment_id not in present:
+                    facts = FileFacts(seg.byte_size, seg.sha256)
+                    register_segment(s, replica, leased.entry, seg.relpath, facts, now,
+                                     expected_root=leased.expected_root)  # fmt: skip
+                record_ack(s, leased.replica_id, seg.segment_id, leased.leader_id, now)
+                ls.release(s, leased.replica_id, seg.segment_id, key)
+    except ConflictError:
+        return []
+    return batch
+
+
+def _release_all(catalog: Catalog, batch: list[_Leased], key: str) -> None:
+    with catalog.write() as s:
+        for b in batch:
+            ls.release(s, b.replica_id, b.segment.segment_id, key)

@@ -1,0 +1,145 @@
+"""The plan step of a round: create (or find) the round, predict every offer, lease pushes and write the merge
+manifest. Every later step re-decides in its own transaction; the plan is advice, never a commitment.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from sqlalchemy.orm import Session
+
+from segrep.catalog import Catalog
+from segrep.catalog import leases as ls
+from segrep.catalog.snapshot import TableSnapshot, snapshot
+from segrep.catalog.sql import record_ack
+from segrep.config.definitions import Definitions, Policy
+from segrep.core import hlc
+from segrep.core.errors import NotFoundError
+from segrep.core.names import check_name
+from segrep.core.states import Outcome
+from segrep.replication.offers import leader_decision, offers_to, pushes_from
+from segrep.replication.reports import PlanSummary, RoundPlan, TargetForecast
+from segrep.replication.round import MERGE_LEASE_TTL_US, clamp_end, ensure_round, round_key
+from segrep.spark.items import file_ref, round_item
+from segrep.spark.manifest import FileRef, Manifest, MergeItem
+from segrep.storage.workdir import manifest_path
+
+
+def plan_round(
+    catalog: Catalog,
+    defs: Definitions,
+    table: str,
+    end_us: int | None = None,
+    *,
+    start_us: int | None = None,
+    target: str | None = None,
+    reoffer: bool = False,
+) -> RoundPlan:
+    """Create (or find) the round, predict every offer, lease and write the merge manifest."""
+    end = clamp_end(end_us)
+    policy = defs.policy(table)
+    key = round_key(table, end)
+    with catalog.write() as s:
+        snap = snapshot(s, table, active_only=not reoffer)
+        rnd = ensure_round(s, snap.info.table_id, end, start_us)
+        targets = _target_sites(snap, target)
+        now = hlc.now_us()
+        summary = PlanSummary()
+        stuck: set[int] = set()
+        for site_name in targets:
+            site_id = snap.site_id(site_name)
+            outcomes: Counter[str] = Counter()
+            ff_bytes = 0
+            for part in snap.partitions:
+                for replica in (r for r in part.replicas if r.site_id == site_id):
+                    max_in = policy.max_incoming_segments
+                    offers, needs_major = offers_to(part, replica, end, max_incoming=max_in, reoffer=reoffer)
+                    outcomes.update(str(o) for _seg, o in offers)
+                    ff_bytes += sum(seg.byte_size for seg, o in offers if o == Outcome.FAST_FORWARD)
+                    # Any OUT_OF_ORDER makes the partition a candidate: on the settled-only lists the replica's
+                    # chain can look shorter than it is, so the restart may seem to succeed (a major it would
+                    # fast-forward) although on its whole chain it is stuck. The full re-read below decides.
+                    if needs_major or any(o == Outcome.OUT_OF_ORDER for _seg, o in offers):
+                        stuck.add(part.partition.partition_id)
+            summary.targets[site_name] = TargetForecast(dict(outcomes), ff_bytes)
+        # Merge and major items need whole chains (a major folds the whole visible chain; a merge compares
+        # against it): re-read the candidate partitions in full and decide again on that.
+        candidates = stuck | {
+            part.partition.partition_id
+            for part in snap.partitions
+            if any(pushes_from(part, follower, end) for follower in part.replicas)
+        }
+        items: list[MergeItem] = []
+        if candidates:
+            full = snapshot(s, table, sorted(candidates))
+            site_ids = {full.site_id(name) for name in targets}
+            stuck = {
+                part.partition.partition_id
+                for part in full.partitions
+                for replica in part.replicas
+                if replica.site_id in site_ids
+                and offers_to(part, replica, end, max_incoming=policy.max_incoming_segments, reoffer=reoffer)[1]
+            }
+            items = _plan_merges(s, full, key, end, now, policy, summary)
+            merged = {it.partition_id for it in items}
+            for part in full.partitions:
+                pid = part.partition.partition_id
+                if pid in stuck and pid not in merged:  # merges first; the major follows next round
+                    items.append(round_item(full, part, key, "major", []))
+                    summary.majors.append(pid)
+        rnd.report = {**(rnd.report or {}), "plan": summary.to_dict()}
+        round_id = rnd.round_id
+    manifest = None
+    if items:
+        path = manifest_path(defs, table, end)
+        Manifest(key, items).write(path)
+        manifest = str(path)
+    return RoundPlan(round_id, table, end, targets, manifest, summary)
+
+
+def _target_sites(snap: TableSnapshot, target: str | None) -> list[str]:
+    names = sorted(snap.sites[site_id].name for site_id in snap.replica_site_ids)
+    if target is not None:
+        check_name("site", target)  # the same message for a malformed name as every other command
+        if target not in {site.name for site in snap.sites.values()}:
+            raise NotFoundError(
+                f"unknown site {target!r}; known: {', '.join(sorted(s.name for s in snap.sites.values()))}"
+            )
+        if target not in names:
+            raise NotFoundError(
+                f"site {target!r} holds no replica of {snap.info.name}; replica sites: {', '.join(names) or 'none'}"
+            )
+        return [target]
+    return names
+
+
+def _plan_merges(
+    s: Session, snap: TableSnapshot, key: str, end: int, now: int, policy: Policy, summary: PlanSummary
+) -> list[MergeItem]:
+    """Follower -> leader: push what the leader lacks; the leader acks what it holds and leases the rest."""
+    items = []
+    leader_ids = [part.leader.placement_id for part in snap.partitions]
+    ls.expire(s, leader_ids, now)
+    leases = ls.in_flight_many(s, leader_ids, now)
+    pushes: Counter[str] = Counter()
+    for part in snap.partitions:
+        leader = part.leader
+        held = leases.get(leader.placement_id, {})
+        others = frozenset(seg for seg, holder in held.items() if holder != key)
+        incoming: list[FileRef] = []
+        for follower in part.replicas:
+            for seg in pushes_from(part, follower, end):
+                outcome = leader_decision(part, follower, seg, others, policy.max_incoming_segments)
+                pushes[str(outcome)] += 1
+                if outcome == Outcome.SEGMENT_EXISTS:
+                    record_ack(s, follower.placement_id, seg.segment_id, leader.placement_id, hlc.now_us())
+                elif outcome == Outcome.MERGE and (
+                    seg.segment_id in held
+                    or ls.acquire(s, leader.placement_id, seg.segment_id, key, now + MERGE_LEASE_TTL_US)
+                ):
+                    incoming.append(file_ref(snap.sites[follower.site_id], follower, seg))
+        if incoming:
+            items.append(round_item(snap, part, key, "merge", incoming))
+            summary.merges.append(part.partition.partition_id)
+    summary.pushes = dict(pushes)
+    return items

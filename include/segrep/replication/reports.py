@@ -1,0 +1,177 @@
+"""What a round plans and reports, as typed records.
+
+The catalog keeps a round's report as JSON (``rounds.report``, ``round_targets.report``) and Airflow passes
+plans between tasks as XCom; both go through ``to_dict``/``from_dict`` here, so every other module works with
+the records themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from segrep.core.states import Outcome
+from segrep.spark.results import CommitSummary
+
+
+class TargetStatus(StrEnum):
+    """How one target site's fast-forward went in a round."""
+
+    OK = "ok"
+    DECLINED = "declined"  # an offer was declined (OVERLOADED, INVALID, INFLIGHT): retried next round
+    BACKOFF = "backoff"  # not attempted: the target is backing off after failures
+    FAILED = "failed"  # the site could not be read or written
+
+    @property
+    def rank(self) -> int:
+        """Worse outcomes rank higher; a target's status is its partitions' worst."""
+        return {TargetStatus.OK: 0, TargetStatus.BACKOFF: 0, TargetStatus.DECLINED: 1, TargetStatus.FAILED: 2}[self]
+
+
+class RoundStatus(StrEnum):
+    RUNNING = "running"
+    OK = "ok"
+    PARTIAL = "partial"  # every target reported, some declined or backed off
+    FAILED = "failed"  # some target failed or did not report
+
+
+@dataclass
+class TargetForecast:
+    """The planner's prediction for one target: offers by predicted outcome, bytes to fast-forward."""
+
+    outcomes: dict[str, int] = field(default_factory=dict)
+    fast_forward_bytes: int = 0
+
+
+@dataclass
+class PlanSummary:
+    """Per target the forecast; partitions with merges or majors planned; pushes by the leader's answer."""
+
+    targets: dict[str, TargetForecast] = field(default_factory=dict)
+    merges: list[int] = field(default_factory=list)
+    majors: list[int] = field(default_factory=list)
+    pushes: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> PlanSummary:
+        return cls(
+            targets={site: TargetForecast(**t) for site, t in doc.get("targets", {}).items()},
+            merges=list(doc.get("merges", [])),
+            majors=list(doc.get("majors", [])),
+            pushes=dict(doc.get("pushes", {})),
+        )
+
+
+@dataclass
+class RoundPlan:
+    """The plan step's result: the round, its targets, and the merge manifest if Spark has work."""
+
+    round_id: int
+    table: str
+    end_us: int
+    targets: list[str]
+    manifest: str | None
+    summary: PlanSummary = field(default_factory=PlanSummary)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> RoundPlan:
+        fields = {k: doc[k] for k in ("round_id", "table", "end_us", "targets", "manifest")}
+        return cls(**fields, summary=PlanSummary.from_dict(doc.get("summary", {})))
+
+
+@dataclass
+class TargetReport:
+    """One target's fast-forward in a round (one partition's, folded into the target's by ``absorb``)."""
+
+    site: str
+    status: TargetStatus = TargetStatus.OK
+    outcomes: dict[str, int] = field(default_factory=dict)
+    segments_copied: int = 0
+    bytes_copied: int = 0
+    needs_major: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str | None = None
+    spark_apps: int = 0
+    decline_reason: str | None = None  # the first decline; the target's back-off records it once
+
+    def absorb(self, other: TargetReport) -> None:
+        """Fold one partition's report into the target's: sums, and the worst status with its reason."""
+        for k, v in other.outcomes.items():
+            self.outcomes[k] = self.outcomes.get(k, 0) + v
+        self.segments_copied += other.segments_copied
+        self.bytes_copied += other.bytes_copied
+        self.spark_apps += other.spark_apps
+        self.needs_major += other.needs_major
+        if other.status.rank > self.status.rank:
+            self.status, self.error = other.status, other.error or self.error
+        self.decline_reason = self.decline_reason or other.decline_reason
+
+    def count(self, outcome: Outcome) -> None:
+        self.outcomes[str(outcome)] = self.outcomes.get(str(outcome), 0) + 1
+
+    def decline(self, outcome: Outcome) -> None:
+        """Record a declined offer: the target is retried next round, after its back-off."""
+        self.count(outcome)
+        self.status = TargetStatus.DECLINED
+        self.decline_reason = self.decline_reason or str(outcome)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> TargetReport:
+        doc = dict(doc)
+        doc["status"] = TargetStatus(doc.get("status", TargetStatus.OK))
+        return cls(**doc)
+
+
+@dataclass
+class RoundReport:
+    """A finished round: per target what happened, the merges, the safe times it established."""
+
+    round_id: int
+    table: str
+    end_us: int
+    status: RoundStatus
+    failed: list[str]
+    targets: dict[str, TargetReport]
+    merges: CommitSummary
+    safe_time_us: dict[str, int]
+    spark_apps: int
+    plan: PlanSummary | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> RoundReport:
+        """The report back from ``to_dict`` (an XCom value, or JSON)."""
+        plan = doc.get("plan")
+        return cls(
+            round_id=doc["round_id"],
+            table=doc["table"],
+            end_us=doc["end_us"],
+            status=RoundStatus(doc["status"]),
+            failed=list(doc["failed"]),
+            targets={site: TargetReport.from_dict(t) for site, t in doc["targets"].items()},
+            merges=CommitSummary.from_dict(doc["merges"]),
+            safe_time_us=dict(doc["safe_time_us"]),
+            spark_apps=doc["spark_apps"],
+            plan=None if plan is None else PlanSummary.from_dict(plan),
+        )
+
+    def stored(self) -> dict[str, Any]:
+        """The report as the catalog keeps it in ``rounds.report`` (the round's identity is in its row)."""
+        doc = self.to_dict()
+        for key in ("round_id", "table", "end_us", "status", "failed"):
+            doc.pop(key)
+        if self.plan is None:
+            doc.pop("plan")
+        return doc

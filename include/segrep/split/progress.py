@@ -1,0 +1,87 @@
+"""How far each split has come: its state and, per child, the segments it holds and still lacks."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+from segrep.catalog.splits import lacking_counts, split_view
+from segrep.core.states import SplitState
+
+
+@dataclass(frozen=True)
+class ChildProgress:
+    partition_id: int
+    begin_key: Any  # the child's range, as the catalog keeps keys (JSON values; None is unbounded)
+    end_key: Any
+    state: str
+    site: str  # where its leader placement is
+    acked: int  # the sources' segments it holds
+    lacking: int  # the sources' segments it still lacks
+
+
+@dataclass(frozen=True)
+class SplitProgress:
+    split_id: int
+    table: str
+    parent_partition_id: int
+    parent_state: str
+    split_keys: list[Any]
+    is_async: bool
+    state: SplitState
+    sources: list[str]  # sites of the parent placements that push in the current phase
+    children: list[ChildProgress]
+    started_us: int
+    finished_us: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def split_progress(catalog: Catalog, table: str | None = None, *, include_done: bool = False) -> list[SplitProgress]:
+    """Each split's state and, per child, how many of the sources' segments it holds and how many it lacks."""
+    out = []
+    with catalog.read() as s:
+        query = select(m.Split).order_by(m.Split.split_id)
+        if table is not None:
+            query = query.where(m.Split.table_id == q.table_info(s, table).table_id)
+        for split in s.scalars(query):
+            if split.state == SplitState.DONE and not include_done:
+                continue
+            view = split_view(s, split.split_id)
+            lacking = lacking_counts(view, None) if split.state != SplitState.DONE else {}
+            children = []
+            for child in view.children:
+                target = view.child_leaders[child.partition_id]
+                children.append(
+                    ChildProgress(
+                        partition_id=child.partition_id,
+                        begin_key=child.begin_key,
+                        end_key=child.end_key,
+                        state=child.state,
+                        site=view.sites[target.site_id].name,
+                        acked=len(view.acked.get(target.placement_id, ())),
+                        lacking=lacking.get(child.partition_id, 0),
+                    )
+                )
+            out.append(
+                SplitProgress(
+                    split_id=split.split_id,
+                    table=view.info.name,
+                    parent_partition_id=split.parent_partition_id,
+                    parent_state=view.parent.state,
+                    split_keys=list(split.split_keys),
+                    is_async=split.is_async,
+                    state=SplitState(split.state),
+                    sources=sorted(view.sites[pl.site_id].name for pl in view.sources),
+                    children=children,
+                    started_us=split.created_us,
+                    finished_us=split.finished_us,
+                )
+            )
+    return out
