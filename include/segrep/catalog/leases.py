@@ -47,8 +47,11 @@ def acquire(s: Session, target_placement_id: int, segment_id: str, holder: str, 
     """Take the lease in a savepoint; False if another holder has it (the INSERT lost the race)."""
     try:
         with s.begin_nested():
-            s.add(m.Lease(target_placement_id=target_placement_id, segment_id=segment_id, holder=holder,
-                          expires_us=expires_us))  # fmt: skip
+            s.add(
+                m.Lease(
+                    target_placement_id=target_placement_id, segment_id=segment_id, holder=holder, expires_us=expires_us
+                )
+            )
             s.flush()
     except IntegrityError:
         return False

@@ -25,8 +25,16 @@ def insert_ignore(s: Session, model: type[m.Base], values: dict[str, Any]) -> bo
 
 def record_ack(s: Session, holder_id: int, segment_id: str, target_id: int, acked_us: int) -> None:
     """Note that ``target_id`` holds the holder's segment (EventQL 3.6: acks are by placement id); idempotent."""
-    insert_ignore(s, m.Ack, {"holder_placement_id": holder_id, "segment_id": segment_id,
-                             "target_placement_id": target_id, "acked_us": acked_us})  # fmt: skip
+    insert_ignore(
+        s,
+        m.Ack,
+        {
+            "holder_placement_id": holder_id,
+            "segment_id": segment_id,
+            "target_placement_id": target_id,
+            "acked_us": acked_us,
+        },
+    )
 
 
 def rowcount(result: Result[Any]) -> int:

@@ -14,8 +14,17 @@ from segrep.replication.reports import RoundReport
 from segrep.replication.status import TargetState
 from segrep.split.progress import SplitProgress
 
-STATUS_HEADER = ["table", "target", "safe time", "lag s", "pending segs", "pending bytes", "last round", "declines",
-                 "note"]  # fmt: skip
+STATUS_HEADER = [
+    "table",
+    "target",
+    "safe time",
+    "lag s",
+    "pending segs",
+    "pending bytes",
+    "last round",
+    "declines",
+    "note",
+]
 
 
 def format_rows(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -83,14 +83,22 @@ def _fail(message: str, code: int) -> None:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="segrep")
 @click.option(
-    "--config", "config", envvar="SEGREP_CONFIG", default=None, metavar="FILE",
+    "--config",
+    "config",
+    envvar="SEGREP_CONFIG",
+    default=None,
+    metavar="FILE",
     help="Definitions file (sites, tables, policies). Default: $SEGREP_CONFIG or include/segrep.yaml.",
-)  # fmt: skip
+)
 @click.option(
-    "--catalog", "catalog_url", envvar="SEGREP_CATALOG_URL", default=None, metavar="URL",
+    "--catalog",
+    "catalog_url",
+    envvar="SEGREP_CATALOG_URL",
+    default=None,
+    metavar="URL",
     help="Catalog SQLAlchemy URL. Default: $SEGREP_CATALOG_URL, the definitions' catalog_url, or "
     "sqlite:///<data_dir>/catalog.db.",
-)  # fmt: skip
+)
 @click.pass_context
 def main(ctx: click.Context, config: str | None, catalog_url: str | None) -> None:
     """segrep replicates partitioned tables between sites by copying immutable segment files.
@@ -302,9 +310,14 @@ def segments(obj: Context, table: str, site: str | None, partition_id: int | Non
 @main.command("bootstrap")
 @click.argument("table")
 @click.argument("site")
-@click.option("--mode", type=click.Choice(["auto", "adopt", "replace"]), default="auto", show_default=True,
-              help="auto refuses a target that already holds data; adopt keeps it if equal to the source; "
-              "replace moves it aside.")  # fmt: skip
+@click.option(
+    "--mode",
+    type=click.Choice(["auto", "adopt", "replace"]),
+    default="auto",
+    show_default=True,
+    help="auto refuses a target that already holds data; adopt keeps it if equal to the source; "
+    "replace moves it aside.",
+)
 @click.pass_obj
 @_user_errors
 def bootstrap_(obj: Context, table: str, site: str, mode: str) -> None:

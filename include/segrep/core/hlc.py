@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+FOREVER_US = 2**63 - 1  # the largest catalog time (int64 microseconds): "no bound", "everything committed"
+
 
 def now_us() -> int:
     return time.time_ns() // 1000

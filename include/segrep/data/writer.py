@@ -131,9 +131,14 @@ def _attempt(
                 if rowcount(res) != 1:
                     raise ConflictError(f"partition {target.partition.partition_id} changed while writing")
                 register_segment(
-                    s, target.placement, entry, relpath, facts, committed_us,
+                    s,
+                    target.placement,
+                    entry,
+                    relpath,
+                    facts,
+                    committed_us,
                     expected_root=target.placement.root_segment_id,
-                )  # fmt: skip
+                )
     except BaseException:
         for _t, _e, relpath, _f, site in written:
             site.delete(relpath)  # never referenced: safe to remove

@@ -108,11 +108,13 @@ def bootstrap(catalog: Catalog, defs: Definitions, table: str, site: str, mode: 
             # Files the catalog lists at this site (a removed placement's, e.g. of a site dropped from the
             # replicas and added back) are ours: GC deletes or keeps them. Moving them aside would leave
             # catalog rows pointing at nothing; only files the catalog does not know are the target's data.
-            known = set(s.scalars(
-                select(m.Segment.relpath)
-                .join(m.Placement, m.Placement.placement_id == m.Segment.placement_id)
-                .where(m.Placement.site_id == site_row.site_id, m.Placement.partition_id == pid)
-            ))  # fmt: skip
+            known = set(
+                s.scalars(
+                    select(m.Segment.relpath)
+                    .join(m.Placement, m.Placement.placement_id == m.Segment.placement_id)
+                    .where(m.Placement.site_id == site_row.site_id, m.Placement.partition_id == pid)
+                )
+            )
             existing = [rel for rel in partition_files(storage, table, pid) if rel not in known]
             if existing and chosen == Mode.AUTO:
                 refusals.append(
@@ -147,8 +149,9 @@ def bootstrap(catalog: Catalog, defs: Definitions, table: str, site: str, mode: 
 def _rejoin(s: Session, part: m.Partition, old: m.Placement) -> m.Placement:
     old.state = PlacementState.REMOVED
     old.removed_us = hlc.now_us()
-    new = m.Placement(partition_id=part.partition_id, site_id=old.site_id, state=PlacementState.JOINING,
-                      created_us=hlc.now_us())  # fmt: skip
+    new = m.Placement(
+        partition_id=part.partition_id, site_id=old.site_id, state=PlacementState.JOINING, created_us=hlc.now_us()
+    )
     s.add(new)
     s.flush()
     q.reset_watermarks(s, part.partition_id)

@@ -143,12 +143,14 @@ def _stop_stale_pushers(catalog: Catalog, table: str, partition_ids: list[int], 
         for pid in partition_ids:
             s.get(m.Partition, pid, with_for_update=True)
             for part in snapshot(s, table, [pid]).partitions:
-                visible = [part.segment(part.leader.placement_id, r.segment_id)
-                           for r in visible_segments(part.chain(part.leader))]  # fmt: skip
+                visible = [
+                    part.segment(part.leader.placement_id, r.segment_id)
+                    for r in visible_segments(part.chain(part.leader))
+                ]
                 if not any(seg.deleted_rows and seg.min_version < cutoff for seg in visible):
                     continue  # no tombstone can expire here
                 for replica in part.replicas:
-                    stale = [seg for seg in pushes_from(part, replica, 2**62) if seg.min_version < cutoff]
+                    stale = [seg for seg in pushes_from(part, replica, hlc.FOREVER_US) if seg.min_version < cutoff]
                     if stale:
                         replica.needs_bootstrap = True
                         notes.append(

@@ -121,8 +121,15 @@ def decide_partition(
     for seg in part.segments.get(leader.placement_id, []):
         action = leader_action(chain, seg.segment_id, acked_all)
         if action == LocalAction.DELETE:
-            out.append(Deletion(lsite, seg.relpath, "leader: weakly referenced, its covering major is acked by "
-                                "every replica", leader.placement_id, seg.segment_id))  # fmt: skip
+            out.append(
+                Deletion(
+                    lsite,
+                    seg.relpath,
+                    "leader: weakly referenced, its covering major is acked by every replica",
+                    leader.placement_id,
+                    seg.segment_id,
+                )
+            )
     leader_has = {x.segment_id for x in part.segments.get(leader.placement_id, [])}
     for replica in part.replicas:
         fchain = part.chain(replica)
@@ -132,8 +139,15 @@ def decide_partition(
                 (replica.placement_id, seg.segment_id), ()
             )
             if follower_action(fchain, seg.segment_id, acked) == LocalAction.DELETE:
-                out.append(Deletion(rsite, seg.relpath, "follower: the leader holds it and it is no longer "
-                                    "strongly referenced here", replica.placement_id, seg.segment_id))  # fmt: skip
+                out.append(
+                    Deletion(
+                        rsite,
+                        seg.relpath,
+                        "follower: the leader holds it and it is no longer strongly referenced here",
+                        replica.placement_id,
+                        seg.segment_id,
+                    )
+                )
     return out
 
 
@@ -155,11 +169,20 @@ def _removed_placements(s: Any, part: PartitionSnapshot, sites: dict[int, m.Site
     for pl in removed:
         for seg in segs.get(pl.placement_id, []):
             if seg.segment_id in leader_has or lid in acks.get((pl.placement_id, seg.segment_id), ()):
-                out.append(Deletion(sites[pl.site_id].name, seg.relpath, "removed placement: the leader holds it",
-                                    pl.placement_id, seg.segment_id))  # fmt: skip
+                out.append(
+                    Deletion(
+                        sites[pl.site_id].name,
+                        seg.relpath,
+                        "removed placement: the leader holds it",
+                        pl.placement_id,
+                        seg.segment_id,
+                    )
+                )
             else:
-                report.held.append(f"segment {seg.segment_id} of removed placement {pl.placement_id}: the leader "
-                                   "lacks it (kept; a bootstrap with mode replace moved such data aside)")  # fmt: skip
+                report.held.append(
+                    f"segment {seg.segment_id} of removed placement {pl.placement_id}: the leader "
+                    "lacks it (kept; a bootstrap with mode replace moved such data aside)"
+                )
     return out
 
 
@@ -191,9 +214,15 @@ def collect(
 
 
 def _partition_pass(
-    catalog: Catalog, table: str, pid: int, sites: dict[int, m.Site], policy: Policy, now: int, dry_run: bool,
+    catalog: Catalog,
+    table: str,
+    pid: int,
+    sites: dict[int, m.Site],
+    policy: Policy,
+    now: int,
+    dry_run: bool,
     report: GcReport,
-) -> list[Deletion]:  # fmt: skip
+) -> list[Deletion]:
     with catalog.write() as s:
         s.get(m.Partition, pid, with_for_update=True)
         snap = snapshot(s, table, [pid], include_stalled=True)
@@ -240,8 +269,10 @@ def _remove_files(
                 Site(site.name, site.uri).delete(d.relpath)
             except OSError as exc:
                 if report is not None:
-                    report.held.append(f"{d.site}:{d.relpath} not removed ({type(exc).__name__}: {exc}); a later "
-                                       "run removes it as an orphan")  # fmt: skip
+                    report.held.append(
+                        f"{d.site}:{d.relpath} not removed ({type(exc).__name__}: {exc}); a later "
+                        "run removes it as an orphan"
+                    )
                 continue
             removed += 1
     return removed

@@ -22,8 +22,14 @@ BACKOFF_CAP_S = 3600
 def bump_backoff(s: Session, table_id: int, site_id: int, reason: str, policy: Policy) -> None:
     """Exponential back-off per (table, target): retry_delay_s * 2^(failures-1), capped at an hour."""
     now = hlc.now_us()
-    fresh = {"table_id": table_id, "site_id": site_id, "failures": 0, "next_attempt_us": 0, "last_reason": None,
-             "updated_us": now}  # fmt: skip
+    fresh = {
+        "table_id": table_id,
+        "site_id": site_id,
+        "failures": 0,
+        "next_attempt_us": 0,
+        "last_reason": None,
+        "updated_us": now,
+    }
     insert_ignore(s, m.Backoff, fresh)
     row = s.get(m.Backoff, (table_id, site_id), with_for_update=True)
     assert row is not None  # inserted above or already there, and locked
@@ -47,8 +53,11 @@ def record_target(
         elif report.status == TargetStatus.OK:
             s.execute(delete(m.Backoff).where(m.Backoff.table_id == table_id, m.Backoff.site_id == site_id))
         doc = report.to_dict()
-        insert_ignore(s, m.RoundTarget, {"round_id": round_id, "site_id": site_id, "status": report.status,
-                                         "report": doc, "updated_us": now})  # fmt: skip
+        insert_ignore(
+            s,
+            m.RoundTarget,
+            {"round_id": round_id, "site_id": site_id, "status": report.status, "report": doc, "updated_us": now},
+        )
         s.execute(
             update(m.RoundTarget)
             .where(m.RoundTarget.round_id == round_id, m.RoundTarget.site_id == site_id)

@@ -52,7 +52,6 @@ def commit_round(
         if not failed and any(r.status != TargetStatus.OK for r in targets.values()):
             status = RoundStatus.PARTIAL
         spark_apps = merges.spark_apps + sum(r.spark_apps for r in targets.values())
-        report = RoundReport(rnd.round_id, table, end_us, status, failed, targets, merges, safe_times, spark_apps,
-                             plan)  # fmt: skip
+        report = RoundReport(rnd.round_id, table, end_us, status, failed, targets, merges, safe_times, spark_apps, plan)
         rnd.report, rnd.status, rnd.finished_us = report.stored(), status, hlc.now_us()
     return report

@@ -220,8 +220,15 @@ class _PartitionRun:
             held = ls.in_flight(s, replica_id, now)
             others = frozenset(seg for seg, holder in held.items() if holder != ctx.key)
             max_in = ctx.policy.max_incoming_segments
-            offers, _ = offers_to(part, replica, ctx.end, in_flight=others, max_incoming=max_in,
-                                  reoffer=reoffer or restarted, restart=False)  # fmt: skip
+            offers, _ = offers_to(
+                part,
+                replica,
+                ctx.end,
+                in_flight=others,
+                max_incoming=max_in,
+                reoffer=reoffer or restarted,
+                restart=False,
+            )
             batch: list[_Leased] = []
             room = max(max_in - len(others), 0)
             root = replica.root_segment_id
@@ -237,10 +244,12 @@ class _PartitionRun:
                         return _Decision([], _Next.STOP)
                     s.execute(
                         delete(m.Ack)
-                        .where(m.Ack.holder_placement_id == part.leader.placement_id,
-                               m.Ack.target_placement_id == replica_id)
+                        .where(
+                            m.Ack.holder_placement_id == part.leader.placement_id,
+                            m.Ack.target_placement_id == replica_id,
+                        )
                         .execution_options(synchronize_session=False)
-                    )  # fmt: skip
+                    )
                     q.reset_watermarks(s, pid)  # the dropped acks make settled entries pending again
                     return _Decision([], _Next.RESTART)
                 if reaction == Reaction.STOP:
@@ -254,15 +263,24 @@ class _PartitionRun:
                     continue
                 if len(batch) >= room:
                     return _Decision(batch, _Next.CONTINUE)
-                if seg.segment_id not in held and not ls.acquire(s, replica_id, seg.segment_id, ctx.key,
-                                                                 now + LEASE_TTL_US):  # fmt: skip
+                if seg.segment_id not in held and not ls.acquire(
+                    s, replica_id, seg.segment_id, ctx.key, now + LEASE_TTL_US
+                ):
                     report.count(Outcome.INFLIGHT)
                     return _Decision(batch, _Next.STOP)
-                item = CopyItem(leader_site.name, leader_site.uri, target_site.name, target_site.uri, seg.relpath,
-                                seg.byte_size, seg.sha256)  # fmt: skip
+                item = CopyItem(
+                    leader_site.name,
+                    leader_site.uri,
+                    target_site.name,
+                    target_site.uri,
+                    seg.relpath,
+                    seg.byte_size,
+                    seg.sha256,
+                )
                 entry = entry_of(seg, ctx.table, part.partition)
-                leased = _Leased(pid, part.leader.placement_id, replica_id, part.partition.epoch, seg, entry, root,
-                                 item)  # fmt: skip
+                leased = _Leased(
+                    pid, part.leader.placement_id, replica_id, part.partition.epoch, seg, entry, root, item
+                )
                 batch.append(leased)
                 root = seg.segment_id
             return _Decision(batch, _Next.STOP)
@@ -333,8 +351,9 @@ def _receiver_commit(catalog: Catalog, batch: list[_Leased], key: str) -> list[_
                 seg = leased.segment
                 if seg.segment_id not in present:
                     facts = FileFacts(seg.byte_size, seg.sha256)
-                    register_segment(s, replica, leased.entry, seg.relpath, facts, now,
-                                     expected_root=leased.expected_root)  # fmt: skip
+                    register_segment(
+                        s, replica, leased.entry, seg.relpath, facts, now, expected_root=leased.expected_root
+                    )
                 record_ack(s, leased.replica_id, seg.segment_id, leased.leader_id, now)
                 ls.release(s, leased.replica_id, seg.segment_id, key)
     except ConflictError:

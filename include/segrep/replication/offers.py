@@ -95,8 +95,9 @@ def pushes_from(part: PartitionSnapshot, follower: m.Placement, end_us: int) -> 
     ]
 
 
-def leader_decision(part: PartitionSnapshot, follower: m.Placement, seg: m.Segment, in_flight: frozenset[str],
-                    max_incoming: int) -> Outcome:  # fmt: skip
+def leader_decision(
+    part: PartitionSnapshot, follower: m.Placement, seg: m.Segment, in_flight: frozenset[str], max_incoming: int
+) -> Outcome:
     """The leader's answer to a pushed segment. A leader that holds nothing yet would fast-forward; the engine
     merges instead (into an empty partition every row wins, so the result is the same rows)."""
     view = ReceiverView(

@@ -36,7 +36,13 @@ def clamp_end(end_us: int | None, now_us: int | None = None) -> int:
 
 def ensure_round(s: Session, table_id: int, end_us: int, start_us: int | None) -> m.Round:
     """The round's row, created by whichever step of the round runs first."""
-    row: dict[str, object] = {"table_id": table_id, "interval_start_us": start_us, "interval_end_us": end_us,
-           "status": RoundStatus.RUNNING, "started_us": hlc.now_us(), "report": {}}  # fmt: skip
+    row: dict[str, object] = {
+        "table_id": table_id,
+        "interval_start_us": start_us,
+        "interval_end_us": end_us,
+        "status": RoundStatus.RUNNING,
+        "started_us": hlc.now_us(),
+        "report": {},
+    }
     insert_ignore(s, m.Round, row)
     return s.scalars(select(m.Round).where(m.Round.table_id == table_id, m.Round.interval_end_us == end_us)).one()

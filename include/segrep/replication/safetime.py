@@ -29,8 +29,6 @@ from segrep.core.chain import is_referenced, newest_major, visible_segments
 from segrep.core.states import PlacementState
 from segrep.replication.offers import pushes_from
 
-FOREVER_US = 2**63 - 1
-
 
 def partition_vouches(part: PartitionSnapshot, replica: m.Placement, end_us: int) -> tuple[str | None, int, int]:
     """(checkpoint segment id, checkpoint max version, safe time this partition vouches for at the replica)."""
@@ -60,9 +58,9 @@ def partition_vouches(part: PartitionSnapshot, replica: m.Placement, end_us: int
 def leader_vouches(part: PartitionSnapshot) -> int:
     """The safe time a partition vouches for at its leader's site: the instant before the oldest write the
     leader has not merged yet (forks its followers wrote while they led), else no bound."""
-    safe = FOREVER_US
+    safe = hlc.FOREVER_US
     for follower in part.replicas:
-        for seg in pushes_from(part, follower, FOREVER_US):
+        for seg in pushes_from(part, follower, hlc.FOREVER_US):
             safe = min(safe, seg.min_version - 1)
     return safe
 
@@ -104,8 +102,12 @@ def _join_finalize(s: Session, part: PartitionSnapshot, replica: m.Placement) ->
     root = part.leader.root_segment_id
     if root is not None and replica.placement_id not in part.acks.get((part.leader.placement_id, root), ()):
         return False
-    s.execute(update(m.Placement).where(m.Placement.placement_id == replica.placement_id).values(
-        state=str(PlacementState.LIVE)).execution_options(synchronize_session=False))  # fmt: skip
+    s.execute(
+        update(m.Placement)
+        .where(m.Placement.placement_id == replica.placement_id)
+        .values(state=str(PlacementState.LIVE))
+        .execution_options(synchronize_session=False)
+    )
     replica.state = PlacementState.LIVE
     return True
 

@@ -76,29 +76,61 @@ def round_item(snap: TableSnapshot, part: PartitionSnapshot, key: str, kind: str
     base = part.leader.root_segment_id
     inputs = [f.segment_id for f in (incoming if kind == "merge" else visible)]
     pid = part.partition.partition_id
-    return leader_item(snap.info, part.partition, part.leader, site, item_id=f"{kind}-{pid}", kind=kind, base=base,
-                       visible=visible, incoming=incoming,
-                       output_segment_id=output_segment_id(key, kind, pid, base, inputs))  # fmt: skip
+    return leader_item(
+        snap.info,
+        part.partition,
+        part.leader,
+        site,
+        item_id=f"{kind}-{pid}",
+        kind=kind,
+        base=base,
+        visible=visible,
+        incoming=incoming,
+        output_segment_id=output_segment_id(key, kind, pid, base, inputs),
+    )
 
 
-def split_rewrite_item(view: SplitView, child: m.Partition, target: m.Placement, seg: m.Segment,
-                       source: FileRef) -> MergeItem:  # fmt: skip
+def split_rewrite_item(
+    view: SplitView, child: m.Partition, target: m.Placement, seg: m.Segment, source: FileRef
+) -> MergeItem:
     """A ``split`` rewrite of ``seg`` for the child: the same id, base and shape, only rows in its range."""
     site, pid = view.sites[target.site_id], child.partition_id
     included = list(seg.included_segment_ids or [])
     shape: dict[str, Any] = {"is_major": bool(seg.is_major), "included_segment_ids": included}
-    return leader_item(view.info, child, target, site, item_id=f"split-{pid}-{seg.segment_id}", kind="split",
-                       base=seg.base_segment_id, visible=[], incoming=[source], output_segment_id=seg.segment_id,
-                       partition_key=view.info.partition_key, **shape)  # fmt: skip
+    return leader_item(
+        view.info,
+        child,
+        target,
+        site,
+        item_id=f"split-{pid}-{seg.segment_id}",
+        kind="split",
+        base=seg.base_segment_id,
+        visible=[],
+        incoming=[source],
+        output_segment_id=seg.segment_id,
+        partition_key=view.info.partition_key,
+        **shape,
+    )
 
 
-def split_merge_item(view: SplitView, child: m.Partition, target: m.Placement, key: str, incoming: list[FileRef],
-                     base: str | None) -> MergeItem:  # fmt: skip
+def split_merge_item(
+    view: SplitView, child: m.Partition, target: m.Placement, key: str, incoming: list[FileRef], base: str | None
+) -> MergeItem:
     """A ``merge`` of parent segments into the child that it cannot take as they are; rows in its range only."""
     site, pid = view.sites[target.site_id], child.partition_id
     segs = view.by_id(target)
     visible = [file_ref(site, target, segs[r.segment_id]) for r in visible_segments(view.chain(target))]
     out_id = output_segment_id(key, "merge", pid, base, [f.segment_id for f in incoming])
-    return leader_item(view.info, child, target, site, item_id=f"merge-{pid}-{incoming[0].holder_placement_id}",
-                       kind="merge", base=base, visible=visible, incoming=incoming, output_segment_id=out_id,
-                       partition_key=view.info.partition_key)  # fmt: skip
+    return leader_item(
+        view.info,
+        child,
+        target,
+        site,
+        item_id=f"merge-{pid}-{incoming[0].holder_placement_id}",
+        kind="merge",
+        base=base,
+        visible=visible,
+        incoming=incoming,
+        output_segment_id=out_id,
+        partition_key=view.info.partition_key,
+    )

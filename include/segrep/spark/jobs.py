@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from segrep.core import faults, keys
 from segrep.core import schema as sch
+from segrep.core.chain import MAX_SEGMENT_HISTORY
 from segrep.core.errors import CorruptSegmentError
 from segrep.spark.manifest import MANIFEST_FORMAT, FileRef, Manifest, MergeItem
 from segrep.storage.segment_meta import SegmentEntry, entry_stats
@@ -61,7 +62,7 @@ def _run_item(spark: SparkSession, item: MergeItem) -> dict[str, Any]:
         is_major, included = item.is_major, tuple(item.included_segment_ids)
     else:
         is_major = item.kind == "major"
-        included = tuple(ref.segment_id for ref in item.visible)[-64:] if is_major else ()
+        included = tuple(ref.segment_id for ref in item.visible)[-MAX_SEGMENT_HISTORY:] if is_major else ()
     entry = SegmentEntry(
         segment_id=item.output_segment_id,
         table=item.table,

@@ -138,8 +138,9 @@ def _commit_item(catalog: Catalog, item: MergeItem, output: dict[str, Any] | Non
                         _release_in(s, item, key)
                         return f"root moved under the {item.kind} segment"
                     entry, facts = _rebase(site, item, entry, leader.root_segment_id)
-                register_segment(s, leader, entry, item.output_relpath, facts, hlc.now_us(),
-                                 expected_root=leader.root_segment_id)  # fmt: skip
+                register_segment(
+                    s, leader, entry, item.output_relpath, facts, hlc.now_us(), expected_root=leader.root_segment_id
+                )
                 if entry.max_version > part.last_version:
                     part.last_version = entry.max_version  # new writes must win over merged rows
         for ref in item.incoming:

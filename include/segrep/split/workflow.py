@@ -112,22 +112,35 @@ def start_split(
         if leader is None:
             raise SegrepError(f"partition {partition_id} of {table} has no leader placement: cannot split")
         now = hlc.now_us()
-        split = m.Split(table_id=info.table_id, parent_partition_id=partition_id,
-                        split_keys=[keys.encode(k) for k in wanted], is_async=is_async,
-                        state=SplitState.SPLITTING, created_us=now)  # fmt: skip
+        split = m.Split(
+            table_id=info.table_id,
+            parent_partition_id=partition_id,
+            split_keys=[keys.encode(k) for k in wanted],
+            is_async=is_async,
+            state=SplitState.SPLITTING,
+            created_us=now,
+        )
         s.add(split)
         bounds = [parent.begin_key, *(keys.encode(k) for k in wanted), parent.end_key]
         for begin, end in itertools.pairwise(bounds):
-            child = m.Partition(table_id=info.table_id, begin_key=begin, end_key=end, state=PartitionState.LOADING,
-                                epoch=1, last_version=0, parent_partition_id=partition_id,
-                                created_us=now)  # fmt: skip
+            child = m.Partition(
+                table_id=info.table_id,
+                begin_key=begin,
+                end_key=end,
+                state=PartitionState.LOADING,
+                epoch=1,
+                last_version=0,
+                parent_partition_id=partition_id,
+                created_us=now,
+            )
             s.add(child)
             s.flush()
             for pl in placements:
                 if pl.state == PlacementState.REMOVED:
                     continue
-                cpl = m.Placement(partition_id=child.partition_id, site_id=pl.site_id, state=PlacementState.LIVE,
-                                  created_us=now)  # fmt: skip
+                cpl = m.Placement(
+                    partition_id=child.partition_id, site_id=pl.site_id, state=PlacementState.LIVE, created_us=now
+                )
                 s.add(cpl)
                 s.flush()
                 if pl.placement_id == leader.placement_id:
@@ -221,8 +234,9 @@ def plan_pass(catalog: Catalog, defs: Definitions, split_id: int, phase: SplitPh
     return plan
 
 
-def _decide(s: Session, view: SplitView, source: m.Placement, child: m.Partition, key: str,
-            plan: PassPlan) -> list[MergeItem]:  # fmt: skip
+def _decide(
+    s: Session, view: SplitView, source: m.Placement, child: m.Partition, key: str, plan: PassPlan
+) -> list[MergeItem]:
     """The receive procedure at a child leader for one source: EXISTS, fast-forward (while the child is
     LOADING and the segment continues its chain) or merge; after the first merge, everything merges."""
     target = view.child_leaders[child.partition_id]
