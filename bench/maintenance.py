@@ -62,8 +62,11 @@ def batches(rows: pa.Table, n: int, update_frac: float, seed: int = 7) -> list[p
         if i and update_frac:
             idx = np.sort(rng.choice(int(bounds[i]), int(bounds[i] * update_frac / i) or 1, replace=False))
             upd = rows.take(pa.array(idx))
-            upd = upd.set_column(upd.schema.get_field_index("l_comment"), "l_comment",
-                                 pc.binary_join_element_wise(upd["l_comment"], pa.scalar(f" u{i}"), ""))  # fmt: skip
+            upd = upd.set_column(
+                upd.schema.get_field_index("l_comment"),
+                "l_comment",
+                pc.binary_join_element_wise(upd["l_comment"], pa.scalar(f" u{i}"), ""),
+            )
             fresh = pa.concat_tables([fresh, upd])
         out.append(fresh)
     return out
@@ -166,12 +169,16 @@ def main() -> int:
     print()
     print("| measure | value |")
     print("|---|---|")
-    print(f"| compaction, {res['compaction_rows_in']:,} rows in {args.batches} segments per partition, "
-          f"{res['compaction_partitions']} partitions, Spark start-up included | "
-          f"{res['compaction_rows_per_s']:,.0f} rows/s ({res['compaction_s']:.1f} s) |")  # fmt: skip
+    print(
+        f"| compaction, {res['compaction_rows_in']:,} rows in {args.batches} segments per partition, "
+        f"{res['compaction_partitions']} partitions, Spark start-up included | "
+        f"{res['compaction_rows_per_s']:,.0f} rows/s ({res['compaction_s']:.1f} s) |"
+    )
     print(f"| same fold in-process with pyarrow (reference) | {res['pyarrow_fold_rows_per_s']:,.0f} rows/s |")
-    print(f"| bootstrap copy (fast-forward of the majors) vs cp | {res['bootstrap_bytes_per_s'] / 1e6:,.0f} MB/s vs "
-          f"{res['cp_bytes_per_s'] / 1e6:,.0f} MB/s = {res['bootstrap_vs_cp']:.2f} |")  # fmt: skip
+    print(
+        f"| bootstrap copy (fast-forward of the majors) vs cp | {res['bootstrap_bytes_per_s'] / 1e6:,.0f} MB/s vs "
+        f"{res['cp_bytes_per_s'] / 1e6:,.0f} MB/s = {res['bootstrap_vs_cp']:.2f} |"
+    )
     return 0
 
 

@@ -131,10 +131,16 @@ def make_env(root: Path, url: str, sites: list[str], source: Path, splits: list[
         "data_dir": "data",
         "sites": {name: {"id": i + 1, "uri": f"sites/{name}"} for i, name in enumerate(sites)},
         "tables": {
-            TABLE: {"schema_from": str(source), "primary_key": PK, "partition_key": "l_orderkey",
-                    "split_points": splits, "leader": sites[0], "replicas": sites[1:]},
+            TABLE: {
+                "schema_from": str(source),
+                "primary_key": PK,
+                "partition_key": "l_orderkey",
+                "split_points": splits,
+                "leader": sites[0],
+                "replicas": sites[1:],
+            },
         },
-    }  # fmt: skip
+    }
     config = root / "segrep.yaml"
     config.write_text(yaml.safe_dump(doc, sort_keys=False))
     catalog = Catalog(url)
@@ -206,9 +212,19 @@ def bench_fast_forward(rows: pa.Table, source: Path, work: Path, args: argparse.
         log(f"(a) {len(segs)} segments, {total_bytes / 1e6:.0f} MB written in {out['write_s']:.1f} s")
 
         submit = CountingSubmit()
-        samples: dict[str, list[float]] = {k: [] for k in
-                                           ("cp_cold", "cp_warm", "cpsync_cold", "cpsync_warm", "seg_cold",
-                                            "seg_warm", "segff_cold", "segff_warm")}  # fmt: skip
+        samples: dict[str, list[float]] = {
+            k: []
+            for k in (
+                "cp_cold",
+                "cp_warm",
+                "cpsync_cold",
+                "cpsync_warm",
+                "seg_cold",
+                "seg_warm",
+                "segff_cold",
+                "segff_warm",
+            )
+        }
         n = 0
         for rep in range(args.repeats):
             for cache in ("cold", "warm"):
@@ -231,8 +247,10 @@ def bench_fast_forward(rows: pa.Table, source: Path, work: Path, args: argparse.
                             raise SystemExit(f"(a) round to {site} did not copy everything: {tr}")
                         samples[f"seg_{cache}"].append(seg_s)
                         samples[f"segff_{cache}"].append(tr.seconds)
-                log(f"(a) repeat {rep + 1} {cache}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in samples.items()
-                                                                   if k.endswith(cache)))  # fmt: skip
+                log(
+                    f"(a) repeat {rep + 1} {cache}: "
+                    + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in samples.items() if k.endswith(cache))
+                )
                 n += 1
         out["spark_apps_ff"] = len(submit.calls)
         for key, values in samples.items():
@@ -259,8 +277,9 @@ def bench_noop(catalog: Catalog, defs: Any, repeats: int) -> Results:
         start = time.perf_counter()
         copied = 0
         for site in plan.targets:
-            r = fast_forward_target(catalog, defs, TABLE, site, plan.end_us,
-                                    big_copier=spark_copier(defs, TABLE, plan.end_us, site, submit))  # fmt: skip
+            r = fast_forward_target(
+                catalog, defs, TABLE, site, plan.end_us, big_copier=spark_copier(defs, TABLE, plan.end_us, site, submit)
+            )
             copied += r.segments_copied
         ff_s = time.perf_counter() - start
         report, commit_s = timed(commit_round, catalog, defs, TABLE, plan.end_us, merge_ran=plan.manifest is not None)
@@ -380,9 +399,11 @@ def bench_row_baselines(rows: pa.Table, args: argparse.Namespace) -> Results:
 
 # -- (e) planning at scale -------------------------------------------------------------------------------------
 
-SEG_COLS = ("entry_id, placement_id, segment_id, partition_id, base_segment_id, included_segment_ids, is_major, "
-            "row_count, deleted_rows, byte_size, sha256, min_version, max_version, key_min, key_max, origin_site_id, "
-            "epoch, schema_fingerprint, relpath, committed_us")  # fmt: skip
+SEG_COLS = (
+    "entry_id, placement_id, segment_id, partition_id, base_segment_id, included_segment_ids, is_major, "
+    "row_count, deleted_rows, byte_size, sha256, min_version, max_version, key_min, key_max, origin_site_id, "
+    "epoch, schema_fingerprint, relpath, committed_us"
+)
 MAJOR_EVERY = 16
 
 
@@ -446,13 +467,21 @@ def build_plan_catalog(root: Path, url: str, schema: str, source: Path, partitio
     conninfo = "postgresql://postgres@127.0.0.1:5432/test"
     with psycopg.connect(conninfo, options=f"-csearch_path={schema}") as conn, conn.cursor() as cur:
         for table, cols, lines in (
-            ("partitions", "partition_id, table_id, begin_key, end_key, state, leader_placement_id, epoch, "
-                           "last_version, parent_partition_id, created_us", part_lines),
-            ("placements", "placement_id, partition_id, site_id, state, root_segment_id, key_begin, key_end, "
-                           "needs_bootstrap, created_us, removed_us, settled_entry_id, settled_epoch", pl_lines),
+            (
+                "partitions",
+                "partition_id, table_id, begin_key, end_key, state, leader_placement_id, epoch, "
+                "last_version, parent_partition_id, created_us",
+                part_lines,
+            ),
+            (
+                "placements",
+                "placement_id, partition_id, site_id, state, root_segment_id, key_begin, key_end, "
+                "needs_bootstrap, created_us, removed_us, settled_entry_id, settled_epoch",
+                pl_lines,
+            ),
             ("segments", SEG_COLS, seg_lines),
             ("acks", "holder_placement_id, segment_id, target_placement_id, acked_us", ack_lines),
-        ):  # fmt: skip
+        ):
             with cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
                 for off in range(0, len(lines), 50_000):
                     copy.write("".join(lines[off : off + 50_000]))
@@ -527,8 +556,7 @@ def bench_planning(source: Path, work: Path, args: argparse.Namespace) -> Result
     for label, total in (("1x", args.plan_segments), ("10x", args.plan_segments * 10)):
         with pg_schema(f"bench_plan_{label}") as (schema, url):
             root = work / f"plan-{label}"
-            (defs, facts), build_s = timed(build_plan_catalog, root, url, schema, source,
-                                           args.plan_partitions, total)  # fmt: skip
+            (defs, facts), build_s = timed(build_plan_catalog, root, url, schema, source, args.plan_partitions, total)
             log(f"(e) {label}: built {facts} in {build_s:.1f} s")
             out |= {f"{label}_{k}": v for k, v in facts.items()} | {f"{label}_build_s": build_s}
             times, late = timed_child(url, root / "segrep.yaml", "plan", args.plan_repeats, args.plan_timeout_s)
@@ -549,8 +577,11 @@ def bench_planning(source: Path, work: Path, args: argparse.Namespace) -> Result
             (top, secs) = timed(profile_top, plan_round, catalog, defs, TABLE)
             catalog.dispose()
         out["profile"] = {"partitions": parts, "segments": facts["segments"], "seconds": secs, "top": top}
-        print(f"\n### cProfile of plan_round at {parts:,} partitions, {facts['segments']:,} segments "
-              f"({secs:.1f} s under the profiler)\n", file=sys.stderr)  # fmt: skip
+        print(
+            f"\n### cProfile of plan_round at {parts:,} partitions, {facts['segments']:,} segments "
+            f"({secs:.1f} s under the profiler)\n",
+            file=sys.stderr,
+        )
         print("\n".join(top), file=sys.stderr)
     return out
 
@@ -569,45 +600,87 @@ def table_rows(r: Results) -> list[tuple[str, str, str, str, str, str]]:
     if a:
         mb = a["bytes"] / 1e6
         for cache in ("cold", "warm"):
-            rows.append((
-                f"(a) fast-forward, {cache}{'-ish' if cache == 'cold' else ''} cache: whole round to one target "
-                f"({a['segments']} segments, {mb:,.0f} MB, {a['rows']:,} rows), MB/s | rows/s",
-                f"{a[f'seg_{cache}_MBps']:,.0f} MB/s, {a[f'seg_{cache}_rows_s']:,.0f} rows/s "
-                f"(copy step alone {a[f'segff_{cache}_MBps']:,.0f} MB/s)",
-                f"cp {a[f'cp_{cache}_MBps']:,.0f} MB/s (cp + sync {a[f'cpsync_{cache}_MBps']:,.0f} MB/s)",
-                f"{a[f'ratio_{cache}']:.2f}", "≥ 0.8 of cp", verdict(a[f"ratio_{cache}"] >= 0.8),
-            ))  # fmt: skip
-        rows.append(("(a) Spark applications launched by the fast-forward rounds", str(a["spark_apps_ff"]), "-",
-                     "-", "0", verdict(a["spark_apps_ff"] == 0)))  # fmt: skip
+            rows.append(
+                (
+                    f"(a) fast-forward, {cache}{'-ish' if cache == 'cold' else ''} cache: whole round to one target "
+                    f"({a['segments']} segments, {mb:,.0f} MB, {a['rows']:,} rows), MB/s | rows/s",
+                    f"{a[f'seg_{cache}_MBps']:,.0f} MB/s, {a[f'seg_{cache}_rows_s']:,.0f} rows/s "
+                    f"(copy step alone {a[f'segff_{cache}_MBps']:,.0f} MB/s)",
+                    f"cp {a[f'cp_{cache}_MBps']:,.0f} MB/s (cp + sync {a[f'cpsync_{cache}_MBps']:,.0f} MB/s)",
+                    f"{a[f'ratio_{cache}']:.2f}",
+                    "≥ 0.8 of cp",
+                    verdict(a[f"ratio_{cache}"] >= 0.8),
+                )
+            )
+        rows.append(
+            (
+                "(a) Spark applications launched by the fast-forward rounds",
+                str(a["spark_apps_ff"]),
+                "-",
+                "-",
+                "0",
+                verdict(a["spark_apps_ff"] == 0),
+            )
+        )
         if "noop_total_s" in a:
-            rows.append((
-                f"(b) round with nothing to do ({a['noop_targets']} targets, 4 partitions): plan + fast-forward + "
-                f"commit, median s", f"{a['noop_total_s']:.3f} (plan {a['noop_plan_s']:.3f}, ff {a['noop_ff_s']:.3f}, "
-                f"commit {a['noop_commit_s']:.3f})", "-", "-", "≤ 1.5 s", verdict(a["noop_total_s"] <= 1.5),
-            ))  # fmt: skip
-            rows.append(("(b) Spark applications", str(a["spark_apps_noop"]), "-", "-", "0",
-                         verdict(a["spark_apps_noop"] == 0)))  # fmt: skip
+            rows.append(
+                (
+                    f"(b) round with nothing to do ({a['noop_targets']} targets, 4 partitions): plan + fast-forward + "
+                    f"commit, median s",
+                    f"{a['noop_total_s']:.3f} (plan {a['noop_plan_s']:.3f}, ff {a['noop_ff_s']:.3f}, "
+                    f"commit {a['noop_commit_s']:.3f})",
+                    "-",
+                    "-",
+                    "≤ 1.5 s",
+                    verdict(a["noop_total_s"] <= 1.5),
+                )
+            )
+            rows.append(
+                ("(b) Spark applications", str(a["spark_apps_noop"]), "-", "-", "0", verdict(a["spark_apps_noop"] == 0))
+            )
     if c and "error" in c:
-        rows.append(("(c) Spark merge of the fork, one spark-submit", f"FAILED: {c['error']}", "-", "-",
-                     "≥ 3x batched, ≥ 10x per-row", "**NOT MET**"))  # fmt: skip
+        rows.append(
+            (
+                "(c) Spark merge of the fork, one spark-submit",
+                f"FAILED: {c['error']}",
+                "-",
+                "-",
+                "≥ 3x batched, ≥ 10x per-row",
+                "**NOT MET**",
+            )
+        )
     elif c and base:
         for kind, target in (("batched", 3), ("per_row", 10)):
             ratio = c["merge_rows_s"] / base[f"{kind}_rows_s"]
-            label = (f"PostgreSQL upserts, executemany of {r['args']['batch_rows']:,} per commit"
-                     if kind == "batched" else "PostgreSQL upsert per row, commit every 100")  # fmt: skip
-            rows.append((
-                f"(c) Spark merge of {c['merge_rows_in']:,} rows, one spark-submit incl. start-up, rows/s",
-                f"{c['merge_rows_s']:,.0f} ({c['merge_submit_s']:.1f} s)",
-                f"{label}: {base[f'{kind}_rows_s']:,.0f} ({base[f'{kind}_rows']:,} rows)",
-                f"{ratio:.1f}", f"≥ {target}x", verdict(ratio >= target),
-            ))  # fmt: skip
+            label = (
+                f"PostgreSQL upserts, executemany of {r['args']['batch_rows']:,} per commit"
+                if kind == "batched"
+                else "PostgreSQL upsert per row, commit every 100"
+            )
+            rows.append(
+                (
+                    f"(c) Spark merge of {c['merge_rows_in']:,} rows, one spark-submit incl. start-up, rows/s",
+                    f"{c['merge_rows_s']:,.0f} ({c['merge_submit_s']:.1f} s)",
+                    f"{label}: {base[f'{kind}_rows_s']:,.0f} ({base[f'{kind}_rows']:,} rows)",
+                    f"{ratio:.1f}",
+                    f"≥ {target}x",
+                    verdict(ratio >= target),
+                )
+            )
     elif c and "merge_rows_s" in c:
         rows.append(("(c) Spark merge rows/s", f"{c['merge_rows_s']:,.0f}", "not measured", "-", "-", "-"))
     if a and base:
         ratio = a["seg_cold_rows_s"] / base["batched_rows_s"]
-        rows.append(("(d) fast-forward rows/s (a, cold-ish) vs batched row-based apply (c)",
-                     f"{a['seg_cold_rows_s']:,.0f}", f"{base['batched_rows_s']:,.0f}", f"{ratio:,.0f}", "≥ 100x",
-                     verdict(ratio >= 100)))  # fmt: skip
+        rows.append(
+            (
+                "(d) fast-forward rows/s (a, cold-ish) vs batched row-based apply (c)",
+                f"{a['seg_cold_rows_s']:,.0f}",
+                f"{base['batched_rows_s']:,.0f}",
+                f"{ratio:,.0f}",
+                "≥ 100x",
+                verdict(ratio >= 100),
+            )
+        )
     if e:
 
         def secs(v: float | None) -> str:
@@ -617,17 +690,28 @@ def table_rows(r: Results) -> list[tuple[str, str, str, str, str, str]]:
             return f" (catalog snapshot alone {secs(e[f'{label}_snapshot_s'])})"
 
         one, ten = e["1x_plan_s"], e["10x_plan_s"]
-        rows.append((
-            f"(e) plan_round, {e['partitions']:,} partitions, 2 targets, {e['1x_segments']:,} segments "
-            f"({e['1x_new_segments']} new), median s", secs(one) + snap("1x"), "-", "-", "≤ 2 s",
-            verdict(one is not None and one <= 2.0),
-        ))  # fmt: skip
+        rows.append(
+            (
+                f"(e) plan_round, {e['partitions']:,} partitions, 2 targets, {e['1x_segments']:,} segments "
+                f"({e['1x_new_segments']} new), median s",
+                secs(one) + snap("1x"),
+                "-",
+                "-",
+                "≤ 2 s",
+                verdict(one is not None and one <= 2.0),
+            )
+        )
         growth = f"{e['growth']:.2f}" if e["growth"] else "-"
-        rows.append((
-            f"(e) plan_round at ten times the history ({e['10x_segments']:,} segments), median s",
-            secs(ten) + snap("10x"), f"{secs(one)} (1x)", growth, "≤ 1.5x the 1x case",
-            verdict(e["growth"] is not None and e["growth"] <= 1.5),
-        ))  # fmt: skip
+        rows.append(
+            (
+                f"(e) plan_round at ten times the history ({e['10x_segments']:,} segments), median s",
+                secs(ten) + snap("10x"),
+                f"{secs(one)} (1x)",
+                growth,
+                "≤ 1.5x the 1x case",
+                verdict(e["growth"] is not None and e["growth"] <= 1.5),
+            )
+        )
     return rows
 
 
@@ -669,8 +753,10 @@ def main() -> int:
     ap.add_argument("--results-dir", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args()
 
-    results: Results = {"date": dt.date.today().isoformat(), "args": {k: str(v) if isinstance(v, Path) else v
-                                                                      for k, v in vars(args).items()}}  # fmt: skip
+    results: Results = {
+        "date": dt.date.today().isoformat(),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    }
     seconds: dict[str, float] = {}
     if args.spark_driver_memory:
         os.environ["SPARK_DRIVER_MEMORY"] = args.spark_driver_memory  # spark-submit reads it; launch passes env
