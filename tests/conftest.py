@@ -1,19 +1,27 @@
-"""Shared test set-up: hypothesis profiles (at least 200 examples per property), catalogs on SQLite and
-PostgreSQL, and a ready-made environment (definitions file, sites, migrated and applied catalog).
+"""Shared test set-up: hypothesis profiles (at least 200 examples per property), the fixtures every test can
+use (catalogs on SQLite and PostgreSQL, ready-made environments, one local Spark session), and the markers
+the infrastructure a test needs implies. The helpers behind the fixtures live in tests/support/.
 
-PostgreSQL tests skip when no server answers, except in CI (CI=true), where they fail.
+A test that needs PostgreSQL or Spark is marked ``postgres`` or ``spark`` (``pytest -m "not spark"`` leaves it
+out): explicitly, through the ``catalog_url`` fixture's PostgreSQL parameter, or because it asks for the
+``pg_server`` or ``spark`` fixture (marked here at collection). PostgreSQL tests skip when no server answers,
+except in CI (CI=true), where they fail; Spark tests never skip.
 """
 
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.support.env import ORDERS_YAML, OUTAGE_YAML, Env, env_fixture, make_env, pg_schema_url, sqlite_url
+
+# tests/e2e/conftest.py imports these from here.
+__all__ = ["ORDERS_YAML", "Env", "make_env"]
 
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -22,36 +30,15 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 PG_URL = os.environ.get("SEGREP_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
-ORDERS_YAML = """
-data_dir: data
-sites:
-  primary: {id: 1, uri: sites/primary}
-  dr: {id: 2, uri: sites/dr}
-  edge: {id: 3, uri: sites/edge}
-tables:
-  orders:
-    columns:
-      o_orderkey: int64
-      o_custkey: int64
-      o_orderstatus: string
-      o_totalprice: decimal(15,2)
-      o_orderdate: date
-      o_orderpriority: string
-      o_clerk: string
-      o_shippriority: int32
-      o_comment: string
-    primary_key: [o_orderkey]
-    split_points: [150000, 300000, 450000]
-    leader: primary
-    replicas: [dr]
-  events:
-    columns: {tenant: string, seq: int64, payload: string, at: timestamp}
-    primary_key: [tenant, seq]
-    partition_key: tenant
-    split_points: [m]
-    leader: primary
-    replicas: [dr, edge]
-"""
+# A test asking for one of these fixtures needs that infrastructure: it gets the marker.
+MARKER_OF_FIXTURE = {"pg_server": "postgres", "spark": "spark"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in MARKER_OF_FIXTURE.items():
+            if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None:
+                item.add_marker(getattr(pytest.mark, marker))
 
 
 def _pg_reachable() -> str | None:
@@ -78,22 +65,6 @@ def pg_server() -> str:
     return PG_URL
 
 
-def pg_schema_url(base_url: str) -> Iterator[str]:
-    """A fresh schema on the test server, dropped afterwards; the URL puts it first on the search_path."""
-    from sqlalchemy import create_engine, text
-
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    engine = create_engine(base_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield f"{base_url}?options=-csearch_path%3D{schema}"
-    finally:
-        with engine.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        engine.dispose()
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def catalog_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A URL to an empty catalog database, on each backend."""
@@ -101,54 +72,6 @@ def catalog_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
         yield f"sqlite:///{tmp_path}/catalog.db"
     else:
         yield from pg_schema_url(request.getfixturevalue("pg_server"))
-
-
-@dataclass
-class Env:
-    root: Path
-    config: Path
-    url: str
-
-    @property
-    def catalog(self):  # type: ignore[no-untyped-def]
-        from segrep.catalog import Catalog
-
-        if not hasattr(self, "_catalog"):
-            self._catalog = Catalog(self.url)
-        return self._catalog
-
-    @property
-    def defs(self):  # type: ignore[no-untyped-def]
-        from segrep.config.definitions import load_definitions
-
-        return load_definitions(self.config)
-
-    def site_dir(self, name: str) -> Path:
-        return self.root / "data" / "sites" / name
-
-
-def make_env(root: Path, url: str, yaml_text: str = ORDERS_YAML, apply: bool = True) -> Env:
-    from segrep.catalog.apply import apply_definitions
-    from segrep.catalog.migrate import upgrade
-
-    config = root / "segrep.yaml"
-    config.write_text(yaml_text)
-    env = Env(root=root, config=config, url=url)
-    upgrade(env.catalog)
-    if apply:
-        apply_definitions(env.catalog, env.defs)
-    return env
-
-
-def sqlite_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/catalog.db"
-
-
-def env_fixture(tmp_path: Path, url: str, yaml_text: str = ORDERS_YAML) -> Iterator[Env]:
-    """The body of an environment fixture: ``make_env``, then the catalog disposed after the test."""
-    e = make_env(tmp_path, url, yaml_text)
-    yield e
-    e.catalog.dispose()
 
 
 @pytest.fixture
@@ -163,13 +86,25 @@ def sqlite_env(tmp_path: Path) -> Iterator[Env]:
     yield from env_fixture(tmp_path, sqlite_url(tmp_path))
 
 
-OUTAGE_YAML = ORDERS_YAML.replace(
-    "    replicas: [dr, edge]\n", "    replicas: [dr, edge]\n    policy: {retry_delay_s: 0}\n"
-)
-
-
 @pytest.fixture
 def outage_env(catalog_url: str, tmp_path: Path) -> Iterator[Env]:
     """`env` with the events policy retrying at once (a test cannot wait out a back-off after an outage)."""
     assert OUTAGE_YAML != ORDERS_YAML
     yield from env_fixture(tmp_path, catalog_url, OUTAGE_YAML)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark session for the whole test run (JVM start-up is the expensive part)."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("segrep-tests")
+        .config("spark.ui.enabled", "false")  # no port to bind in CI
+        .config("spark.sql.shuffle.partitions", "4")  # tiny test data: avoid 200 empty tasks
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()

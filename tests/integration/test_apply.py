@@ -10,8 +10,8 @@ from segrep.catalog.apply import apply_definitions
 from segrep.config.definitions import load_definitions
 from segrep.core.errors import RefusedError
 from segrep.data.writer import write_batch
-from tests.conftest import ORDERS_YAML, Env, make_env
-from tests.integration.test_write_read import orders
+from tests.support.env import ORDERS_YAML, Env, make_env
+from tests.support.tables import orders
 
 
 def counts(env: Env) -> dict[str, int]:

@@ -33,8 +33,19 @@ from segrep.maintenance.gc import collect
 from segrep.replication.run import run_round
 from segrep.replication.status import status_rows
 from segrep.storage.site import Site
-from tests.conftest import ORDERS_YAML, Env, env_fixture, make_env, sqlite_url
-from tests.integration.test_gc import (
+from tests.support.checks import (
+    assert_each_segment_once,
+    assert_files_match_catalog,
+    assert_safe_time_honest,
+    catalog_state,
+    lease_count,
+    partitions,
+    safe_times,
+    triples,
+)
+from tests.support.cli import cli
+from tests.support.env import ORDERS_YAML, Env, env_fixture, make_env, sqlite_url
+from tests.support.maintenance import (
     all_sites_read_the_model,
     arrow_submit,
     assert_lists_hold_exactly_what_chains_need,
@@ -42,23 +53,9 @@ from tests.integration.test_gc import (
     catalog_relpaths,
     files_at,
 )
-from tests.integration.test_rounds import (
-    TABLE,
-    Model,
-    assert_each_segment_once,
-    assert_files_match_catalog,
-    assert_safe_time_honest,
-    bring_up,
-    catalog_state,
-    cli,
-    lease_count,
-    no_spark,
-    partitions,
-    round_until_idle,
-    safe_times,
-    take_down,
-    triples,
-)
+from tests.support.models import Model
+from tests.support.rounds import bring_up, no_spark, round_until_idle, take_down
+from tests.support.tables import TABLE
 
 POLICY = "    policy: {retry_delay_s: 0, compact_min_segments: 2}\n"
 DR_ONLY_YAML = ORDERS_YAML.replace("    replicas: [dr, edge]\n", "    replicas: [dr]\n" + POLICY)

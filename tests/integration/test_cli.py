@@ -14,15 +14,9 @@ from sqlalchemy import select
 
 from segrep.catalog.models import Base
 from segrep.cli.main import main
-from tests.conftest import Env
-from tests.integration.test_write_read import orders
-
-
-def run(env: Env, *args: str, config: Path | None = None) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, ["--config", str(config or env.config), "--catalog", env.url, *args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
+from tests.support.cli import cli as run
+from tests.support.env import Env
+from tests.support.tables import orders
 
 
 def state(env: Env) -> tuple[dict, dict]:

@@ -10,8 +10,8 @@ from segrep.catalog import models as m
 from segrep.catalog.rebuild import rebuild_site
 from segrep.core.errors import RefusedError
 from segrep.data.writer import write_batch
-from tests.conftest import Env
-from tests.integration.test_write_read import orders
+from tests.support.env import Env
+from tests.support.tables import orders
 
 COMPARED = [
     "placement_id",

@@ -16,23 +16,21 @@ from segrep.catalog import models as m
 from segrep.cli.format import format_report
 from segrep.core import faults, hlc
 from segrep.replication.run import run_round
-from tests.conftest import Env
-from tests.integration.test_rounds import (
-    REPLICAS,
-    TABLE,
-    Model,
+from tests.support.checks import (
     assert_acks_are_prefixes,
     assert_each_segment_once,
     assert_files_match_catalog,
     assert_replicas_equal_leader,
     assert_safe_time_honest,
     lease_count,
-    no_spark,
-    round_until_idle,
     safe_times,
     segment_rows,
     triples,
 )
+from tests.support.env import Env
+from tests.support.models import Model
+from tests.support.rounds import no_spark, round_until_idle
+from tests.support.tables import REPLICAS, TABLE
 
 NON_SPARK_POINTS = ("before_copy", "after_copy_before_commit", "after_commit_before_ack", "before_checkpoint")
 

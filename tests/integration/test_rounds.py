@@ -7,282 +7,45 @@ through ``read_table`` (sorted), and with an independent model of the writes whe
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
-from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
-from click.testing import CliRunner
 from sqlalchemy import func, select
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
-from segrep.catalog.models import Base
 from segrep.cli.format import format_report, last_round, status_note
-from segrep.cli.main import main
 from segrep.core import hlc
-from segrep.core.chain import visible_segments
-from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.replication.commit import commit_round
-from segrep.replication.fast_forward import CopyItem, CopyOutcome, copy_one, fast_forward_target
+from segrep.replication.fast_forward import CopyItem, copy_one, fast_forward_target
 from segrep.replication.plan import plan_round
 from segrep.replication.round import TargetUnreachable
 from segrep.replication.run import run_round
 from segrep.replication.status import status_rows
 from segrep.spark.results import CommitSummary
-from segrep.storage.site import Site
-from segrep.storage.transfer import copy_verified
-from tests.conftest import Env, make_env
-
-TABLE = "events"
-REPLICAS = ("dr", "edge")
-TENANTS = ("a", "b", "x", "y")  # 'a' and 'b' fall in partition [-inf, m), 'x' and 'y' in [m, +inf)
-
-
-# -- helpers shared by the round tests (imported by test_round_faults and the Spark tests) -------------------
-
-
-def batch(keys: Iterable[int], tag: str) -> pa.Table:
-    keys = list(keys)
-    return pa.table(
-        {
-            "tenant": [TENANTS[k % len(TENANTS)] for k in keys],
-            "seq": keys,
-            "payload": [f"{tag}{k}" for k in keys],
-            "at": pa.array([None] * len(keys), pa.timestamp("us")),
-        }
-    )
-
-
-class Model:
-    """What the leader should hold: key -> payload, replayed independently of the engine."""
-
-    def __init__(self) -> None:
-        self.rows: dict[tuple[str, int], str] = {}
-
-    def upsert(self, env: Env, keys: Iterable[int], tag: str) -> int:
-        """Write; return the oldest row version of the new segments."""
-        keys = list(keys)
-        result = write_batch(env.catalog, TABLE, batch(keys, tag))
-        for k in keys:
-            self.rows[(TENANTS[k % len(TENANTS)], k)] = f"{tag}{k}"
-        return min(seg.version for seg in result.segments)
-
-    def delete(self, env: Env, keys: Iterable[int]) -> None:
-        keys = list(keys)
-        write_batch(env.catalog, TABLE, batch(keys, "").select(["tenant", "seq"]), delete=True)
-        for k in keys:
-            self.rows.pop((TENANTS[k % len(TENANTS)], k), None)
-
-    def snapshot(self) -> list[tuple[str, int, str]]:
-        return sorted((t, s, p) for (t, s), p in self.rows.items())
-
-
-def sorted_table(catalog: Catalog, site: str | None = None, *, as_of: int | None = None) -> pa.Table:
-    return read_table(catalog, TABLE, site, as_of=as_of).sort_by([("tenant", "ascending"), ("seq", "ascending")])
-
-
-def triples(catalog: Catalog, site: str | None = None) -> list[tuple[str, int, str]]:
-    t = sorted_table(catalog, site)
-    return list(zip(t["tenant"].to_pylist(), t["seq"].to_pylist(), t["payload"].to_pylist(), strict=True))
-
-
-def assert_replicas_equal_leader(catalog: Catalog, sites: Iterable[str] = REPLICAS) -> pa.Table:
-    leader = sorted_table(catalog)
-    for site in sites:
-        got = sorted_table(catalog, site)
-        assert got.equals(leader), f"{site}: {got.num_rows} rows, leader {leader.num_rows}"
-    return leader
-
-
-def no_spark(*args: Any, **kwargs: Any) -> None:
-    pytest.fail(f"Spark was launched although nothing needed it: {args}")
-
-
-def placement_id(catalog: Catalog, site: str, partition_id: int, table: str = TABLE) -> int:
-    with catalog.read() as s:
-        return s.scalars(
-            select(m.Placement.placement_id)
-            .join(m.Site, m.Site.site_id == m.Placement.site_id)
-            .where(m.Site.name == site, m.Placement.partition_id == partition_id, m.Placement.removed_us.is_(None))
-        ).one()
-
-
-def partitions(catalog: Catalog, table: str = TABLE) -> list[int]:
-    with catalog.read() as s:
-        return list(
-            s.scalars(
-                select(m.Partition.partition_id)
-                .join(m.Table, m.Table.table_id == m.Partition.table_id)
-                .where(m.Table.name == table)
-                .order_by(m.Partition.partition_id)
-            )
-        )
-
-
-def segment_rows(catalog: Catalog, site: str) -> list[tuple[int, str, str, str]]:
-    """(partition, segment id, sha256, relpath) of every segment in the site's lists, with duplicates."""
-    with catalog.read() as s:
-        return sorted(
-            s.execute(
-                select(m.Segment.partition_id, m.Segment.segment_id, m.Segment.sha256, m.Segment.relpath)
-                .join(m.Placement, m.Placement.placement_id == m.Segment.placement_id)
-                .join(m.Site, m.Site.site_id == m.Placement.site_id)
-                .where(m.Site.name == site)
-            ).all()
-        )
-
-
-def assert_each_segment_once(catalog: Catalog, sites: Iterable[str] = REPLICAS) -> None:
-    for site in sites:
-        ids = [(pid, seg) for pid, seg, _h, _r in segment_rows(catalog, site)]
-        assert len(ids) == len(set(ids)), f"{site} lists a segment twice: {ids}"
-
-
-def assert_files_match_catalog(env: Env) -> None:
-    """Invariant 1: every committed segment file exists with the sha256 the catalog recorded."""
-    with env.catalog.read() as s:
-        rows = s.execute(
-            select(m.Site.name, m.Segment.relpath, m.Segment.sha256, m.Segment.byte_size)
-            .join(m.Placement, m.Placement.placement_id == m.Segment.placement_id)
-            .join(m.Site, m.Site.site_id == m.Placement.site_id)
-        ).all()
-    for site, relpath, sha, size in rows:
-        data = (env.site_dir(site) / relpath).read_bytes()
-        assert (len(data), hashlib.sha256(data).hexdigest()) == (size, sha), f"{site}/{relpath} changed"
-
-
-def lease_count(catalog: Catalog) -> int:
-    with catalog.read() as s:
-        return int(s.scalar(select(func.count()).select_from(m.Lease)) or 0)
-
-
-def safe_times(catalog: Catalog, table: str = TABLE) -> dict[str, int]:
-    with catalog.read() as s:
-        return dict(
-            s.execute(
-                select(m.Site.name, m.SafeTime.safe_time_us)
-                .join(m.Site, m.Site.site_id == m.SafeTime.site_id)
-                .join(m.Table, m.Table.table_id == m.SafeTime.table_id)
-                .where(m.Table.name == table)
-            ).all()
-        )
-
-
-def catalog_state(env: Env, skip: tuple[str, ...] = ("rounds", "round_targets")) -> dict[str, list[str]]:
-    """Every catalog row (but the round bookkeeping) and every file under the sites, with its hash."""
-    with env.catalog.read() as s:
-        rows = {t.name: sorted(map(repr, s.execute(select(t)).all())) for t in Base.metadata.sorted_tables
-                if t.name not in skip}  # fmt: skip
-    rows["files"] = sorted(
-        f"{p.relative_to(env.root)} {hashlib.sha256(p.read_bytes()).hexdigest()}"
-        for p in (env.root / "data" / "sites").rglob("*")
-        if p.is_file()
-    )
-    return rows
-
-
-def set_leader(catalog: Catalog, site: str, table: str = TABLE, partition_ids: Iterable[int] | None = None) -> None:
-    """A leader change done directly in the catalog: the placement at ``site`` leads, epoch + 1."""
-    wanted = None if partition_ids is None else set(partition_ids)
-    with catalog.write() as s:
-        site_id = s.scalars(select(m.Site.site_id).where(m.Site.name == site)).one()
-        parts = s.scalars(
-            select(m.Partition).join(m.Table, m.Table.table_id == m.Partition.table_id).where(m.Table.name == table)
-        ).all()
-        for part in parts:
-            if wanted is not None and part.partition_id not in wanted:
-                continue
-            pl = s.scalars(
-                select(m.Placement).where(
-                    m.Placement.partition_id == part.partition_id,
-                    m.Placement.site_id == site_id,
-                    m.Placement.removed_us.is_(None),
-                )
-            ).one()
-            if part.leader_placement_id != pl.placement_id:
-                part.leader_placement_id = pl.placement_id
-                part.epoch += 1
-
-
-def raw_winners(catalog: Catalog, table: str, site: str | None = None) -> dict[tuple[Any, ...], tuple[int, int, bool]]:
-    """Per primary key, the winning (version, origin, deleted) of the placement(s) at ``site`` (default: the
-    leaders), tombstones included: what a write "being readable" there is checked against."""
-    from segrep.data.reader import placement_files
-
-    info, placements = placement_files(catalog, table, site)
-    pk = list(info.primary_key)
-    out: dict[tuple[Any, ...], tuple[int, int, bool]] = {}
-    for pf in placements:
-        for seg in pf.segments:
-            t = pf.site.read_segment(seg.relpath, columns=[*pk, "_version", "_origin", "_deleted"])
-            cols = [t[c].to_pylist() for c in (*pk, "_version", "_origin", "_deleted")]
-            for *key, version, origin, deleted in zip(*cols, strict=True):
-                k = tuple(key)
-                if k not in out or (version, origin) > out[k][:2]:
-                    out[k] = (version, origin, deleted)
-    return out
-
-
-def assert_safe_time_honest(catalog: Catalog, table: str, site: str, safe_us: int) -> None:
-    """Invariant 4: every write the leaders hold with a version at or before the safe time is readable at
-    ``site``: the site resolves that key to the same write or a newer one (a newer one can be the site's own
-    fork, not merged yet)."""
-    leader = raw_winners(catalog, table)
-    there = raw_winners(catalog, table, site)
-    for key, (version, origin, _deleted) in leader.items():
-        if version <= safe_us:
-            got = there.get(key)
-            assert got is not None and got[:2] >= (version, origin), (
-                f"safe time {safe_us} at {site} claims {key} at version {version}, but {site} has {got}"
-            )
-
-
-def assert_acks_are_prefixes(catalog: Catalog, table: str) -> None:
-    """Invariant 5, in the form the catalog can check (offers themselves are not recorded): what a replica
-    holds (lists, or references through its chain) of the leader's visible chain, in offer order, is a prefix.
-    A segment taken before its predecessor (only possible if it was offered before the predecessor was
-    acked) would show as a hole.
-
-    The acked sets themselves are not checked this way: after a leader change the new leader's acks are the
-    notes made while it was a replica or merged a push (holder = it), which say "has these rows", not "took
-    these in order"; the next round offers the older segments first and they are acked as SEGMENT_EXISTS."""
-    from segrep.catalog.snapshot import snapshot
-    from segrep.core.chain import is_referenced
-
-    with catalog.read() as s:
-        snap = snapshot(s, table)
-        for part in snap.partitions:
-            order = [ref.segment_id for ref in visible_segments(part.chain(part.leader))]
-            for replica in part.replicas:
-                chain = part.chain(replica)
-                listed = {x.segment_id for x in part.segments.get(replica.placement_id, [])}
-
-                def holds(seg: str, chain: Any = chain, listed: set[str] = listed) -> bool:
-                    return seg in listed or is_referenced(chain, seg)
-
-                flags = [holds(seg) for seg in order]
-                where = f"partition {part.partition.partition_id}, replica {replica.placement_id}"
-                assert flags == sorted(flags, reverse=True), f"{where} holds {flags} of the leader's {order}"
-
-
-def round_until_idle(env: Env, max_rounds: int = 6, **kwargs: Any) -> list[dict[str, Any]]:
-    """Rounds (until now) until one copies nothing and merges nothing; return their reports."""
-    reports = []
-    for _ in range(max_rounds):
-        rep = run_round(env.catalog, env.defs, TABLE, submit=kwargs.pop("submit", no_spark), **kwargs)
-        reports.append(rep)
-        busy = any(t.segments_copied or t.outcomes for t in rep.targets.values())
-        if not busy and not rep.merges.items and rep.status == "ok":
-            return reports
-    pytest.fail(f"no idle round after {max_rounds}: {[format_report(r) for r in reports]}")
-
+from tests.support.checks import (
+    assert_acks_are_prefixes,
+    assert_each_segment_once,
+    assert_files_match_catalog,
+    assert_replicas_equal_leader,
+    assert_safe_time_honest,
+    catalog_state,
+    lease_count,
+    safe_times,
+    segment_rows,
+    sorted_table,
+    triples,
+)
+from tests.support.cli import cli
+from tests.support.env import Env, make_env, pg_schema_url
+from tests.support.models import Model
+from tests.support.rounds import bring_up, corrupting_copier, no_spark, round_until_idle, take_down
+from tests.support.tables import REPLICAS, TABLE, batch
 
 # -- tests ------------------------------------------------------------------------------------------------------
 
@@ -368,52 +131,6 @@ def test_a_round_with_nothing_to_do_launches_no_spark(env: Env) -> None:
     assert orders.spark_apps == 0 and set(orders.targets) == {"dr"}
 
 
-class FlippingInput:
-    """A readable stream that flips one byte of what it passes on (a bit error on the wire)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.offset = 0
-
-    def __enter__(self) -> FlippingInput:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.inner.close()
-
-    def read(self, n: int = -1) -> bytes:
-        chunk = self.inner.read(n)
-        if chunk and self.offset <= 100 < self.offset + len(chunk):
-            data = bytearray(chunk)
-            data[100 - self.offset] ^= 0x01
-            chunk = bytes(data)
-        self.offset += len(chunk)
-        return chunk
-
-
-class FlippingFS:
-    def __init__(self, fs: Any) -> None:
-        self.fs = fs
-
-    def open_input_stream(self, path: str) -> FlippingInput:
-        return FlippingInput(self.fs.open_input_stream(path))
-
-
-def corrupting_copier(items: list[CopyItem]) -> list[CopyOutcome]:
-    """The real verified copy, reading the source through a link that flips a byte."""
-    out = []
-    for item in items:
-        source = Site(item.source, item.source_uri)
-        source.fs = FlippingFS(source.fs)  # type: ignore[assignment]
-        try:
-            copy_verified(source, Site(item.target, item.target_uri), item.relpath, item.byte_size, item.sha256)
-        except Exception as exc:  # the verification failure is the point
-            out.append(CopyOutcome(item.relpath, False, invalid=str(exc)))
-        else:
-            out.append(CopyOutcome(item.relpath, True))
-    return out
-
-
 def test_corruption_in_transit_is_invalid_backs_off_and_a_retry_replicates(env: Env) -> None:
     write_batch(env.catalog, TABLE, batch(range(30), "a"))
     plan = plan_round(env.catalog, env.defs, TABLE)
@@ -474,21 +191,6 @@ def test_corrupting_copier_through_run_round(env: Env) -> None:
     )
     assert rep.status == "ok"
     assert_replicas_equal_leader(env.catalog)
-
-
-def take_down(env: Env, site: str) -> Path:
-    """Replace the site's directory by a regular file: every write there fails with an OSError."""
-    d = env.site_dir(site)
-    d.mkdir(parents=True, exist_ok=True)  # a site nothing was copied to yet has no directory
-    aside = d.with_name(f"{site}.away")
-    d.rename(aside)
-    d.write_text("down for maintenance\n")
-    return aside
-
-
-def bring_up(env: Env, site: str, aside: Path) -> None:
-    env.site_dir(site).unlink()
-    aside.rename(env.site_dir(site))
 
 
 def test_outage_fails_one_target_and_a_backfill_catches_up_in_order(outage_env: Env) -> None:
@@ -596,8 +298,6 @@ def _fast_forward_in_thread(
 def test_two_concurrent_fast_forwards_commit_each_segment_once(pg_server: str, tmp_path: Path, rounds: str) -> None:
     """Two task runs at once against one target, on PostgreSQL (row locks, separate connections): the same
     round run twice (a retried task racing its first try) or two rounds whose leases collide (INFLIGHT)."""
-    from tests.conftest import pg_schema_url
-
     urls = pg_schema_url(pg_server)
     url = next(urls)
     try:
@@ -641,13 +341,6 @@ def test_two_concurrent_fast_forwards_commit_each_segment_once(pg_server: str, t
 
 
 # -- the command line -----------------------------------------------------------------------------------------
-
-
-def cli(env: Env, *args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, ["--config", str(env.config), "--catalog", env.url, *args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
 
 
 def test_cli_round_and_status(env: Env) -> None:

@@ -17,7 +17,7 @@ from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.maintenance.bootstrap import bootstrap
 from segrep.replication.run import run_round
-from tests.conftest import Env
+from tests.support.env import Env
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from segrep.data import demo as demo_data
-from tests.conftest import Env
-from tests.integration.test_cli import run
+from tests.support.cli import cli as run
+from tests.support.env import Env
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,24 +15,8 @@ from segrep.catalog import queries as q
 from segrep.core.errors import SchemaMismatchError, SegrepError
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
-from tests.conftest import Env
-
-
-def orders(keys: list[int], status: str = "O", comment: str = "c") -> pa.Table:
-    n = len(keys)
-    return pa.table(
-        {
-            "o_orderkey": pa.array(keys, pa.int64()),
-            "o_custkey": pa.array([k % 1000 for k in keys], pa.int64()),
-            "o_orderstatus": [status] * n,
-            "o_totalprice": pa.array([Decimal("1.25")] * n, pa.decimal128(15, 2)),
-            "o_orderdate": pa.array([dt.date(1996, 1, 2)] * n, pa.date32()),
-            "o_orderpriority": ["5-LOW"] * n,
-            "o_clerk": ["Clerk#1"] * n,
-            "o_shippriority": pa.array([0] * n, pa.int32()),
-            "o_comment": [f"{comment}{k}" for k in keys],
-        }
-    )
+from tests.support.env import Env
+from tests.support.tables import orders
 
 
 def as_dict(table: pa.Table, key: str = "o_orderkey") -> dict:

@@ -32,27 +32,21 @@ from segrep.replication.status import status_rows
 from segrep.spark import jobs as merge_mod
 from segrep.spark.manifest import Manifest
 from segrep.spark.results import CommitSummary
-from tests.conftest import ORDERS_YAML, Env, make_env
-from tests.integration.test_gc import (
-    _arrow_major_rows,
-    _arrow_segment_table,
+from tests.support.checks import assert_files_match_catalog, partitions, triples
+from tests.support.cli import cli
+from tests.support.env import ORDERS_YAML, Env, make_env
+from tests.support.maintenance import (
     all_sites_read_the_model,
+    arrow_major_rows,
+    arrow_segment_table,
     assert_lists_hold_exactly_what_chains_need,
     assert_sites_hold_exactly_the_catalog,
     files_at,
 )
-from tests.integration.test_rounds import (
-    TABLE,
-    Model,
-    assert_files_match_catalog,
-    cli,
-    no_spark,
-    partitions,
-    round_until_idle,
-    set_leader,
-    triples,
-)
-from tests.spark.test_round_model import spark_submit_in
+from tests.support.models import Model
+from tests.support.rounds import no_spark, round_until_idle, set_leader
+from tests.support.spark import spark_submit_in
+from tests.support.tables import TABLE
 
 pytestmark = pytest.mark.spark
 
@@ -178,8 +172,8 @@ def test_spark_major_rows_equal_the_pyarrow_stand_in(tmp_path: Path, spark: Any)
             schema = sch.schema_from_columns(dict(it.columns))
             df, n_spark = merge_mod._major_rows(spark, it)
             got = merge_mod._to_segment_table(df, schema, it.primary_key)
-            rows, n_arrow = _arrow_major_rows(None, it)
-            want = _arrow_segment_table(rows, schema, it.primary_key)
+            rows, n_arrow = arrow_major_rows(None, it)
+            want = arrow_segment_table(rows, schema, it.primary_key)
             assert n_spark == n_arrow and got.equals(want), it.tombstone_cutoff_us
             deleted = sum(got[sch.DELETED_COL].to_pylist())
             assert deleted == (0 if it.tombstone_cutoff_us else DELETED[pid_index(env, it.partition_id)])

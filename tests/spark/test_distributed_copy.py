@@ -12,7 +12,7 @@ from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.replication.run import run_round
 from segrep.spark import launch
-from tests.conftest import ORDERS_YAML, make_env
+from tests.support.env import ORDERS_YAML, make_env
 
 pytestmark = pytest.mark.spark
 

@@ -58,17 +58,12 @@ from segrep.maintenance.gc import collect
 from segrep.replication.run import run_round
 from segrep.spark.results import commit_results
 from segrep.storage.site import Site
-from tests.conftest import make_env
-from tests.integration.test_gc import arrow_submit
-from tests.integration.test_rounds import (
-    assert_acks_are_prefixes,
-    assert_safe_time_honest,
-    bring_up,
-    safe_times,
-    take_down,
-)
-from tests.spark.test_round_model import MODEL_YAML as ROUND_MODEL_YAML
-from tests.spark.test_round_model import spark_submit_in
+from tests.support.checks import assert_acks_are_prefixes, assert_safe_time_honest, safe_times
+from tests.support.env import KV_YAML as ROUND_MODEL_YAML
+from tests.support.env import make_env
+from tests.support.maintenance import arrow_submit
+from tests.support.rounds import bring_up, take_down
+from tests.support.spark import spark_submit_in
 
 pytestmark = pytest.mark.spark
 

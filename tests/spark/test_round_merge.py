@@ -27,24 +27,22 @@ from segrep.spark.jobs import run_manifest
 from segrep.spark.manifest import Manifest
 from segrep.storage.atomic import write_json_atomic
 from segrep.storage.workdir import manifest_path, result_path
-from tests.conftest import Env
-from tests.integration.test_rounds import (
-    REPLICAS,
-    TABLE,
-    Model,
+from tests.support.checks import (
     assert_acks_are_prefixes,
     assert_each_segment_once,
     assert_files_match_catalog,
     assert_replicas_equal_leader,
     assert_safe_time_honest,
     lease_count,
-    no_spark,
     partitions,
     safe_times,
     segment_rows,
-    set_leader,
     triples,
 )
+from tests.support.env import Env
+from tests.support.models import Model
+from tests.support.rounds import no_spark, set_leader
+from tests.support.tables import REPLICAS, TABLE
 
 pytestmark = pytest.mark.spark
 

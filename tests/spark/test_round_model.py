@@ -26,7 +26,6 @@ import os
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -47,24 +46,20 @@ from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.replication.fast_forward import CopyItem, CopyOutcome, copy_one, local_copier
 from segrep.replication.run import run_round
-from segrep.spark.jobs import run_manifest
-from segrep.spark.manifest import Manifest
 from segrep.split.workflow import commit_pass, finalize, finish, plan_pass, start_split
-from segrep.storage.atomic import write_json_atomic
-from tests.conftest import make_env
-from tests.integration.test_rounds import (
+from tests.support.checks import (
     assert_acks_are_prefixes,
     assert_each_segment_once,
     assert_files_match_catalog,
-    bring_up,
-    corrupting_copier,
     lease_count,
     partitions,
     raw_winners,
     safe_times,
-    set_leader,
-    take_down,
 )
+from tests.support.env import KV_YAML as MODEL_YAML
+from tests.support.env import make_env
+from tests.support.rounds import bring_up, corrupting_copier, set_leader, take_down
+from tests.support.spark import spark_submit_in
 
 pytestmark = pytest.mark.spark
 
@@ -73,41 +68,8 @@ SITES = ("primary", "dr", "edge")
 SITE_IDS = {"primary": 1, "dr": 2, "edge": 3}
 KEYS = range(10)
 SPLIT = 5
-MODEL_YAML = """
-data_dir: data
-sites:
-  primary: {id: 1, uri: sites/primary}
-  dr: {id: 2, uri: sites/dr}
-  edge: {id: 3, uri: sites/edge}
-tables:
-  kv:
-    columns: {k: int64, v: string}
-    primary_key: [k]
-    split_points: [5]
-    leader: primary
-    replicas: [dr, edge]
-    policy: {retry_delay_s: 0}
-"""
 POINTS = ("before_copy", "after_copy_before_commit", "after_commit_before_ack", "in_merge_job", "before_checkpoint")
 FAULTS = ("none", "none", *POINTS, "corrupt", "down")
-
-
-def spark_submit_in(spark: Any) -> Any:
-    """``submit`` running the merge job in this SparkSession; a failing job is a SegrepError, as with
-    spark-submit, except the injected crash, which propagates as itself."""
-
-    def submit(app: str, args: Sequence[str], *, name: str, master: str | None = None) -> None:
-        assert app == "merge", app
-        manifest, result = args[args.index("--manifest") + 1], args[args.index("--result") + 1]
-        try:
-            doc = run_manifest(spark, Manifest.load(manifest))
-        except faults.InjectedFault:
-            raise
-        except Exception as exc:
-            raise SegrepError(f"Spark job merge failed: {type(exc).__name__}: {str(exc)[:200]}") from None
-        write_json_atomic(result, doc)
-
-    return submit
 
 
 def corrupting_to(site: str) -> Any:

@@ -14,8 +14,8 @@ import pytest
 from segrep.data.reader import read_table
 from segrep.data.spark_reader import read_dataframe
 from segrep.data.writer import write_batch
-from tests.conftest import Env
-from tests.integration.test_write_read import orders
+from tests.support.env import Env
+from tests.support.tables import orders
 
 pytestmark = pytest.mark.spark
 

@@ -27,20 +27,12 @@ from segrep.split.progress import split_progress
 from segrep.split.run import run_split
 from segrep.split.workflow import commit_pass, finalize, finish, plan_pass, start_split
 from segrep.storage.atomic import write_json_atomic
-from tests.conftest import Env
-from tests.integration.test_rounds import (
-    REPLICAS,
-    TABLE,
-    Model,
-    assert_replicas_equal_leader,
-    assert_safe_time_honest,
-    bring_up,
-    cli,
-    no_spark,
-    set_leader,
-    take_down,
-    triples,
-)
+from tests.support.checks import assert_replicas_equal_leader, assert_safe_time_honest, triples
+from tests.support.cli import cli
+from tests.support.env import Env
+from tests.support.models import Model
+from tests.support.rounds import bring_up, no_spark, set_leader, take_down
+from tests.support.tables import REPLICAS, TABLE
 
 pytestmark = pytest.mark.spark
 

@@ -26,7 +26,7 @@ from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.replication.run import run_round
 from segrep.split.run import run_split
-from tests.conftest import Env, make_env, pg_schema_url
+from tests.support.env import Env, make_env, pg_schema_url
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.postgres]
 

@@ -28,7 +28,7 @@ from segrep.core.protocol import (
     sender_reaction,
 )
 from segrep.core.states import Outcome, PartitionState, Reaction
-from tests.unit.test_chain import Built, built_chains, ids, seg
+from tests.support.chains import Built, built_chains, ids, seg
 
 LEADER_PID = 7
 FOLLOWER_PID = 9
