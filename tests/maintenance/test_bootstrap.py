@@ -6,7 +6,7 @@ holds the leader's newest segment. A target that already holds files of the tabl
 says ``adopt`` (only if the files resolve to the leader's rows) or ``replace`` (moved aside under
 ``.replaced/``). A replica that stayed away past the retention is re-bootstrapped into a new placement. A
 crash inside a bootstrap changes nothing; a crash in a round that feeds a joining site is retried.
-Majors are made with the pyarrow stand-in for the Spark row step (see test_gc).
+Majors are made with the pyarrow stand-in for the Spark row step (tests.support.maintenance.arrow_submit; see test_gc).
 """
 
 from __future__ import annotations
