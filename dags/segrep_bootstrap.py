@@ -21,7 +21,7 @@ import pendulum
 from airflow.sdk import Param, dag, task
 
 from segrep.config.definitions import load_definitions
-from segrep_airflow.common import catalog_for, hook_submit
+from segrep_airflow.common import hook_submit, segrep_context
 
 _defs = load_definitions()
 
@@ -63,8 +63,8 @@ def segrep_bootstrap() -> None:
         from segrep.maintenance.bootstrap import bootstrap as run
 
         p = params or {}
-        defs = load_definitions()
-        report = run(catalog_for(defs), defs, p["table"], p["site"], p["mode"])
+        with segrep_context() as (defs, catalog):
+            report = run(catalog, defs, p["table"], p["site"], p["mode"])
         print("\n".join(report.lines()))
         return {"table": p["table"], "site": p["site"], "joining": report.joining}
 
@@ -73,8 +73,8 @@ def segrep_bootstrap() -> None:
         from segrep.cli.format import format_report
         from segrep.replication.join import catch_up as run_catch_up
 
-        defs = load_definitions()
-        reports = run_catch_up(catalog_for(defs), defs, b["table"], b["site"], submit=hook_submit)
+        with segrep_context() as (defs, catalog):
+            reports = run_catch_up(catalog, defs, b["table"], b["site"], submit=hook_submit)
         for r in reports:
             print(format_report(r))
         return [{"status": str(r.status), "targets": {t: x.to_dict() for t, x in r.targets.items()}} for r in reports]
@@ -84,8 +84,8 @@ def segrep_bootstrap() -> None:
         from segrep.cli.format import status_note
         from segrep.replication.join import target_state
 
-        defs = load_definitions()
-        state = target_state(catalog_for(defs), b["table"], b["site"])
+        with segrep_context() as (_defs, catalog):
+            state = target_state(catalog, b["table"], b["site"])
         print(state)
         if state.joining or state.needs_bootstrap:
             raise RuntimeError(f"{b['site']} has not finished joining {b['table']}: {status_note(state)} (re-run)")

@@ -24,7 +24,7 @@ from typing import Any
 from airflow.sdk import Param, dag, task
 
 from segrep.config.definitions import TableDef, load_definitions
-from segrep_airflow.common import catalog_for, hook_submit, merge_job, timetable, utc
+from segrep_airflow.common import hook_submit, segrep_context, spark_step, timetable, utc
 
 
 def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
@@ -48,36 +48,35 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
     def maintenance() -> None:
         @task
         def plan_compaction(params: dict[str, Any] | None = None) -> dict[str, Any]:
+            from dataclasses import asdict
+
             from segrep.maintenance.compaction import plan_compaction as plan
 
-            defs = load_definitions()
-            p = plan(catalog_for(defs), defs, name, force=bool((params or {}).get("force")))
-            return {"manifest": p.manifest, "result": p.result, "candidates": [c.__dict__ for c in p.candidates]}
+            with segrep_context() as (defs, catalog):
+                planned = plan(catalog, defs, name, force=bool((params or {}).get("force")))
+            for c in planned.candidates:
+                print(f"partition {c.partition_id}: {c.reason}")
+            for line in planned.needs_bootstrap:
+                print(f"ALERT: {line}")
+            return asdict(planned)
 
-        @task.branch
-        def choose(p: dict[str, Any]) -> str:
-            return "compact" if p["manifest"] else "commit_compaction"
-
-        compact = merge_job("compact", "plan_compaction", f"segrep-compact-{name}", policy)
-
-        @task(trigger_rule="none_failed_min_one_success")
         def commit_compaction(p: dict[str, Any]) -> dict[str, Any]:
             from pathlib import Path
 
-            from segrep.spark.results import commit_results
+            from segrep.spark.results import CommitSummary, commit_results
 
             if not p["manifest"]:
-                return {"committed": 0}
-            defs = load_definitions()
-            return commit_results(catalog_for(defs), Path(p["manifest"]), Path(p["result"])).to_dict()
+                return CommitSummary().to_dict()
+            with segrep_context() as (_defs, catalog):
+                return commit_results(catalog, Path(p["manifest"]), Path(p["result"])).to_dict()
 
         @task(trigger_rule="none_failed_min_one_success")
         def gc(params: dict[str, Any] | None = None) -> dict[str, Any]:
             from segrep.maintenance.gc import collect
 
-            defs = load_definitions()
             dry_run = bool((params or {}).get("gc_dry_run"))
-            report = collect(catalog_for(defs), defs, name, dry_run=dry_run)
+            with segrep_context() as (defs, catalog):
+                report = collect(catalog, defs, name, dry_run=dry_run)
             verb = "would delete" if dry_run else "deleted"
             for d in report.deletions:
                 print(f"{verb} {d.site}:{d.relpath} ({d.reason})")
@@ -90,20 +89,19 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
         def continue_splits() -> list[dict[str, Any]]:
             from segrep.split.run import resume_splits
 
-            defs = load_definitions()
             out = []
-            for report in resume_splits(catalog_for(defs), defs, name, submit=hook_submit):
-                waiting = report.finish.waiting or ""
-                print(f"split {report.split_id} of {name}: {report.state} {waiting}")
-                out.append({"split_id": report.split_id, "state": str(report.state), "waiting": report.finish.waiting})
+            with segrep_context() as (defs, catalog):
+                reports = resume_splits(catalog, defs, name, submit=hook_submit)
+            for report in reports:
+                print(f"split {report.split_id} of {name}: {report.state} {report.waiting or ''}")
+                out.append({"split_id": report.split_id, "state": str(report.state), "waiting": report.waiting})
             return out
 
         planned = plan_compaction()
-        branch = choose(planned)
-        committed = commit_compaction(planned)
-        branch >> [compact, committed]
-        compact >> committed
-        committed >> gc() >> continue_splits()
+        compaction = spark_step(planned, commit_compaction, group_id="compact_step", choose_id="choose",
+                                spark_id="compact", commit_id="commit_compaction", name=f"segrep-compact-{name}",
+                                policy=policy)  # fmt: skip
+        compaction >> gc() >> continue_splits()
 
     return maintenance()
 

@@ -30,7 +30,7 @@ from typing import Any
 from airflow.sdk import Param, dag, task
 
 from segrep.config.definitions import Definitions, TableDef, load_definitions
-from segrep_airflow.common import catalog_for, hook_submit, merge_job, retry_args, timetable, to_us, utc
+from segrep_airflow.common import hook_submit, retry_args, segrep_context, spark_step, timetable, to_us, utc
 
 
 def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[no-untyped-def]
@@ -69,12 +69,11 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
             from segrep.storage.workdir import result_path
 
             p = params or {}
-            defs_now = load_definitions()
-            res = plan_round(catalog_for(defs_now), defs_now, name, to_us(data_interval_end),
-                             start_us=to_us(data_interval_start), target=p.get("target"),
-                             reoffer=bool(p.get("reoffer")))  # fmt: skip
-            return {**res.to_dict(), "result": str(result_path(defs_now, name, res.end_us)),
-                    "reoffer": bool(p.get("reoffer"))}  # fmt: skip
+            with segrep_context() as (defs, catalog):
+                res = plan_round(catalog, defs, name, to_us(data_interval_end), start_us=to_us(data_interval_start),
+                                 target=p.get("target"), reoffer=bool(p.get("reoffer")))  # fmt: skip
+                result = result_path(defs, name, res.end_us)
+            return {**res.to_dict(), "result": str(result), "reoffer": bool(p.get("reoffer"))}
 
         @task
         def targets_of(p: dict[str, Any]) -> list[str]:
@@ -85,25 +84,17 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
             from segrep.replication.fast_forward import fast_forward_target
             from segrep.replication.run import spark_copier
 
-            defs_now = load_definitions()
-            copier = spark_copier(defs_now, name, p["end_us"], target, hook_submit)
-            report = fast_forward_target(catalog_for(defs_now), defs_now, name, target, p["end_us"],
-                                         reoffer=p["reoffer"], big_copier=copier)  # fmt: skip
+            with segrep_context() as (defs, catalog):
+                copier = spark_copier(defs, name, p["end_us"], target, hook_submit)
+                report = fast_forward_target(catalog, defs, name, target, p["end_us"], reoffer=p["reoffer"],
+                                             big_copier=copier)  # fmt: skip
             return report.to_dict()
 
-        @task.branch(trigger_rule="all_done")
-        def choose(p: dict[str, Any]) -> str:
-            return "merge" if p["manifest"] else "commit"
-
-        merge = merge_job("merge", "plan", f"segrep-merge-{name}", policy)
-
-        @task(trigger_rule="none_failed_min_one_success")
         def commit(p: dict[str, Any]) -> dict[str, Any]:
             from segrep.replication.commit import commit_round
 
-            defs_now = load_definitions()
-            committed = commit_round(catalog_for(defs_now), defs_now, name, p["end_us"], merge_ran=bool(p["manifest"]))
-            return committed.to_dict()
+            with segrep_context() as (defs, catalog):
+                return commit_round(catalog, defs, name, p["end_us"], merge_ran=bool(p["manifest"])).to_dict()
 
         @task(trigger_rule="all_done", retries=0)
         def report(ti: Any = None) -> dict[str, Any]:
@@ -121,12 +112,12 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
 
         planned = plan()
         copied = fast_forward.partial(p=planned).expand(target=targets_of(planned))
-        branch = choose(planned)
-        copied >> branch
-        committed = commit(planned)
-        branch >> [merge, committed]
-        merge >> committed
-        [committed, copied] >> report()
+        # choose decides even when a target failed (all_done): the merge and commit concern the leader only.
+        merged = spark_step(planned, commit, group_id="merge_step", choose_id="choose", spark_id="merge",
+                            commit_id="commit", name=f"segrep-merge-{name}", policy=policy,
+                            choose_trigger_rule="all_done")  # fmt: skip
+        copied >> merged
+        [merged, copied] >> report()
 
     return replication()
 

@@ -1,32 +1,58 @@
 """Shared wiring for segrep's DAG files.
 
-Only Airflow glue lives here: the catalog for a task, timetables from a policy, and Spark submission through
-the `spark_default` connection with the same configuration as `segrep.spark.launch` (which says why each
-setting is there). Nothing here runs at import time beyond reading environment variables.
+Only Airflow glue lives here: the definitions and catalog of a task (:func:`segrep_context`), timetables from
+a policy, and Spark submission through the `spark_default` connection with the same configuration as
+`segrep.spark.launch` (which says why each setting is there), including the one "branch, Spark, commit" task
+group every DAG uses (:func:`spark_step`). Nothing here runs at import time beyond reading environment
+variables; nothing builds a catalog engine outside a running task.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import CronDataIntervalTimetable, DeltaDataIntervalTimetable
+from airflow.sdk import CronDataIntervalTimetable, DeltaDataIntervalTimetable, TaskGroup, task
 
-from segrep.config.definitions import Definitions, Policy, schedule_interval_s
+from segrep.config.definitions import Definitions, Policy, load_definitions, schedule_interval_s
 from segrep.spark import launch
 
+if TYPE_CHECKING:
+    from segrep.catalog import Catalog
+
 SPARK_CONN_ID = os.environ.get("SEGREP_SPARK_CONN_ID", "spark_default")
+COMMIT_TRIGGER_RULE = "none_failed_min_one_success"  # after the Spark task, or after the branch skipped it
 
 
-def catalog_for(defs: Definitions):  # type: ignore[no-untyped-def]
-    """The segrep catalog (never Airflow's metadata database): SEGREP_CATALOG_URL or the definitions file's."""
+def catalog_for(defs: Definitions) -> Catalog:
+    """The segrep catalog (never Airflow's metadata database): SEGREP_CATALOG_URL or the definitions file's.
+    Tasks use :func:`segrep_context`, which also disposes of it."""
     from segrep.catalog import Catalog
     from segrep.catalog.engine import resolve_url
 
     return Catalog(resolve_url(None, defs.catalog_url, defs.data_dir))
+
+
+@contextmanager
+def segrep_context() -> Iterator[tuple[Definitions, Catalog]]:
+    """What a task works with: the definitions, read when the task runs (the file as deployed now, not as it
+    was parsed), and segrep's catalog. The catalog's engine, with its connection pool, is disposed of when
+    the block ends, however it ends, so a task leaves no connection open behind it::
+
+        with segrep_context() as (defs, catalog):
+            return plan_round(catalog, defs, ...).to_dict()
+    """
+    defs = load_definitions()
+    catalog = catalog_for(defs)
+    try:
+        yield defs, catalog
+    finally:
+        catalog.dispose()
 
 
 def to_us(when: Any) -> int | None:
@@ -93,3 +119,40 @@ def merge_job(task_id: str, upstream_task: str, name: str, policy: Policy) -> Sp
         name=name,
         **retry_args(policy),
     )
+
+
+def spark_step(
+    plan: Any,
+    commit: Callable[[dict[str, Any]], Any],
+    *,
+    group_id: str,
+    choose_id: str,
+    spark_id: str,
+    commit_id: str,
+    name: str,
+    policy: Policy,
+    choose_trigger_rule: str = "all_success",
+) -> TaskGroup:
+    """The "branch, Spark, commit" step of every DAG, as one task group: ``choose_id`` (a branch) runs the
+    SparkSubmitOperator ``spark_id`` (spark_jobs/merge.py, :func:`merge_job`) when the ``plan`` task's XCom
+    names a manifest, else goes straight to ``commit_id``, which runs ``commit(plan's XCom)`` either way.
+
+    ``plan`` is the XComArg of the task that wrote the manifest (a dict with ``manifest`` and ``result``).
+    The group does not prefix its task ids: they are exactly ``choose_id``, ``spark_id`` and ``commit_id``.
+    ``upstream >> group`` makes ``choose_id`` wait for ``upstream``; ``group >> downstream`` waits for
+    ``commit_id``. The Spark task takes the table's ``policy`` retries; ``name`` is its Spark application name.
+    """
+    plan_task_id = plan.operator.task_id
+
+    def choose(p: dict[str, Any]) -> str:
+        return spark_id if p["manifest"] else commit_id
+
+    with TaskGroup(
+        group_id, prefix_group_id=False, tooltip=f"{choose_id} -> {spark_id} (Spark) -> {commit_id}"
+    ) as group:
+        branch = task.branch(task_id=choose_id, trigger_rule=choose_trigger_rule)(choose)(plan)
+        spark = merge_job(spark_id, plan_task_id, name, policy)
+        committed = task(task_id=commit_id, trigger_rule=COMMIT_TRIGGER_RULE)(commit)(plan)
+        branch >> [spark, committed]
+        spark >> committed
+    return group

@@ -125,6 +125,25 @@ def events_batch(keys: list[int], tag: str) -> Any:
     )
 
 
+Batches = list[tuple[range, str]]  # (keys, tag) of each events_batch, in the order they were written
+
+
+def replay_rows(batches: Batches) -> dict[tuple[str, int], str]:
+    """An independent replay of the writes: last writer wins per key, in the order the batches were written,
+    with plain dictionaries (no catalog, no segment, no reader). What every site must read in the end."""
+    rows: dict[tuple[str, int], str] = {}
+    for keys, tag in batches:
+        batch = events_batch(list(keys), tag)
+        for tenant, seq, payload in zip(*(batch[c].to_pylist() for c in ("tenant", "seq", "payload")), strict=True):
+            rows[(tenant, seq)] = payload
+    return rows
+
+
+def rows_of(table: Any) -> dict[tuple[str, int], str]:
+    """An events table read back, as replay_rows gives it: (tenant, seq) -> payload."""
+    return {(t, s): p for t, s, p in zip(*(table[c].to_pylist() for c in ("tenant", "seq", "payload")), strict=True)}
+
+
 def set_leader(env: Env, site: str) -> None:
     """Move every partition's leadership to ``site`` (a failover made directly in the catalog)."""
     from sqlalchemy import select

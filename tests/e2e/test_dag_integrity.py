@@ -6,12 +6,14 @@ import copy
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from segrep.storage.workdir import compaction_paths, manifest_path, result_path, split_pass_paths
 from tests.e2e.conftest import DAGS, EVENTS_DAG, REPO, load_dag
 
 DEFAULT_CONFIG = REPO / "include" / "segrep.yaml"
@@ -58,6 +60,83 @@ def test_default_definitions_parse_fast_and_clean(default_definitions: Path) -> 
     assert len(stats) == 1 and stats[0].dag_num == 1 and stats[0].duration.total_seconds() < 5
 
 
+# Every DAG the default definitions (include/segrep.yaml: one table, orders) make. A DAG file that fails to
+# import makes no DAG, so the list is spelled out: a missing id fails here even if nothing else notices.
+DEFAULT_DAGS = {
+    "segrep_bootstrap": "segrep_bootstrap.py",
+    "segrep_maintain_orders": "segrep_maintenance.py",
+    "segrep_replicate_orders": "segrep_replication.py",
+    "segrep_split_orders": "segrep_split.py",
+}
+
+
+def test_default_definitions_make_every_expected_dag(default_definitions: Path) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(DAGS))
+
+    assert bag.import_errors == {}
+    assert sorted(bag.dag_ids) == sorted(DEFAULT_DAGS)
+    for dag_id, file in DEFAULT_DAGS.items():
+        dag = bag.dags[dag_id]
+        assert Path(dag.fileloc).name == file, dag_id
+        assert dag.tags and "segrep" in dag.tags, f"{dag_id} has no tags"
+        assert dag.doc_md and dag.doc_md.strip().startswith("###"), f"{dag_id} has no doc_md"
+        assert dag.description, f"{dag_id} has no description"
+    assert sorted(Path(s.file).name for s in bag.dagbag_stats) == sorted(DEFAULT_DAGS.values())
+
+
+def test_parsing_builds_no_catalog_and_opens_no_connection(
+    default_definitions: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DAG files read the definitions file and nothing else at parse time: no catalog engine, no socket, no
+    subprocess (SEGREP_CATALOG_URL points at a server that must not be contacted)."""
+    import socket
+    import subprocess
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    from segrep.catalog import engine
+
+    calls: list[str] = []
+
+    def refuse(what: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls.append(what)
+            raise AssertionError(f"{what} at parse time")
+
+        return call
+
+    monkeypatch.setenv("SEGREP_CATALOG_URL", "postgresql+psycopg://nobody@192.0.2.1:5432/nothing")
+    monkeypatch.setattr(engine, "make_engine", refuse("a catalog engine"))
+    monkeypatch.setattr(engine.Catalog, "__init__", refuse("a catalog"))
+    monkeypatch.setattr(socket.socket, "connect", refuse("a network connection"))
+    monkeypatch.setattr(subprocess, "Popen", refuse("a subprocess"))
+    bag = DagBag(dag_folder=str(DAGS))
+
+    assert bag.import_errors == {} and calls == []
+    assert sorted(bag.dag_ids) == sorted(DEFAULT_DAGS)
+
+
+def test_segrep_context_disposes_the_catalog_whatever_happens(segrep_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from segrep.catalog import Catalog
+    from segrep_airflow.common import segrep_context
+
+    env = segrep_env()
+    disposed: list[Catalog] = []
+    real_dispose = Catalog.dispose
+    monkeypatch.setattr(Catalog, "dispose", lambda self: (disposed.append(self), real_dispose(self))[1])
+
+    with segrep_context() as (defs, catalog):
+        assert defs.path == env.config.resolve() and catalog.url == env.url
+        with catalog.read() as s:
+            assert s.connection() is not None
+    assert disposed == [catalog]
+    with pytest.raises(RuntimeError, match="task failed"), segrep_context() as (_defs, failing):
+        raise RuntimeError("task failed")
+    assert disposed == [catalog, failing]
+
+
 def test_replication_dag_structure(default_definitions: Path) -> None:
     import pendulum
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -76,6 +155,8 @@ def test_replication_dag_structure(default_definitions: Path) -> None:
     assert dag.get_task("merge").retries == 3
     assert dag.get_task("report").retries == 0
     assert dag.get_task("plan").retries == 0
+    group = dag.task_group.get_task_group_dict()["merge_step"]  # segrep_airflow.common.spark_step
+    assert set(group.children) == {"choose", "merge", "commit"} and not group.prefix_group_id
 
     assert dag.catchup is True
     assert dag.max_active_runs == 1
@@ -180,22 +261,65 @@ def _normalise(args: list[str], replacements: dict[str, str]) -> list[str]:
     return out
 
 
-def test_merge_spark_submit_command_matches_expectation(segrep_env: Any, tmp_path: Path) -> None:
-    """Render the merge task's templates for a sample plan XCom and build the command line the hook would run."""
-    env = segrep_env({"schedule": "@hourly", "start_date": "2026-11-01"})
-    dag = load_dag(EVENTS_DAG)
-    round_dir = env.root / "data" / "work" / "rounds" / "events" / "1795334400000000"
-    plan_xcom = {"manifest": str(round_dir / "merge-manifest.json"), "result": str(round_dir / "merge-result.json")}
+# Every SparkSubmitOperator of every DAG (for a definitions file with the one table `events`), with the task
+# whose XCom names its manifest and result, and where that task puts them (segrep.storage.workdir).
+SAMPLE_END_US = 1795334400000000  # 2026-11-22T08:00:00Z, a round's interval end and a pass's start
+SPARK_TASKS: dict[tuple[str, str], tuple[str, Callable[[Any], tuple[Path, Path]]]] = {
+    ("segrep_replicate_events", "merge"): (
+        "plan", lambda defs: (manifest_path(defs, "events", SAMPLE_END_US), result_path(defs, "events", SAMPLE_END_US))
+    ),
+    ("segrep_maintain_events", "compact"): (
+        "plan_compaction", lambda defs: compaction_paths(defs, "events", f"events-compact-{SAMPLE_END_US}")
+    ),
+    ("segrep_split_events", "copy_rewrite"): (
+        "copy_plan", lambda defs: split_pass_paths(defs, "events", 1, "copy", SAMPLE_END_US)
+    ),
+    ("segrep_split_events", "unload_merge"): (
+        "unload_plan", lambda defs: split_pass_paths(defs, "events", 1, "unload", SAMPLE_END_US)
+    ),
+}  # fmt: skip
+UPDATE_HINT = "SEGREP_UPDATE_EXPECTED=1 pytest tests/e2e -k spark_submit"
+
+
+def _expected_file(dag_id: str, task_id: str) -> Path:
+    return EXPECTED / "spark_submit" / f"{dag_id}.{task_id}.txt"
+
+
+def test_every_spark_submit_operator_has_an_expected_command(segrep_env: Any) -> None:
+    """The table below lists every SparkSubmitOperator of every DAG, and each has its expected command file."""
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    from tests.e2e.conftest import load_dagbag
+
+    segrep_env(tables=("events",))
+    bag = load_dagbag()
+    found = {
+        (dag.dag_id, t.task_id) for dag in bag.dags.values() for t in dag.tasks if isinstance(t, SparkSubmitOperator)
+    }
+    assert found == set(SPARK_TASKS)
+    files = {p.name for p in (EXPECTED / "spark_submit").glob("*.txt")}
+    assert files == {_expected_file(*key).name for key in SPARK_TASKS}  # no stale expectation either
+
+
+@pytest.mark.parametrize(("dag_id", "task_id"), sorted(SPARK_TASKS), ids=[".".join(k) for k in sorted(SPARK_TASKS)])
+def test_spark_submit_command_matches_expectation(segrep_env: Any, dag_id: str, task_id: str) -> None:
+    """Render the Spark task's templates for a sample XCom of its plan task and build the command line the hook
+    would run; compare it, one argument per line, with the expected file after replacing machine paths."""
+    env = segrep_env({"schedule": "@hourly", "start_date": "2026-11-01"}, tables=("events",))
+    dag = load_dag(dag_id)
+    plan_task, paths = SPARK_TASKS[(dag_id, task_id)]
+    manifest, result = paths(env.defs)
+    plan_xcom = {"manifest": str(manifest), "result": str(result)}
 
     class _TI:
         def xcom_pull(self, task_ids: str, **_: Any) -> Any:
-            assert task_ids == "plan"
+            assert task_ids == plan_task
             return plan_xcom
 
-    merge = copy.copy(dag.get_task("merge"))
-    merge.render_template_fields({"ti": _TI(), "params": dict(dag.params)})
-    hook = merge._get_hook()
-    command = hook._build_spark_submit_command(merge.application)
+    spark = copy.copy(dag.get_task(task_id))
+    spark.render_template_fields({"ti": _TI(), "params": dict(dag.params)})
+    hook = spark._get_hook()
+    command = hook._build_spark_submit_command(spark.application)
 
     assert hook._connection["master"] == "local[*]"  # from AIRFLOW_CONN_SPARK_DEFAULT
     assert set(hook._env or {}) >= {"SPARK_HOME", "PYSPARK_PYTHON", "PATH"}
@@ -210,10 +334,19 @@ def test_merge_spark_submit_command_matches_expectation(segrep_env: Any, tmp_pat
             str(REPO): "{REPO}",
         },
     )
-    expected_file = EXPECTED / "merge_spark_submit.txt"
-    header = [line for line in expected_file.read_text().splitlines() if line.startswith("#")]
+    expected_file = _expected_file(dag_id, task_id)
     if os.environ.get("SEGREP_UPDATE_EXPECTED") == "1":  # a deliberate change: rewrite the expectation
+        rel = _normalise([str(manifest), str(result)], {str(env.root): "{ENV_ROOT}"})
+        header = [
+            f"# The spark-submit command line of the `{task_id}` task of {dag_id}, one argument per line, rendered",
+            f"# for a `{plan_task}` XCom with manifest {rel[0]}",
+            f"# and result {rel[1]}.",
+            "# Placeholders: {VENV_BIN} = the directory of the test interpreter, {PYTHON} = the interpreter itself,",
+            "# {REPO} = the repository root, {ENV_ROOT} = the test's segrep environment (tmp_path).",
+            f"# If the command changes on purpose, rewrite the files: {UPDATE_HINT}",
+        ]
         expected_file.write_text("\n".join([*header, *got]) + "\n")
+    assert expected_file.is_file(), f"no expected command for {dag_id}.{task_id} ({UPDATE_HINT} writes it)"
     expected = [line for line in expected_file.read_text().splitlines() if line and not line.startswith("#")]
-    assert got == expected, "the merge task's command line changed (SEGREP_UPDATE_EXPECTED=1 rewrites " + str(
+    assert got == expected, f"the {task_id} task's command line changed ({UPDATE_HINT} rewrites " + str(
         expected_file.relative_to(REPO)) + "):\n" + "\n".join(got)  # fmt: skip

@@ -1,5 +1,6 @@
-"""The split DAG through ``dag.test`` with a real spark-submit: its form, a refused request, a sync split whose
-rewrite runs on Spark, and an async split; the children then replicate to every site (issue 5)."""
+"""The split DAG of a table (``segrep_split_<table>``) through ``dag.test`` with a real spark-submit: its form,
+a refused request, a sync split whose rewrite runs on Spark, and an async split; the children then replicate to
+every site, and every site reads what an independent replay of the writes says (issue 5)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from sqlalchemy import select
 from segrep.catalog import models as m
 from segrep.data.writer import write_batch
 from segrep.replication.run import run_round
-from tests.e2e.conftest import events_batch, load_dag, read_sorted, ti_states
+from tests.e2e.conftest import Batches, events_batch, load_dag, read_sorted, replay_rows, rows_of, ti_states
 
 POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 0}
 PARENT = 5  # events [-inf, m): tenants a0, a1, a2
+SPLIT_DAG = "segrep_split_events"
+SITES = ("primary", "dr", "edge")
 
 
 def _no_spark(*_a: Any, **_k: Any) -> None:
@@ -29,17 +32,30 @@ def _partition_states(env: Any) -> dict[int, str]:
 def test_split_dag_form_and_structure(segrep_env: Any) -> None:
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+    from tests.e2e.conftest import load_dagbag
+
     segrep_env(POLICY)
-    dag = load_dag("segrep_split")
+    bag = load_dagbag()
+    assert sorted(d for d in bag.dag_ids if d.startswith("segrep_split")) == [
+        "segrep_split_events",
+        "segrep_split_orders",
+    ]
+    dag = bag.dags[SPLIT_DAG]  # one DAG per table: the table's policy drives its Spark steps
     assert dag.schedule is None and dag.max_active_runs == 1 and "UNLOAD_FINAL" in dag.doc_md
-    assert set(dag.params.keys()) == {"table", "partition", "split_keys", "async"}
-    assert dag.params.get_param("table").schema["enum"] == ["events", "orders"]
+    assert set(dag.params.keys()) == {"partition", "split_keys", "async"}
+    assert set(dag.tags) == {"segrep", "split", "events"}
     assert dag.params.get_param("split_keys").schema["type"] == "array"
     assert dag.params.get_param("partition").schema["minimum"] == 1
     for task_id in ("copy_rewrite", "unload_merge"):
-        assert isinstance(dag.get_task(task_id), SparkSubmitOperator)
+        spark = dag.get_task(task_id)
+        assert isinstance(spark, SparkSubmitOperator)
+        assert spark.retries == POLICY["retries"] == 0  # the table's policy, not the defaults (3)
+    assert bag.dags["segrep_split_orders"].get_task("copy_rewrite").retries == 3  # orders sets no policy
     assert dag.get_task("finalize").upstream_task_ids == {"start", "copy_plan", "copy_commit"}
     assert dag.get_task("finish").upstream_task_ids == {"start", "unload_commit"}
+    groups = dag.task_group.get_task_group_dict()
+    assert set(groups["copy_step"].children) == {"copy_choose", "copy_rewrite", "copy_commit"}
+    assert set(groups["unload_step"].children) == {"unload_choose", "unload_merge", "unload_commit"}
 
 
 @pytest.mark.spark
@@ -47,29 +63,30 @@ def test_split_dag_sync_then_async(segrep_env: Any) -> None:
     import pendulum
 
     env = segrep_env(POLICY)
-    for keys, tag in ((range(0, 60), "a"), (range(30, 90), "b")):
+    written: Batches = [(range(0, 60), "a"), (range(30, 90), "b")]
+    for keys, tag in written:
         write_batch(env.catalog, "events", events_batch(list(keys), tag))
     run_round(env.catalog, env.defs, "events", submit=_no_spark)
     before = read_sorted(env)
-    dag = load_dag("segrep_split")
+    assert rows_of(before) == replay_rows(written)
+    dag = load_dag(SPLIT_DAG)
 
-    bad = dag.test(logical_date=pendulum.now("UTC"),
-                   run_conf={"table": "events", "partition": PARENT, "split_keys": ["zz"]})  # fmt: skip
+    bad = dag.test(logical_date=pendulum.now("UTC"), run_conf={"partition": PARENT, "split_keys": ["zz"]})
     assert str(bad.state) == "failed" and ti_states(bad)[("start", -1)] == "failed"
     assert _partition_states(env)[PARENT] == "LIVE"  # refused: nothing changed
 
-    run = dag.test(logical_date=pendulum.now("UTC"),
-                   run_conf={"table": "events", "partition": PARENT, "split_keys": ["a1"]})  # fmt: skip
+    run = dag.test(logical_date=pendulum.now("UTC"), run_conf={"partition": PARENT, "split_keys": ["a1"]})
     states = ti_states(run)
     assert str(run.state) == "success", states
     assert states[("copy_rewrite", -1)] == "success" and states[("unload_merge", -1)] == "skipped"
     parts = _partition_states(env)
     assert parts[PARENT] == "UNLOAD_FINAL" and sorted(parts)[-2:] == [7, 8] and parts[7] == parts[8] == "LIVE"
     assert read_sorted(env).equals(before)
+    assert rows_of(read_sorted(env)) == replay_rows(written)
 
-    write_batch(env.catalog, "events", events_batch(list(range(80, 100)), "c"))  # into the children
-    run = dag.test(logical_date=pendulum.now("UTC"),
-                   run_conf={"table": "events", "partition": 8, "split_keys": ["a2"], "async": True})  # fmt: skip
+    written.append((range(80, 100), "c"))  # into the children
+    write_batch(env.catalog, "events", events_batch(list(written[-1][0]), written[-1][1]))
+    run = dag.test(logical_date=pendulum.now("UTC"), run_conf={"partition": 8, "split_keys": ["a2"], "async": True})
     states = ti_states(run)
     assert str(run.state) == "success", states
     assert states[("copy_rewrite", -1)] == "skipped" and states[("unload_merge", -1)] == "success"
@@ -79,3 +96,9 @@ def test_split_dag_sync_then_async(segrep_env: Any) -> None:
         run_round(env.catalog, env.defs, "events", submit=_no_spark)
     for site in ("dr", "edge"):
         assert read_sorted(env, site).equals(expected), site
+    replay = replay_rows(written)  # not the leader's read: an independent replay of every write
+    assert len(replay) == 100
+    for site in SITES:
+        got = rows_of(read_sorted(env, site))
+        wrong = sorted(k for k in got.keys() | replay.keys() if got.get(k) != replay.get(k))
+        assert not wrong, f"{site} differs from the replay of the writes in {len(wrong)} keys, e.g. {wrong[:3]}"

@@ -1,4 +1,6 @@
-"""A whole split without Airflow (``segrep split``): the same steps, in the order the split DAG runs them."""
+"""A whole split without Airflow (``segrep split``), and the steps it shares with the split DAG: the DAG's
+tasks call :func:`begin_split`, ``workflow.plan_pass`` / ``commit_pass``, :func:`finalize_split`,
+``workflow.finish`` and :func:`require_done`, in the order :func:`run_split` calls them."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from segrep.catalog import Catalog
 from segrep.config.definitions import Definitions
 from segrep.core import faults
 from segrep.core.errors import SplitIncompleteError
-from segrep.core.states import SplitState
+from segrep.core.states import SplitPhase, SplitState
 from segrep.spark import launch
 from segrep.spark.launch import Submit
 from segrep.spark.results import CommitSummary
@@ -38,8 +40,48 @@ class SplitRunReport:
     def state(self) -> SplitState:
         return self.finish.state
 
+    @property
+    def waiting(self) -> str | dict[str, int] | None:
+        """What UNLOAD_FINAL waits for (None once DONE)."""
+        return self.finish.waiting
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def begin_split(
+    catalog: Catalog, table: str, partition_id: int, split_keys: Sequence[Any] | None = None, *, is_async: bool = False
+) -> sp.SplitRef:
+    """Step 1: start splitting ``partition_id`` at ``split_keys`` or, without keys, find its split to resume
+    it (after a failure, a leader change or a parent replica that was down)."""
+    if split_keys:
+        ref = sp.start_split(catalog, table, partition_id, list(split_keys), is_async=is_async)
+    else:
+        ref = sp.find_split(catalog, table, partition_id)
+    faults.point("split_after_start")
+    return ref
+
+
+def finalize_split(catalog: Catalog, split_id: int, copy: sp.PassPlan | dict[str, Any] | None = None) -> sp.SplitRef:
+    """SPLIT_FINALIZE after the copy pass ``copy`` (a PassPlan or its ``to_dict()``), up to that pass's cut;
+    without a copy pass, up to the parent leader's newest segment. A split already past it (async, or resumed
+    in UNLOAD) is returned as it is. Raises SplitIncompleteError, changing nothing, if a child still lacks a
+    segment: run another copy pass."""
+    plan = copy if copy is None or isinstance(copy, sp.PassPlan) else sp.PassPlan(**copy)
+    cut = plan.cut_entry_id if plan is not None and plan.phase == SplitPhase.COPY else None
+    ref = sp.finalize(catalog, split_id, cut)
+    faults.point("split_after_finalize")
+    return ref
+
+
+def require_done(finished: sp.FinishReport, table: str) -> sp.FinishReport:
+    """``finished`` if the split is DONE; else SplitIncompleteError saying what it waits for."""
+    if finished.state != SplitState.DONE:
+        raise SplitIncompleteError(
+            f"split {finished.split_id} of {table} waits for {finished.waiting}: a parent replica could not push "
+            "yet (its site is down?); run the split again without split keys to resume it"
+        )
+    return finished
 
 
 def run_split(
@@ -53,15 +95,12 @@ def run_split(
     submit: Submit = launch.submit,
     max_passes: int = 3,
 ) -> SplitRunReport:
-    """A whole split without Airflow (``segrep split``): start (or resume), copy passes until SPLIT_FINALIZE,
-    an unload pass, UNLOAD_FINAL. One Spark application per pass that has rewrites or merges to run.
+    """A whole split without Airflow (``segrep split``): :func:`begin_split`, copy passes until
+    :func:`finalize_split` succeeds, an unload pass, UNLOAD_FINAL. One Spark application per pass that has
+    rewrites or merges to run. The split DAG runs the same steps, one task each, one copy pass per run.
     If a parent placement cannot push yet (its site is down), the split stays in UNLOAD and a re-run
     continues it."""
-    if split_keys:
-        ref = sp.start_split(catalog, table, partition_id, list(split_keys), is_async=is_async)
-    else:
-        ref = sp.find_split(catalog, table, partition_id)
-    faults.point("split_after_start")
+    ref = begin_split(catalog, table, partition_id, split_keys, is_async=is_async)
     passes: list[SplitPass] = []
 
     def one_pass() -> sp.PassPlan:
@@ -72,15 +111,14 @@ def run_split(
         return plan
 
     for attempt in range(1, max_passes + 1):
-        if sp.find_split(catalog, table, partition_id).state != SplitState.SPLITTING:
-            break
-        plan = one_pass()
+        splitting = sp.find_split(catalog, table, partition_id).state == SplitState.SPLITTING
+        copy = one_pass() if splitting else None
         try:
-            sp.finalize(catalog, ref.split_id, plan.cut_entry_id)
+            finalize_split(catalog, ref.split_id, copy)
+            break
         except SplitIncompleteError:
             if attempt == max_passes:
                 raise
-    faults.point("split_after_finalize")
     if sp.find_split(catalog, table, partition_id).state == SplitState.UNLOAD:
         one_pass()
     finished = sp.finish(catalog, defs, ref.split_id)
