@@ -77,7 +77,7 @@ def segrep_bootstrap() -> None:
             reports = run_catch_up(catalog, defs, b["table"], b["site"], submit=hook_submit)
         for r in reports:
             print(format_report(r))
-        return [{"status": str(r.status), "targets": {t: x.to_dict() for t, x in r.targets.items()}} for r in reports]
+        return [r.to_dict() for r in reports]
 
     @task
     def report(b: dict[str, Any]) -> dict[str, Any]:

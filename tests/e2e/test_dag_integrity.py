@@ -86,6 +86,39 @@ def test_default_definitions_make_every_expected_dag(default_definitions: Path) 
     assert sorted(Path(s.file).name for s in bag.dagbag_stats) == sorted(DEFAULT_DAGS.values())
 
 
+# The "branch -> SparkSubmitOperator -> commit" task groups (segrep_airflow.common.spark_step) of each DAG.
+SPARK_STEPS = {
+    "segrep_bootstrap": {},
+    "segrep_replicate_orders": {"merge_step": ("choose", "merge", "commit")},
+    "segrep_maintain_orders": {"compact_step": ("choose", "compact", "commit_compaction")},
+    "segrep_split_orders": {
+        "copy_step": ("copy_choose", "copy_rewrite", "copy_commit"),
+        "unload_step": ("unload_choose", "unload_merge", "unload_commit"),
+    },
+}
+
+
+def test_every_spark_task_sits_in_a_branch_spark_commit_group(default_definitions: Path) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    bag = DagBag(dag_folder=str(DAGS))
+
+    assert set(SPARK_STEPS) == set(bag.dag_ids)
+    for dag_id, steps in SPARK_STEPS.items():
+        dag = bag.dags[dag_id]
+        groups = {gid: g for gid, g in dag.task_group.get_task_group_dict().items() if gid}
+        assert set(groups) == set(steps), dag_id
+        spark_tasks = {t.task_id for t in dag.tasks if isinstance(t, SparkSubmitOperator)}
+        assert spark_tasks == {spark for _choose, spark, _commit in steps.values()}, dag_id
+        for gid, (choose, spark, commit) in steps.items():
+            assert set(groups[gid].children) == {choose, spark, commit} and not groups[gid].prefix_group_id
+            assert dag.get_task(spark).upstream_task_ids == {choose}
+            assert dag.get_task(commit).upstream_task_ids >= {choose, spark}
+            assert dag.get_task(commit).trigger_rule == "none_failed_min_one_success"
+            assert dag.get_task(spark).retries == 3  # the orders policy (include/segrep.yaml sets the default)
+
+
 def test_parsing_builds_no_catalog_and_opens_no_connection(
     default_definitions: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
