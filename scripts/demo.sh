@@ -89,9 +89,9 @@ assert a.equals(b), "dr differs from primary"
 print(f"OK: dr reads exactly what primary reads ({a.num_rows} rows)")
 PY
 
-say "split partition 1 of orders at 50000 and 100000 while it is live: airflow dags test segrep_split"
+say "split partition 1 of orders at 50000 and 100000 while it is live: airflow dags test segrep_split_orders"
 log="$DATA/demo/airflow-split.log"
-if ! airflow dags test segrep_split -c '{"table": "orders", "partition": 1, "split_keys": [50000, 100000]}' \
+if ! airflow dags test segrep_split_orders -c '{"partition": 1, "split_keys": [50000, 100000]}' \
     > "$log" 2>&1; then
   tail -40 "$log"; echo "the split run failed; full log in $log" >&2; exit 1
 fi
