@@ -272,7 +272,7 @@ def test_past_the_grace_a_replica_with_an_old_fork_is_rebootstrapped_not_merged(
     assert "NEEDS BOOTSTRAP" in note["dr"] and "NEEDS BOOTSTRAP" not in note["edge"]
 
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # no push from dr, so no merge
-    assert "pushes" not in rep.plan and rep.merges == CommitSummary()
+    assert rep.plan is not None and rep.plan.pushes == {} and rep.merges == CommitSummary()
     assert rep.targets["dr"].outcomes == {}
     all_sites_read_the_model(env, model, ("primary", "edge"))
     assert not {k for _t, k, _p in triples(env.catalog)} & set(deleted)

@@ -150,7 +150,7 @@ class MaintenanceMachine(RuleBasedStateMachine):
             report = compact(self.env.catalog, self.env.defs, TABLE, force=force, submit=submit)
             committed = report.committed
             self.stats["compaction candidates"] += len(report.candidates)
-            self.stats["majors dropped"] += len(report.get("dropped", []))
+            self.stats["majors dropped"] += len(report.dropped)
             self.log.append(f"compaction force={force}: {report}")
         self.stats["majors committed"] += committed
 

@@ -160,7 +160,7 @@ def test_a_repeated_merge_keeps_nothing_new(sqlite_env: Env, spark: Any) -> None
     again = run_round(env.catalog, env.defs, TABLE, submit=submit)
     assert len(calls) == 2 and again.merges.items == 2
     assert again.merges.rows_in == 35 and again.merges.rows_merged == 0  # every pushed row loses
-    result = json.loads(Path(result_path(env.defs, TABLE, again["end_us"])).read_text())
+    result = json.loads(Path(result_path(env.defs, TABLE, again.end_us)).read_text())
     assert [it["output"] for it in result["items"]] == [None, None] and result["items"][0]["rows_out"] == 0
     assert segment_rows(env.catalog, "primary") == leader_before  # nothing new at the leader
     assert leader_files(env) == files_before

@@ -210,7 +210,7 @@ class RoundsMachine(RuleBasedStateMachine):
                 self.stats["split finalize refused"] += 1
         else:
             done = finish(self.env.catalog, self.env.defs, self.split_id)
-            self.stats[f"split {done['state']}"] += 1
+            self.stats[f"split {done.state}"] += 1
         self.log.append(f"split pass {plan.phase}: {plan.rewrites} rewrites, {plan.merges} merges")
 
     def count(self, report: dict[str, Any]) -> None:
@@ -221,7 +221,7 @@ class RoundsMachine(RuleBasedStateMachine):
         for target in report.targets.values():
             for outcome, n in (target.outcomes or {}).items():
                 self.stats[outcome] += n
-            self.stats[f"target {target['status']}"] += 1
+            self.stats[f"target {target.status}"] += 1
 
     # -- invariants ------------------------------------------------------------------------------------------
 

@@ -158,7 +158,7 @@ def test_finalize_waits_for_every_segment_up_to_the_cut(sqlite_env: Env, spark: 
 
     path.write_bytes(good)  # repaired (in real life: a re-bootstrap from a replica's copy)
     report = run_split(env.catalog, env.defs, TABLE, PARENT, submit=submit)
-    assert report.state == SplitState.DONE and report.passes[0].rewrites == 2 * 2
+    assert report.state == SplitState.DONE and report.passes[0].plan.rewrites == 2 * 2
     assert triples(env.catalog) == model.snapshot()
     assert_parent_retired(env)
 
@@ -275,7 +275,7 @@ def test_a_replica_offline_during_the_split_pushes_when_back(outage_env: Env, sp
     assert partition_states(env)[PARENT] == "UNLOAD"
     code, out, err = cli(env, "status", TABLE)
     assert code == 0, err
-    assert f"split {report['split_id']} of {TABLE} partition {PARENT} at ['b'] (sync): UNLOAD" in out
+    assert f"split {report.split_id} of {TABLE} partition {PARENT} at ['b'] (sync): UNLOAD" in out
     assert "pushing from dr, edge, primary" in out and "lacking" in out
 
     bring_up(env, "edge", aside)
