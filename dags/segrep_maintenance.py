@@ -82,8 +82,12 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
                 print(f"{verb} {d.site}:{d.relpath} ({d.reason})")
             for line in report.needs_bootstrap:
                 print(f"ALERT: {line}")
-            return {"deleted": len(report.deletions), "files_removed": report.files_removed,
-                    "needs_bootstrap": report.needs_bootstrap, "held": report.held}  # fmt: skip
+            return {
+                "deleted": len(report.deletions),
+                "files_removed": report.files_removed,
+                "needs_bootstrap": report.needs_bootstrap,
+                "held": report.held,
+            }
 
         @task(trigger_rule="all_done")
         def continue_splits() -> list[dict[str, Any]]:
@@ -98,9 +102,16 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
             return out
 
         planned = plan_compaction()
-        compaction = spark_step(planned, commit_compaction, group_id="compact_step", choose_id="choose",
-                                spark_id="compact", commit_id="commit_compaction", name=f"segrep-compact-{name}",
-                                policy=policy)  # fmt: skip
+        compaction = spark_step(
+            planned,
+            commit_compaction,
+            group_id="compact_step",
+            choose_id="choose",
+            spark_id="compact",
+            commit_id="commit_compaction",
+            name=f"segrep-compact-{name}",
+            policy=policy,
+        )
         compaction >> gc() >> continue_splits()
 
     return maintenance()

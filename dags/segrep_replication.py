@@ -63,15 +63,23 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
     )
     def replication() -> None:
         @task
-        def plan(params: dict[str, Any] | None = None, data_interval_start: Any = None,
-                 data_interval_end: Any = None) -> dict[str, Any]:  # fmt: skip
+        def plan(
+            params: dict[str, Any] | None = None, data_interval_start: Any = None, data_interval_end: Any = None
+        ) -> dict[str, Any]:
             from segrep.replication.plan import plan_round
             from segrep.storage.workdir import result_path
 
             p = params or {}
             with segrep_context() as (defs, catalog):
-                res = plan_round(catalog, defs, name, to_us(data_interval_end), start_us=to_us(data_interval_start),
-                                 target=p.get("target"), reoffer=bool(p.get("reoffer")))  # fmt: skip
+                res = plan_round(
+                    catalog,
+                    defs,
+                    name,
+                    to_us(data_interval_end),
+                    start_us=to_us(data_interval_start),
+                    target=p.get("target"),
+                    reoffer=bool(p.get("reoffer")),
+                )
                 result = result_path(defs, name, res.end_us)
             return {**res.to_dict(), "result": str(result), "reoffer": bool(p.get("reoffer"))}
 
@@ -86,8 +94,9 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
 
             with segrep_context() as (defs, catalog):
                 copier = spark_copier(defs, name, p["end_us"], target, hook_submit)
-                report = fast_forward_target(catalog, defs, name, target, p["end_us"], reoffer=p["reoffer"],
-                                             big_copier=copier)  # fmt: skip
+                report = fast_forward_target(
+                    catalog, defs, name, target, p["end_us"], reoffer=p["reoffer"], big_copier=copier
+                )
             return report.to_dict()
 
         def commit(p: dict[str, Any]) -> dict[str, Any]:
@@ -113,9 +122,17 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
         planned = plan()
         copied = fast_forward.partial(p=planned).expand(target=targets_of(planned))
         # choose decides even when a target failed (all_done): the merge and commit concern the leader only.
-        merged = spark_step(planned, commit, group_id="merge_step", choose_id="choose", spark_id="merge",
-                            commit_id="commit", name=f"segrep-merge-{name}", policy=policy,
-                            choose_trigger_rule="all_done")  # fmt: skip
+        merged = spark_step(
+            planned,
+            commit,
+            group_id="merge_step",
+            choose_id="choose",
+            spark_id="merge",
+            commit_id="commit",
+            name=f"segrep-merge-{name}",
+            policy=policy,
+            choose_trigger_rule="all_done",
+        )
         copied >> merged
         [merged, copied] >> report()
 

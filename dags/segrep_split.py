@@ -52,13 +52,16 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
         params={
             "partition": Param(1, type="integer", minimum=1, description=f"Partition id: segrep table describe {name}"),
             "split_keys": Param(
-                [], type="array", items={"type": ["string", "integer", "number"]}, uniqueItems=True,
+                [],
+                type="array",
+                items={"type": ["string", "integer", "number"]},
+                uniqueItems=True,
                 description="Split keys inside the partition's range; empty resumes the partition's split.",
             ),
             "async": Param(False, type="boolean", description="Finalize at once; the data follows through UNLOAD."),
         },
         default_args={"retries": 0},
-    )  # fmt: skip
+    )
     def split() -> None:
         @task
         def start(params: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -115,15 +118,30 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
 
         ref = start()
         copy_plan = plan_task("copy")(ref)
-        copy = spark_step(copy_plan, commit, group_id="copy_step", choose_id="copy_choose", spark_id="copy_rewrite",
-                          commit_id="copy_commit", name=f"segrep-split-rewrite-{name}", policy=policy)  # fmt: skip
+        copy = spark_step(
+            copy_plan,
+            commit,
+            group_id="copy_step",
+            choose_id="copy_choose",
+            spark_id="copy_rewrite",
+            commit_id="copy_commit",
+            name=f"segrep-split-rewrite-{name}",
+            policy=policy,
+        )
         finalized = finalize(ref, copy_plan)
         copy >> finalized
         unload_plan = plan_task("unload")(ref)
         finalized >> unload_plan
-        unload = spark_step(unload_plan, commit, group_id="unload_step", choose_id="unload_choose",
-                            spark_id="unload_merge", commit_id="unload_commit", name=f"segrep-split-unload-{name}",
-                            policy=policy)  # fmt: skip
+        unload = spark_step(
+            unload_plan,
+            commit,
+            group_id="unload_step",
+            choose_id="unload_choose",
+            spark_id="unload_merge",
+            commit_id="unload_commit",
+            name=f"segrep-split-unload-{name}",
+            policy=policy,
+        )
         unload >> finish(ref)
 
     return split()

@@ -18,10 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.support.env import ORDERS_YAML, OUTAGE_YAML, Env, env_fixture, make_env, pg_schema_url, sqlite_url
-
-# tests/e2e/conftest.py imports these from here.
-__all__ = ["ORDERS_YAML", "Env", "make_env"]
+from tests.support.env import ORDERS_YAML, OUTAGE_YAML, Env, env_fixture, pg_schema_url, sqlite_url
 
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -86,8 +86,11 @@ def retry_args(policy: Policy) -> dict[str, Any]:
 
 def spark_conf() -> dict[str, str]:
     # launch.SPARK_CONF says why each entry is set; the interpreter is ours so driver and executors import segrep.
-    return {**launch.SPARK_CONF, "spark.pyspark.python": launch.python(),
-            "spark.pyspark.driver.python": launch.python()}  # fmt: skip
+    return {
+        **launch.SPARK_CONF,
+        "spark.pyspark.python": launch.python(),
+        "spark.pyspark.driver.python": launch.python(),
+    }
 
 
 def spark_env() -> dict[str, str]:
@@ -99,8 +102,14 @@ def hook_submit(app: str, args: list[str], *, name: str, master: str | None = No
     """Run a Spark job from inside a task through the Airflow connection (the distributed copy)."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    hook = SparkSubmitHook(conn_id=SPARK_CONN_ID, conf=spark_conf(), name=name, application_args=args,
-                           env_vars=spark_env(), spark_binary=launch.spark_submit_binary())  # fmt: skip
+    hook = SparkSubmitHook(
+        conn_id=SPARK_CONN_ID,
+        conf=spark_conf(),
+        name=name,
+        application_args=args,
+        env_vars=spark_env(),
+        spark_binary=launch.spark_submit_binary(),
+    )
     hook.submit(application=str(launch.application(app)))
 
 

@@ -111,8 +111,9 @@ def with_majors(env: Env, model: Model) -> None:
 
 
 def digests(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*")
-            if p.is_file()}  # fmt: skip
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
 
 
 def leader_segment_files(env: Env, pid: int) -> list[str]:
@@ -135,8 +136,9 @@ def plant_relaid(env: Env, pid: int, site: str = "edge", *, drop_last_row: bool 
     """One file with every raw row of the leader's visible segments (so resolving to the same rows), under a
     new name; with ``drop_last_row`` one row is missing (different data)."""
     rels = leader_segment_files(env, pid)
-    rows = pa.concat_tables([Site("primary", str(env.site_dir("primary"))).read_segment(r).replace_schema_metadata(None)
-                             for r in rels])  # fmt: skip
+    rows = pa.concat_tables(
+        [Site("primary", str(env.site_dir("primary"))).read_segment(r).replace_schema_metadata(None) for r in rels]
+    )
     rows = rows.sort_by([("tenant", "ascending"), ("seq", "ascending"), ("_version", "ascending")])
     if drop_last_row:
         rows = rows.slice(0, rows.num_rows - 1)
@@ -384,8 +386,10 @@ def test_a_replica_past_retention_is_rebootstrapped_into_a_new_placement(both: E
     new = placements_at(env, "dr")
     for before, after in zip(old, new, strict=True):
         assert after.placement_id != before.placement_id and after.partition_id == before.partition_id
-        assert f"placement {before.placement_id} fell out of retention; REMOVED, new placement " \
-               f"{after.placement_id} joins from the newest major segment" in out  # fmt: skip
+        assert (
+            f"placement {before.placement_id} fell out of retention; REMOVED, new placement "
+            f"{after.placement_id} joins from the newest major segment" in out
+        )
     removed = placements_at(env, "dr", removed=True)
     assert [pl.placement_id for pl in removed] == [pl.placement_id for pl in old]
     assert all(pl.state == "REMOVED" and pl.removed_us for pl in removed)
@@ -474,8 +478,9 @@ def test_a_crash_inside_bootstrap_before_the_commit_changes_nothing(
     env.catalog.dispose()
 
 
-@pytest.mark.parametrize("point", ["before_copy", "after_copy_before_commit", "after_commit_before_ack",
-                                   "before_checkpoint"])  # fmt: skip
+@pytest.mark.parametrize(
+    "point", ["before_copy", "after_copy_before_commit", "after_commit_before_ack", "before_checkpoint"]
+)
 def test_a_crash_in_a_round_feeding_a_joining_site(
     dr_only_sqlite: Env, monkeypatch: pytest.MonkeyPatch, point: str
 ) -> None:

@@ -87,8 +87,11 @@ def leader_rows(env: Env) -> dict[int, tuple[m.Placement, list[m.Segment]]]:
         for pid in partitions(env.catalog):
             part = s.get(m.Partition, pid)
             leader = s.get(m.Placement, part.leader_placement_id)
-            segs = list(s.scalars(select(m.Segment).where(m.Segment.placement_id == leader.placement_id)
-                                  .order_by(m.Segment.entry_id)))  # fmt: skip
+            segs = list(
+                s.scalars(
+                    select(m.Segment).where(m.Segment.placement_id == leader.placement_id).order_by(m.Segment.entry_id)
+                )
+            )
             out[pid] = (leader, segs)
         s.expunge_all()
     return out
@@ -100,10 +103,13 @@ def roots(env: Env, site: str) -> dict[int, str | None]:
             s.execute(
                 select(m.Placement.partition_id, m.Placement.root_segment_id)
                 .join(m.Site, m.Site.site_id == m.Placement.site_id)
-                .where(m.Site.name == site, m.Placement.removed_us.is_(None),
-                       m.Placement.partition_id.in_(partitions(env.catalog)))
+                .where(
+                    m.Site.name == site,
+                    m.Placement.removed_us.is_(None),
+                    m.Placement.partition_id.in_(partitions(env.catalog)),
+                )
             ).all()
-        )  # fmt: skip
+        )
 
 
 def assert_majors_fast_forwarded(env: Env, rep: dict[str, Any], expected_majors: dict[int, str]) -> None:
@@ -265,8 +271,9 @@ def test_past_the_grace_a_replica_with_an_old_fork_is_rebootstrapped_not_merged(
     submit = spark_submit_in(spark)
     report = compact(env.catalog, env.defs, TABLE, force=True, submit=submit)
     assert report.committed == 2
-    assert len(report.needs_bootstrap) == 2 and all("older than the tombstone grace" in x
-                                                       for x in report.needs_bootstrap)  # fmt: skip
+    assert len(report.needs_bootstrap) == 2 and all(
+        "older than the tombstone grace" in x for x in report.needs_bootstrap
+    )
     assert sum(segs[-1].deleted_rows for _l, segs in leader_rows(env).values()) == 0  # tombstones dropped
     note = {r.target: status_note(r) for r in status_rows(env.catalog, TABLE)}
     assert "NEEDS BOOTSTRAP" in note["dr"] and "NEEDS BOOTSTRAP" not in note["edge"]

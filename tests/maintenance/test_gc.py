@@ -173,8 +173,7 @@ def test_orphans_go_only_after_the_grace(gc_sqlite: Env) -> None:
     assert sorted((d.site, d.relpath) for d in dry.deletions) == sorted(
         [("dr", str(stray.relative_to(env.site_dir("dr")))), ("dr", str(temp.relative_to(env.site_dir("dr"))))]
     )
-    assert all(d.reason.startswith("orphan: not in the catalog for ") and d.placement_id is None
-               for d in dry.deletions)  # fmt: skip
+    assert all(d.reason.startswith("orphan: not in the catalog for ") and d.placement_id is None for d in dry.deletions)
 
     report = collect(env.catalog, env.defs, TABLE, now_us=now + grace_us + 60_000_000)
     assert report.files_removed == 2 and not stray.exists() and not temp.exists()
@@ -211,8 +210,9 @@ def test_an_offline_replica_holds_gc_until_retention_ends(gc_env: Env) -> None:
     code, out, err = cli(env, "gc", TABLE, "--dry-run")  # (real time: still held)
     assert code == 0 and "held: partition" in out and "ALERT" not in out, (out, err)
     report = collect(env.catalog, env.defs, TABLE, now_us=past)
-    assert len(report.needs_bootstrap) == 2 and all(" at dr " in x and "needs a bootstrap" in x
-                                                    for x in report.needs_bootstrap)  # fmt: skip
+    assert len(report.needs_bootstrap) == 2 and all(
+        " at dr " in x and "needs a bootstrap" in x for x in report.needs_bootstrap
+    )
     assert {d.site for d in report.deletions} == {"primary"}
     notes = {r.target: status_note(r) for r in status_rows(env.catalog, TABLE)}
     assert "NEEDS BOOTSTRAP: run segrep bootstrap events dr" in notes["dr"] and "NEEDS" not in notes["edge"]

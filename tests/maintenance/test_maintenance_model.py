@@ -108,8 +108,13 @@ class MaintenanceMachine(RuleBasedStateMachine):
         self.write(keys[: len(keys) // 2], False)
         self.write(keys[-3:], True)
 
-    @rule(batches=st.lists(st.tuples(st.lists(st.sampled_from(KEYS), min_size=1, max_size=4, unique=True),
-                                      st.booleans()), min_size=1, max_size=3))  # fmt: skip
+    @rule(
+        batches=st.lists(
+            st.tuples(st.lists(st.sampled_from(KEYS), min_size=1, max_size=4, unique=True), st.booleans()),
+            min_size=1,
+            max_size=3,
+        )
+    )
     def writes(self, batches: list[tuple[list[int], bool]]) -> None:
         for keys, deleting in batches:
             self.write(keys, deleting)
@@ -173,8 +178,10 @@ class MaintenanceMachine(RuleBasedStateMachine):
             return
         finally:
             Site.delete = real_delete  # type: ignore[method-assign]
-        self.log.append(f"gc later={later}: {len(report.deletions)} deletion(s), needs_bootstrap "
-                        f"{report.needs_bootstrap}, held {report.held}")  # fmt: skip
+        self.log.append(
+            f"gc later={later}: {len(report.deletions)} deletion(s), needs_bootstrap "
+            f"{report.needs_bootstrap}, held {report.held}"
+        )
         self.stats["gc deletions"] += len(report.deletions)
         self.stats["marked needs_bootstrap"] += len(report.needs_bootstrap)
 
@@ -351,23 +358,33 @@ class MaintenanceMachine(RuleBasedStateMachine):
             got = read_table(self.env.catalog, TABLE, site).sort_by("k")
             assert got.equals(leader), self.fail(f"{site}: {got.to_pylist()} != {leader.to_pylist()}")
         with self.env.catalog.read() as s:
-            states = s.execute(select(m.Placement.state, m.Placement.needs_bootstrap)
-                               .where(m.Placement.removed_us.is_(None))).all()  # fmt: skip
+            states = s.execute(
+                select(m.Placement.state, m.Placement.needs_bootstrap).where(m.Placement.removed_us.is_(None))
+            ).all()
         assert set(states) == {("LIVE", False)}, self.fail(str(states))
         far = hlc.now_us() + 30 * 86400 * 1_000_000  # past every grace: orphans of crashed GC runs go too
         collect(self.env.catalog, self.env.defs, TABLE, now_us=far)
         self.committed_files_are_intact()
         for site in SITES:
             root = self.env.site_dir(site)
-            on_disk = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
-                       and p.relative_to(root).parts[0] != ".replaced"} if root.is_dir() else set()  # fmt: skip
+            on_disk = (
+                {
+                    str(p.relative_to(root))
+                    for p in root.rglob("*")
+                    if p.is_file() and p.relative_to(root).parts[0] != ".replaced"
+                }
+                if root.is_dir()
+                else set()
+            )
             with self.env.catalog.read() as s:
-                listed = set(s.scalars(
-                    select(m.Segment.relpath)
-                    .join(m.Placement, m.Placement.placement_id == m.Segment.placement_id)
-                    .join(m.Site, m.Site.site_id == m.Placement.site_id)
-                    .where(m.Site.name == site)
-                ))  # fmt: skip
+                listed = set(
+                    s.scalars(
+                        select(m.Segment.relpath)
+                        .join(m.Placement, m.Placement.placement_id == m.Segment.placement_id)
+                        .join(m.Site, m.Site.site_id == m.Placement.site_id)
+                        .where(m.Site.name == site)
+                    )
+                )
             assert on_disk == listed, self.fail(f"{site}: extra {on_disk - listed}, missing {listed - on_disk}")
         with self.env.catalog.read() as s:
             snap = snapshot(s, TABLE)

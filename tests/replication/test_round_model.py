@@ -107,9 +107,10 @@ class RoundsMachine(RuleBasedStateMachine):
         with self.env.catalog.read() as s:
             part = s.get(m.Partition, pid)
             return s.scalars(
-                select(m.Site.name).join(m.Placement, m.Placement.site_id == m.Site.site_id)
+                select(m.Site.name)
+                .join(m.Placement, m.Placement.site_id == m.Site.site_id)
                 .where(m.Placement.placement_id == part.leader_placement_id)
-            ).one()  # fmt: skip
+            ).one()
 
     def live_pids(self) -> list[int]:
         """Partitions that have a leader to change: not a split parent past SPLIT_FINALIZE."""

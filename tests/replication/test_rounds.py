@@ -147,8 +147,9 @@ def test_corruption_in_transit_is_invalid_backs_off_and_a_retry_replicates(env: 
     dr_dir = env.site_dir("dr") / TABLE
     assert not dr_dir.exists() or not [p for p in dr_dir.rglob("*") if p.is_file()], list(dr_dir.rglob("*"))
     with env.catalog.read() as s:
-        backoff = s.scalars(select(m.Backoff).join(m.Site, m.Site.site_id == m.Backoff.site_id)
-                            .where(m.Site.name == "dr")).one()  # fmt: skip
+        backoff = s.scalars(
+            select(m.Backoff).join(m.Site, m.Site.site_id == m.Backoff.site_id).where(m.Site.name == "dr")
+        ).one()
         assert backoff.failures == 1 and backoff.last_reason == "INVALID" and backoff.next_attempt_us > hlc.now_us()
     assert lease_count(env.catalog) == 0
 
@@ -176,8 +177,9 @@ def _item_for_first_segment(env: Env) -> CopyItem:
     with env.catalog.read() as s:
         seg = s.scalars(select(m.Segment).order_by(m.Segment.entry_id).limit(1)).one()
     scratch = env.root / "scratch"
-    return CopyItem("primary", str(env.site_dir("primary")), "edge", str(scratch), seg.relpath, seg.byte_size,
-                    seg.sha256)  # fmt: skip
+    return CopyItem(
+        "primary", str(env.site_dir("primary")), "edge", str(scratch), seg.relpath, seg.byte_size, seg.sha256
+    )
 
 
 def test_corrupting_copier_through_run_round(env: Env) -> None:

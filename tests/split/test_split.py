@@ -120,8 +120,7 @@ def test_split_while_writes_continue(env: Env, spark: Any) -> None:
 
     unload = plan_pass(env.catalog, env.defs, ref.split_id)
     assert unload.phase == "unload" and unload.rewrites == 0 and unload.merges == 2  # after_cut, per child
-    inprocess(spark, manifests)("merge", ["--manifest", str(unload.manifest), "--result", str(unload.result)],
-                                name="t")  # fmt: skip
+    inprocess(spark, manifests)("merge", ["--manifest", str(unload.manifest), "--result", str(unload.result)], name="t")
     commit_pass(env.catalog, unload)
     done = finish(env.catalog, env.defs, ref.split_id)
     assert done.state == SplitState.DONE and done.files_removed > 0

@@ -77,8 +77,9 @@ class Writer(threading.Thread):
                 if delete:
                     rows = rows.select(PK)
                 else:
-                    rows = rows.set_column(rows.schema.get_field_index("l_comment"), "l_comment",
-                                           pa.array([f"update {n}"] * rows.num_rows))  # fmt: skip
+                    rows = rows.set_column(
+                        rows.schema.get_field_index("l_comment"), "l_comment", pa.array([f"update {n}"] * rows.num_rows)
+                    )
                 self.started_us.append(hlc.now_us())
                 result = write_batch(self.env.catalog, "lineitem", rows, delete=delete)
                 self.batches.append((rows, delete))

@@ -108,8 +108,11 @@ def safe_times(catalog: Catalog, table: str = TABLE) -> dict[str, int]:
 def catalog_state(env: Env, skip: tuple[str, ...] = ("rounds", "round_targets")) -> dict[str, list[str]]:
     """Every catalog row (but the round bookkeeping) and every file under the sites, with its hash."""
     with env.catalog.read() as s:
-        rows = {t.name: sorted(map(repr, s.execute(select(t)).all())) for t in Base.metadata.sorted_tables
-                if t.name not in skip}  # fmt: skip
+        rows = {
+            t.name: sorted(map(repr, s.execute(select(t)).all()))
+            for t in Base.metadata.sorted_tables
+            if t.name not in skip
+        }
     rows["files"] = sorted(
         f"{p.relative_to(env.root)} {hashlib.sha256(p.read_bytes()).hexdigest()}"
         for p in (env.root / "data" / "sites").rglob("*")

@@ -34,8 +34,10 @@ SITES = ("primary", *REPLICAS)
 
 def latest_with_tombstones(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:
     """One row per primary key, the highest (_version, _origin); tombstones kept."""
-    sort_keys = [(k, "ascending") for k in primary_key] + [(sch.VERSION_COL, "descending"),
-                                                           (sch.ORIGIN_COL, "descending")]  # fmt: skip
+    sort_keys = [(k, "ascending") for k in primary_key] + [
+        (sch.VERSION_COL, "descending"),
+        (sch.ORIGIN_COL, "descending"),
+    ]
     ordered = rows.take(pc.sort_indices(rows, sort_keys=sort_keys))
     keys = list(zip(*(ordered[k].to_pylist() for k in primary_key), strict=True))
     first = [i for i, key in enumerate(keys) if i == 0 or key != keys[i - 1]]
@@ -82,8 +84,9 @@ def files_at(env: Env, site: str) -> set[str]:
     root = env.site_dir(site)
     if not root.is_dir():
         return set()
-    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.relative_to(root).parts[0]
-            != ".replaced"}  # fmt: skip
+    return {
+        str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.relative_to(root).parts[0] != ".replaced"
+    }
 
 
 def catalog_relpaths(env: Env, site: str) -> set[str]:

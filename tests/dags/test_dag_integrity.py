@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from segrep.storage.workdir import compaction_paths, manifest_path, result_path, split_pass_paths
-from tests.e2e.conftest import DAGS, EVENTS_DAG, REPO, load_dag
+from tests.support.airflow import DAGS, EVENTS_DAG, REPO, load_dag
 
 DEFAULT_CONFIG = REPO / "include" / "segrep.yaml"
 EXPECTED = Path(__file__).parent / "expected"
@@ -217,8 +217,15 @@ def test_fixed_interval_policy_with_date_times(segrep_env: Any) -> None:
     import pendulum
     from airflow.sdk import DeltaDataIntervalTimetable
 
-    segrep_env({"schedule": "10s", "start_date": "2026-11-22T08:00:00+00:00",
-                "end_date": "2026-11-22T08:01:00", "retries": 1, "retry_delay_s": 0})  # fmt: skip
+    segrep_env(
+        {
+            "schedule": "10s",
+            "start_date": "2026-11-22T08:00:00+00:00",
+            "end_date": "2026-11-22T08:01:00",
+            "retries": 1,
+            "retry_delay_s": 0,
+        }
+    )
     dag = load_dag(EVENTS_DAG)
 
     assert isinstance(dag.timetable, DeltaDataIntervalTimetable)
@@ -299,19 +306,23 @@ def _normalise(args: list[str], replacements: dict[str, str]) -> list[str]:
 SAMPLE_END_US = 1795334400000000  # 2026-11-22T08:00:00Z, a round's interval end and a pass's start
 SPARK_TASKS: dict[tuple[str, str], tuple[str, Callable[[Any], tuple[Path, Path]]]] = {
     ("segrep_replicate_events", "merge"): (
-        "plan", lambda defs: (manifest_path(defs, "events", SAMPLE_END_US), result_path(defs, "events", SAMPLE_END_US))
+        "plan",
+        lambda defs: (manifest_path(defs, "events", SAMPLE_END_US), result_path(defs, "events", SAMPLE_END_US)),
     ),
     ("segrep_maintain_events", "compact"): (
-        "plan_compaction", lambda defs: compaction_paths(defs, "events", f"events-compact-{SAMPLE_END_US}")
+        "plan_compaction",
+        lambda defs: compaction_paths(defs, "events", f"events-compact-{SAMPLE_END_US}"),
     ),
     ("segrep_split_events", "copy_rewrite"): (
-        "copy_plan", lambda defs: split_pass_paths(defs, "events", 1, "copy", SAMPLE_END_US)
+        "copy_plan",
+        lambda defs: split_pass_paths(defs, "events", 1, "copy", SAMPLE_END_US),
     ),
     ("segrep_split_events", "unload_merge"): (
-        "unload_plan", lambda defs: split_pass_paths(defs, "events", 1, "unload", SAMPLE_END_US)
+        "unload_plan",
+        lambda defs: split_pass_paths(defs, "events", 1, "unload", SAMPLE_END_US),
     ),
-}  # fmt: skip
-UPDATE_HINT = "SEGREP_UPDATE_EXPECTED=1 pytest tests/e2e -k spark_submit"
+}
+UPDATE_HINT = "SEGREP_UPDATE_EXPECTED=1 pytest tests/dags -k spark_submit"
 
 
 def _expected_file(dag_id: str, task_id: str) -> Path:
@@ -322,7 +333,7 @@ def test_every_spark_submit_operator_has_an_expected_command(segrep_env: Any) ->
     """The table below lists every SparkSubmitOperator of every DAG, and each has its expected command file."""
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-    from tests.e2e.conftest import load_dagbag
+    from tests.support.airflow import load_dagbag
 
     segrep_env(tables=("events",))
     bag = load_dagbag()
@@ -381,5 +392,9 @@ def test_spark_submit_command_matches_expectation(segrep_env: Any, dag_id: str, 
         expected_file.write_text("\n".join([*header, *got]) + "\n")
     assert expected_file.is_file(), f"no expected command for {dag_id}.{task_id} ({UPDATE_HINT} writes it)"
     expected = [line for line in expected_file.read_text().splitlines() if line and not line.startswith("#")]
-    assert got == expected, f"the {task_id} task's command line changed ({UPDATE_HINT} rewrites " + str(
-        expected_file.relative_to(REPO)) + "):\n" + "\n".join(got)  # fmt: skip
+    assert got == expected, (
+        f"the {task_id} task's command line changed ({UPDATE_HINT} rewrites "
+        + str(expected_file.relative_to(REPO))
+        + "):\n"
+        + "\n".join(got)
+    )

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from segrep.catalog import models as m
 from segrep.data.writer import write_batch
 from segrep.replication.run import run_round
-from tests.e2e.conftest import Batches, events_batch, load_dag, read_sorted, replay_rows, rows_of, ti_states
+from tests.support.airflow import Batches, events_batch, load_dag, read_sorted, replay_rows, rows_of, ti_states
 
 POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 0}
 PARENT = 5  # events [-inf, m): tenants a0, a1, a2
@@ -32,7 +32,7 @@ def _partition_states(env: Any) -> dict[int, str]:
 def test_split_dag_form_and_structure(segrep_env: Any) -> None:
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-    from tests.e2e.conftest import load_dagbag
+    from tests.support.airflow import load_dagbag
 
     segrep_env(POLICY)
     bag = load_dagbag()

@@ -13,7 +13,7 @@ from segrep.catalog import models as m
 from segrep.catalog.apply import apply_definitions
 from segrep.data.writer import write_batch
 from segrep.replication.run import run_round
-from tests.e2e.conftest import events_batch, load_dag, read_sorted, ti_states
+from tests.support.airflow import events_batch, load_dag, read_sorted, ti_states
 
 POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 0, "compact_min_segments": 2}
 
@@ -86,8 +86,11 @@ def test_maintenance_dag_compacts_on_spark_and_collects(segrep_env: Any) -> None
     assert states[("compact", -1)] == "success" and states[("gc", -1)] == "success"
     with env.catalog.read() as s:
         leader = s.scalars(select(m.Placement).where(m.Placement.site_id == 1, m.Placement.partition_id > 4)).all()
-        roots = [s.scalars(select(m.Segment).where(m.Segment.segment_id == pl.root_segment_id)).first()
-                 for pl in leader if pl.root_segment_id]  # fmt: skip
+        roots = [
+            s.scalars(select(m.Segment).where(m.Segment.segment_id == pl.root_segment_id)).first()
+            for pl in leader
+            if pl.root_segment_id
+        ]
     assert roots and all(seg.is_major for seg in roots)  # the compacted partition's root is a major
     assert read_sorted(env).equals(before)
     run_round(env.catalog, env.defs, "events", submit=_no_spark)  # replicas take the major by fast-forward

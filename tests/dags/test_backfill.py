@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import (
+from tests.support.airflow import (
     AIRFLOW,
     EVENTS_DAG,
     events_batch,
@@ -94,8 +94,9 @@ class Services:
         log.close()
 
     def start_api_server(self) -> None:
-        self.start("api-server", "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(self.api_port),
-                   "-w", "1")  # fmt: skip
+        self.start(
+            "api-server", "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(self.api_port), "-w", "1"
+        )
 
     def wait_api_healthy(self, timeout_s: float = 90) -> None:
         deadline = time.time() + timeout_s
@@ -176,10 +177,15 @@ def test_outage_then_backfill_replays_failed_intervals_in_order(segrep_env: Any,
     starts = [float(int(time.time()) + 4 + k * INTERVAL_S) for k in range(OUTAGE_INTERVALS + 2)]  # S_0 .. S_4
     ends = starts[1 : OUTAGE_INTERVALS + 1]  # the end of each outage interval = its run's logical date
     env = segrep_env(
-        {"schedule": f"{INTERVAL_S}s", "start_date": _iso(ends[0]), "end_date": _iso(ends[-1]),
-         "retries": 1, "retry_delay_s": 0},
+        {
+            "schedule": f"{INTERVAL_S}s",
+            "start_date": _iso(ends[0]),
+            "end_date": _iso(ends[-1]),
+            "retries": 1,
+            "retry_delay_s": 0,
+        },
         tables=("events",),
-    )  # fmt: skip
+    )
     services.start_api_server()  # starts up (~10 s) while the outage goes on
 
     dr_dir = env.site_dir("dr")
@@ -214,9 +220,20 @@ def test_outage_then_backfill_replays_failed_intervals_in_order(segrep_env: Any,
     wait_until(starts[-1] + 1)  # a backfill only takes intervals that ended: the last one's timetable interval
     logical = [pendulum.instance(datetime.fromtimestamp(e, UTC)) for e in ends]
     started = time.time()
-    services.cli("backfill", "create", "--dag-id", EVENTS_DAG, "--from-date", logical[0].isoformat(),
-                 "--to-date", logical[-1].isoformat(), "--reprocess-behavior", "failed",
-                 "--max-active-runs", "1")  # fmt: skip
+    services.cli(
+        "backfill",
+        "create",
+        "--dag-id",
+        EVENTS_DAG,
+        "--from-date",
+        logical[0].isoformat(),
+        "--to-date",
+        logical[-1].isoformat(),
+        "--reprocess-behavior",
+        "failed",
+        "--max-active-runs",
+        "1",
+    )
     queued = _dag_runs(EVENTS_DAG, logical)
     assert {str(r.state) for r in queued.values()} == {"queued"} and len(queued) == OUTAGE_INTERVALS
     # Only now the scheduler (on SQLite, `backfill create` and a running scheduler can lock each other out). It

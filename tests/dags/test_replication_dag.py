@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from segrep.spark.results import CommitSummary
-from tests.e2e.conftest import (
+from tests.support.airflow import (
     EVENTS_DAG,
     events_batch,
     load_dag,
@@ -47,8 +47,10 @@ def _safe_time_problems(env: Any, report: dict[str, Any], label: str) -> list[st
         diff = sorted(k for k in lead.keys() | there.keys() if lead.get(k) != there.get(k))
         if diff:
             examples = ", ".join(f"{k}: leader {lead.get(k)!r}, {site} {there.get(k)!r}" for k in diff[:3])
-            problems.append(f"after the {label} round, {site} as of its safe time {safe} differs from the leader "
-                            f"in {len(diff)} keys ({examples})")  # fmt: skip
+            problems.append(
+                f"after the {label} round, {site} as of its safe time {safe} differs from the leader "
+                f"in {len(diff)} keys ({examples})"
+            )
     return problems
 
 
