@@ -114,7 +114,7 @@ def fast_forward_target(
         report.status = TargetStatus.BACKOFF
         report.error = f"backing off after {backoff.failures} failure(s) ({backoff.last_reason}); next attempt later"
     else:
-        context = _Context(catalog, table, end, round_key(table, end), policy, copier or local_copier, big_copier)
+        context = _Context(catalog, table, site, end, round_key(table, end), policy, copier or local_copier, big_copier)
         work = [
             _PartitionRun(context, part.partition.partition_id, replica.placement_id, reoffer)
             for part in snap.partitions
@@ -139,6 +139,7 @@ class _Context:
 
     catalog: Catalog
     table: str
+    site: str  # the target site
     end: int
     key: str  # the round's key: it holds the leases
     policy: Policy
@@ -184,7 +185,7 @@ class _PartitionRun:
     reoffer: bool
 
     def run(self) -> TargetReport:
-        report = TargetReport("")
+        report = TargetReport(self.ctx.site)  # one partition's share, folded into the target's report
         try:
             self._offer_all(report)
         except TargetUnreachable as exc:
