@@ -20,10 +20,36 @@ from typing import Any
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from segrep.config.definitions import load_definitions
-from segrep_airflow.common import hook_submit, segrep_context
+from segrep.config.definitions import Definitions
+from segrep_airflow.common import dag_definitions, hook_submit, segrep_context
+from segrep_airflow.forms import form
 
-_defs = load_definitions()
+
+def bootstrap_params(defs: Definitions) -> dict[str, Param]:
+    """The form: a valid table, a site that is a replica of some table (a leader-only site never bootstraps;
+    the bootstrap task refuses a site that is not a replica of the chosen table), a mode."""
+    tables = sorted(defs.tables)
+    replica_sites = sorted({site for table in defs.tables.values() for site in table.replicas})
+    return {
+        "table": Param(
+            next(iter(tables), None), type="string", enum=tables, description="Table to join (a valid table)."
+        ),
+        "site": Param(
+            next(iter(replica_sites), None),
+            type="string",
+            enum=replica_sites,
+            description="Replica site to bring in: a replica of the table, never its leader.",
+        ),
+        "mode": Param(
+            "auto",
+            type="string",
+            enum=["auto", "adopt", "replace"],
+            description="What to do with data the site already holds.",
+        ),
+    }
+
+
+_defs = dag_definitions()  # invalid tables left out: dags/segrep_definitions.py reports them
 
 
 @dag(
@@ -35,34 +61,15 @@ _defs = load_definitions()
     catchup=False,
     max_active_runs=1,
     tags=["segrep", "bootstrap"],
-    params={
-        "table": Param(
-            next(iter(sorted(_defs.tables)), None),
-            type="string",
-            enum=sorted(_defs.tables),
-            description="Table to join.",
-        ),
-        "site": Param(
-            next(iter(sorted(_defs.sites)), None),
-            type="string",
-            enum=sorted(_defs.sites),
-            description="Replica site to bring in.",
-        ),
-        "mode": Param(
-            "auto",
-            type="string",
-            enum=["auto", "adopt", "replace"],
-            description="What to do with data the site already holds.",
-        ),
-    },
+    params=bootstrap_params(_defs) if _defs else {},
     default_args={"retries": 0},
 )
 def segrep_bootstrap() -> None:
     @task
-    def bootstrap(params: dict[str, Any] | None = None) -> dict[str, Any]:
+    def bootstrap() -> dict[str, Any]:
         from segrep.maintenance.bootstrap import bootstrap as run
 
-        p = params or {}
+        p = form()
         with segrep_context() as (defs, catalog):
             report = run(catalog, defs, p["table"], p["site"], p["mode"])
         print("\n".join(report.lines()))
@@ -95,4 +102,5 @@ def segrep_bootstrap() -> None:
     catch_up(joined) >> report(joined)
 
 
-segrep_bootstrap()
+if _defs is not None:
+    segrep_bootstrap()

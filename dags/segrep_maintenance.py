@@ -23,8 +23,9 @@ from typing import Any
 
 from airflow.sdk import Param, dag, task
 
-from segrep.config.definitions import TableDef, load_definitions
-from segrep_airflow.common import hook_submit, segrep_context, spark_step, timetable, utc
+from segrep.config.definitions import TableDef
+from segrep_airflow.common import dag_definitions, hook_submit, segrep_context, spark_step, timetable, utc
+from segrep_airflow.forms import form
 
 
 def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
@@ -47,13 +48,14 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
     )
     def maintenance() -> None:
         @task
-        def plan_compaction(params: dict[str, Any] | None = None) -> dict[str, Any]:
+        def plan_compaction() -> dict[str, Any]:
             from dataclasses import asdict
 
             from segrep.maintenance.compaction import plan_compaction as plan
 
+            force = form()["force"]
             with segrep_context() as (defs, catalog):
-                planned = plan(catalog, defs, name, force=bool((params or {}).get("force")))
+                planned = plan(catalog, defs, name, force=force)
             for c in planned.candidates:
                 print(f"partition {c.partition_id}: {c.reason}")
             for line in planned.needs_bootstrap:
@@ -71,10 +73,10 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
                 return commit_results(catalog, Path(p["manifest"]), Path(p["result"])).to_dict()
 
         @task(trigger_rule="none_failed_min_one_success")
-        def gc(params: dict[str, Any] | None = None) -> dict[str, Any]:
+        def gc() -> dict[str, Any]:
             from segrep.maintenance.gc import collect
 
-            dry_run = bool((params or {}).get("gc_dry_run"))
+            dry_run = form()["gc_dry_run"]
             with segrep_context() as (defs, catalog):
                 report = collect(catalog, defs, name, dry_run=dry_run)
             verb = "would delete" if dry_run else "deleted"
@@ -93,6 +95,7 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
         def continue_splits() -> list[dict[str, Any]]:
             from segrep.split.run import resume_splits
 
+            form()  # runs whatever compaction did (all_done), so it checks the run's conf itself
             out = []
             with segrep_context() as (defs, catalog):
                 reports = resume_splits(catalog, defs, name, submit=hook_submit)
@@ -117,5 +120,6 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
     return maintenance()
 
 
-for _table in load_definitions().tables.values():
+_defs = dag_definitions()  # invalid tables left out: dags/segrep_definitions.py reports them
+for _table in _defs.tables.values() if _defs else ():
     globals()[f"segrep_maintain_{_table.name}"] = build_maintenance_dag(_table)

@@ -12,7 +12,8 @@ replica site, as the EventQL protocol prescribes (DESIGN section 6):
 3. **merge** (SparkSubmitOperator, one Spark application for the whole round): last-writer-wins merge of
    pushed segments; skipped when nothing forked.
 4. **commit**: records the merge results, checkpoints and safe time.
-5. **report**: writes the round report and fails the run if a target failed, so `airflow backfill create
+5. **report**: writes the round report and fails the run if a target failed or a copied file failed
+   verification (it names the file), so `airflow backfill create
    --reprocess-behavior failed --max-active-runs 1` replays exactly the intervals that need it, in order (a
    backfill ignores the DAG's max_active_runs and runs up to 10 intervals at once unless told otherwise).
 
@@ -29,11 +30,21 @@ from typing import Any
 
 from airflow.sdk import Param, dag, task
 
-from segrep.config.definitions import Definitions, TableDef, load_definitions
-from segrep_airflow.common import hook_submit, retry_args, segrep_context, spark_step, timetable, to_us, utc
+from segrep.config.definitions import TableDef
+from segrep_airflow.common import (
+    dag_definitions,
+    hook_submit,
+    retry_args,
+    segrep_context,
+    spark_step,
+    timetable,
+    to_us,
+    utc,
+)
+from segrep_airflow.forms import form
 
 
-def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[no-untyped-def]
+def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
     policy = table.policy
     name = table.name
     retry = retry_args(policy)
@@ -63,13 +74,11 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
     )
     def replication() -> None:
         @task
-        def plan(
-            params: dict[str, Any] | None = None, data_interval_start: Any = None, data_interval_end: Any = None
-        ) -> dict[str, Any]:
+        def plan(data_interval_start: Any = None, data_interval_end: Any = None) -> dict[str, Any]:
             from segrep.replication.plan import plan_round
             from segrep.storage.workdir import result_path
 
-            p = params or {}
+            p = form()
             with segrep_context() as (defs, catalog):
                 res = plan_round(
                     catalog,
@@ -77,11 +86,11 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
                     name,
                     to_us(data_interval_end),
                     start_us=to_us(data_interval_start),
-                    target=p.get("target"),
-                    reoffer=bool(p.get("reoffer")),
+                    target=p["target"],
+                    reoffer=p["reoffer"],
                 )
                 result = result_path(defs, name, res.end_us)
-            return {**res.to_dict(), "result": str(result), "reoffer": bool(p.get("reoffer"))}
+            return {**res.to_dict(), "result": str(result), "reoffer": p["reoffer"]}
 
         @task
         def targets_of(p: dict[str, Any]) -> list[str]:
@@ -115,8 +124,8 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
                 raise RuntimeError(f"round of {name} did not commit (see the merge and commit tasks)")
             result = RoundReport.from_dict(raw)
             print(format_report(result))
-            if result.failed:
-                raise RuntimeError(f"round of {name}: target(s) {', '.join(result.failed)} failed")
+            if result.has_problems:  # a failed target, or a file that failed verification
+                raise RuntimeError(f"round of {name}: {'; '.join(result.problems())}")
             return {"status": str(result.status), "safe_time_us": result.safe_time_us}
 
         planned = plan()
@@ -139,6 +148,6 @@ def build_replication_dag(defs: Definitions, table: TableDef):  # type: ignore[n
     return replication()
 
 
-_defs = load_definitions()
-for _table in _defs.tables.values():
-    globals()[f"segrep_replicate_{_table.name}"] = build_replication_dag(_defs, _table)
+_defs = dag_definitions()  # invalid tables left out: dags/segrep_definitions.py reports them
+for _table in _defs.tables.values() if _defs else ():
+    globals()[f"segrep_replicate_{_table.name}"] = build_replication_dag(_table)

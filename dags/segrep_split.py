@@ -33,8 +33,10 @@ from typing import Any
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from segrep.config.definitions import TableDef, load_definitions
-from segrep_airflow.common import segrep_context, spark_step
+from segrep.catalog.models import MAX_PARTITION_ID
+from segrep.config.definitions import TableDef
+from segrep_airflow.common import dag_definitions, segrep_context, spark_step
+from segrep_airflow.forms import form, key_schema
 
 
 def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
@@ -50,13 +52,19 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
         max_active_runs=1,
         tags=["segrep", "split", name],
         params={
-            "partition": Param(1, type="integer", minimum=1, description=f"Partition id: segrep table describe {name}"),
+            "partition": Param(
+                1,
+                type="integer",
+                minimum=1,
+                maximum=MAX_PARTITION_ID,
+                description=f"Partition id: segrep table describe {name}",
+            ),
             "split_keys": Param(
                 [],
                 type="array",
-                items={"type": ["string", "integer", "number"]},
+                items=key_schema(table.schema.field(table.partition_key).type),
                 uniqueItems=True,
-                description="Split keys inside the partition's range; empty resumes the partition's split.",
+                description=f"Split keys ({table.partition_key}) inside the partition's range; empty: resume.",
             ),
             "async": Param(False, type="boolean", description="Finalize at once; the data follows through UNLOAD."),
         },
@@ -64,15 +72,15 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
     )
     def split() -> None:
         @task
-        def start(params: dict[str, Any] | None = None) -> dict[str, Any]:
+        def start() -> dict[str, Any]:
             from dataclasses import asdict
 
             from segrep.split.run import begin_split
 
-            p = params or {}
-            partition = int(p["partition"])
+            p = form()
+            partition = int(p["partition"])  # the form took an integral number (JSON: 5 or 5.0) in range
             with segrep_context() as (_defs, catalog):
-                ref = begin_split(catalog, name, partition, p.get("split_keys"), is_async=bool(p.get("async")))
+                ref = begin_split(catalog, name, partition, p["split_keys"], is_async=p["async"])
             print(f"split {ref.split_id} of {name} partition {partition}: {ref.state}, children {ref.children}")
             return asdict(ref)
 
@@ -147,5 +155,6 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
     return split()
 
 
-for _table in load_definitions().tables.values():
+_defs = dag_definitions()  # invalid tables left out: dags/segrep_definitions.py reports them
+for _table in _defs.tables.values() if _defs else ():
     globals()[f"segrep_split_{_table.name}"] = build_split_dag(_table)

@@ -7,11 +7,29 @@ Thin entry point for spark-submit; the logic is segrep.data.spark_reader.read_da
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from segrep.catalog import Catalog
 from segrep.core.errors import SegrepError
 from segrep.data.spark_reader import read_dataframe
+
+_FAILED_FILE = re.compile(r"Encountered error while reading file (\S+?)\.?\s")
+
+
+def damaged_page_message(exc: BaseException) -> str | None:
+    """One line naming the file, for a Spark failure that is a page whose checksum does not match (the driver
+    checked every footer before; the pages are checked where they are read, on the executors); else None."""
+    text = str(exc)
+    if "checksum verification failed" not in text:
+        return None
+    found = _FAILED_FILE.search(text)
+    where = found.group(1).removeprefix("file://") if found else "a segment file"
+    return (
+        f"segment file {where} has a damaged page (its CRC checksum does not match): restore it from a healthy "
+        "site (a replica's copy: segrep bootstrap TABLE SITE --mode replace; the leader's: copy it back from a "
+        "replica that holds the segment)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{df.count()} row(s) in {args.table} at {args.site or 'the leaders'}")
     except SegrepError as exc:
         print(f"segrep: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a Spark failure: a damaged page is the user's to repair, anything else is not
+        message = damaged_page_message(exc)
+        if message is None:
+            raise
+        print(f"segrep: error: {message}", file=sys.stderr)
         return 2
     finally:
         spark.stop()

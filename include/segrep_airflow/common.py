@@ -1,10 +1,12 @@
 """Shared wiring for segrep's DAG files.
 
-Only Airflow glue lives here: the definitions and catalog of a task (:func:`segrep_context`), timetables from
-a policy, and Spark submission through the `spark_default` connection with the same configuration as
-`segrep.spark.launch` (which says why each setting is there), including the one "branch, Spark, commit" task
-group every DAG uses (:func:`spark_step`). Nothing here runs at import time beyond reading environment
-variables; nothing builds a catalog engine outside a running task.
+Only Airflow glue lives here: the definitions the DAG files build from and their problems
+(:func:`dag_definitions`, :func:`definitions_problems`: a bad table is left out, never the whole folder), the
+definitions and catalog of a task (:func:`segrep_context`), timetables from a policy (the schedule parser
+``segrep apply`` validates with), and Spark submission through the `spark_default` connection with the same
+configuration as `segrep.spark.launch` (which says why each setting is there), including the one "branch,
+Spark, commit" task group every DAG uses (:func:`spark_step`). Nothing here runs at import time beyond
+reading environment variables; nothing builds a catalog engine outside a running task.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import CronDataIntervalTimetable, DeltaDataIntervalTimetable, TaskGroup, task
 
-from segrep.config.definitions import Definitions, Policy, load_definitions, schedule_interval_s
+from segrep.config.definitions import Definitions, Policy, load_definitions
+from segrep.config.schedule import parse_schedule
+from segrep.core.errors import SegrepError
 from segrep.spark import launch
 
 if TYPE_CHECKING:
@@ -41,13 +45,14 @@ def catalog_for(defs: Definitions) -> Catalog:
 @contextmanager
 def segrep_context() -> Iterator[tuple[Definitions, Catalog]]:
     """What a task works with: the definitions, read when the task runs (the file as deployed now, not as it
-    was parsed), and segrep's catalog. The catalog's engine, with its connection pool, is disposed of when
+    was parsed; an invalid table left out, as at parse time, so another table's bad policy does not fail this
+    table's tasks), and segrep's catalog. The catalog's engine, with its connection pool, is disposed of when
     the block ends, however it ends, so a task leaves no connection open behind it::
 
         with segrep_context() as (defs, catalog):
             return plan_round(catalog, defs, ...).to_dict()
     """
-    defs = load_definitions()
+    defs = load_definitions(isolate_tables=True)
     catalog = catalog_for(defs)
     try:
         yield defs, catalog
@@ -67,12 +72,43 @@ def utc(when: date | datetime | None) -> pendulum.DateTime | None:
     return pendulum.instance(when if when.tzinfo else when.replace(tzinfo=UTC))
 
 
+def dag_definitions() -> Definitions | None:
+    """The definitions the DAG files build from at parse time, each invalid table left out (its DAGs are not
+    built; ``dags/segrep_definitions.py`` reports it as the one import error). None when the file as a whole
+    is unusable (unreadable, not YAML, bad sites): then no DAG file builds anything and that same file reports
+    the error once, instead of every DAG file failing with it."""
+    try:
+        return load_definitions(isolate_tables=True)
+    except SegrepError:
+        return None
+
+
+def definitions_problems() -> str | None:
+    """Everything wrong with the definitions file, in one message naming each invalid table (whose DAGs are
+    not built) and its problem; None if every table is valid."""
+    try:
+        defs = load_definitions(isolate_tables=True)
+    except SegrepError as exc:
+        return f"segrep DAGs not built: {exc}"
+    if not defs.table_errors:
+        return None
+    bad = sorted(defs.table_errors)
+    return f"segrep DAGs of table(s) {', '.join(bad)} not built (the other tables' DAGs are): " + "; ".join(
+        defs.table_errors[name] for name in bad
+    )
+
+
 def timetable(schedule: str | None) -> Any:
-    """Real [start, end) data intervals: a fixed interval ("10m") or a cron expression/preset; None: manual."""
-    interval_s = schedule_interval_s(schedule)
-    if interval_s:
-        return DeltaDataIntervalTimetable(timedelta(seconds=interval_s))
-    return CronDataIntervalTimetable(schedule, timezone="UTC") if schedule else None
+    """Real [start, end) data intervals: a fixed interval ("10m") or a cron expression/preset; None: manual.
+    ``parse_schedule`` is the parser ``segrep apply`` validates the policy with, so what apply accepts builds."""
+    parsed = parse_schedule(schedule)
+    if parsed is None:
+        return None
+    if parsed.interval_s is not None:
+        return DeltaDataIntervalTimetable(timedelta(seconds=parsed.interval_s))
+    if parsed.cron is not None:
+        return CronDataIntervalTimetable(parsed.cron, timezone="UTC")
+    raise ValueError(f"schedule {parsed.text!r} is neither a fixed interval nor a cron expression")
 
 
 def retry_args(policy: Policy) -> dict[str, Any]:

@@ -128,4 +128,9 @@ def test_malformed_config_and_uninitialized_catalog(env: Env, tmp_path: Path) ->
     fresh = CliRunner().invoke(
         main, ["--config", str(env.config), "--catalog", f"sqlite:///{tmp_path}/new.db", "table", "list"]
     )
+    assert fresh.exit_code == 2 and "does not exist: run `segrep init`" in fresh.stderr
+    assert not (tmp_path / "new.db").exists()
+    empty = tmp_path / "empty.db"
+    empty.touch()  # an empty SQLite file is a database without segrep's tables
+    fresh = CliRunner().invoke(main, ["--config", str(env.config), "--catalog", f"sqlite:///{empty}", "table", "list"])
     assert fresh.exit_code == 2 and "not initialized: run `segrep init`" in fresh.stderr

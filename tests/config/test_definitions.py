@@ -169,13 +169,14 @@ def test_relative_site_paths_resolve_under_data_dir_relative_to_the_file(tmp_pat
 
 
 def test_absolute_paths_and_uris(tmp_path: Path) -> None:
-    """Absolute paths and file:// URIs become plain absolute paths; other schemes pass through untouched."""
+    """Absolute paths and file:// URIs become plain absolute paths; s3:// passes through untouched (other
+    schemes are refused: tests/config/test_bad_definitions.py)."""
     doc = base_doc()
     doc["sites"] = {
         "a": {"id": 1, "uri": str(tmp_path / "abs")},
         "b": {"id": 2, "uri": f"file://{tmp_path}/via_uri"},
         "c": {"id": 3, "uri": "s3://bucket/prefix"},
-        "d": {"id": 4, "uri": "hdfs://namenode:8020/segrep"},
+        "d": {"id": 4, "uri": "S3://other-bucket"},
         "e": {"id": 5, "uri": "  padded  "},
     }
     table(doc)["leader"] = "a"
@@ -184,7 +185,7 @@ def test_absolute_paths_and_uris(tmp_path: Path) -> None:
     assert defs.site("a").uri == str((tmp_path / "abs").resolve())
     assert defs.site("b").uri == str((tmp_path / "via_uri").resolve())
     assert defs.site("c").uri == "s3://bucket/prefix"
-    assert defs.site("d").uri == "hdfs://namenode:8020/segrep"
+    assert defs.site("d").uri == "S3://other-bucket"
     assert defs.site("e").uri == str((tmp_path / "data" / "padded").resolve())
 
 
@@ -253,10 +254,12 @@ def test_schema_from_parquet_file_normalizes_types(tmp_path: Path) -> None:
 )
 def test_policy_durations(tmp_path: Path, value: Any, seconds: int) -> None:
     doc = base_doc()
-    table(doc)["policy"] = {"orphan_grace_s": value, "retry_delay_s": value}
+    table(doc)["policy"] = {"orphan_grace_s": value}
     policy = load(tmp_path, doc).table("orders").policy
     assert policy.orphan_grace_s == seconds
-    assert policy.retry_delay_s == seconds
+    if seconds <= 3600:  # retry_delay_s is at most an hour, where the back-off is capped
+        table(doc)["policy"] = {"retry_delay_s": value}
+        assert load(tmp_path, doc).table("orders").policy.retry_delay_s == seconds
 
 
 def test_policy_full(tmp_path: Path) -> None:
@@ -510,10 +513,10 @@ def test_partition_key_not_in_primary_key(tmp_path: Path, part: Any) -> None:
     [
         ([200, 100], "ascending"),
         ([100, 100], "ascending"),
-        ([100, None], "non-null"),
-        (["abc"], "partition key type"),
-        ([1.5], "partition key type"),
-        ([1, "a"], "split_points"),
+        ([100, None], "split_points[1] None is not a valid int64 key: a key cannot be null"),
+        (["abc"], "split_points[0] 'abc' is not a valid int64 key: not an integer"),
+        ([1.5], "split_points[0] 1.5 is not a valid int64 key: has a fractional part"),
+        ([1, "a"], "split_points[1] 'a'"),
         ("100", "list"),
         ({"a": 1}, "list"),
     ],
@@ -636,3 +639,51 @@ def test_schema_from_with_invalid_column_names(tmp_path: Path, column: str) -> N
     """Column names from a file need the same allow-list as 'columns:' (and must not shadow _version)."""
     write_parquet(tmp_path / "schema.parquet", {"o_orderkey": pa.array([1]), column: pa.array([1])})
     bad(tmp_path, schema_from_doc("schema.parquet"), "column name", repr(column))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# isolate_tables: the DAG files' load, where one bad table must not take the others down
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_isolate_tables_keeps_good_tables_and_records_the_bad_one(tmp_path: Path) -> None:
+    doc = base_doc()
+    good = copy.deepcopy(table(doc))
+    doc["tables"]["items"] = {**good, "policy": {"schedule": "every hour"}}
+    doc["tables"]["more"] = good
+    path = write_defs(tmp_path, doc)
+    bad(tmp_path, doc, "table items", "every hour")  # the default still raises on any bad table
+    defs = load_definitions(path, isolate_tables=True)
+    assert sorted(defs.tables) == ["more", "orders"]
+    assert list(defs.table_errors) == ["items"]
+    message = defs.table_errors["items"]
+    assert str(path) in message and "table items" in message and "'every hour'" in message
+    assert "\n" not in message
+
+
+def test_isolate_tables_records_a_bad_table_name(tmp_path: Path) -> None:
+    doc = base_doc()
+    doc["tables"]["Bad-Name"] = copy.deepcopy(table(doc))
+    defs = load_definitions(write_defs(tmp_path, doc), isolate_tables=True)
+    assert list(defs.tables) == ["orders"]
+    assert "invalid table name 'Bad-Name'" in defs.table_errors["Bad-Name"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        (lambda d: d["sites"]["dr"].update(uri="ftp://host/x"), "unsupported scheme"),
+        (lambda d: d.update(data_dir=["a", "b"]), "data_dir"),
+        (lambda d: d.update(sites=None), "no sites"),
+        (lambda d: d.update(extra=1), "unknown key"),
+    ],
+)
+def test_isolate_tables_still_raises_for_the_whole_file(tmp_path: Path, mutate: Any, fragment: str) -> None:
+    doc = base_doc()
+    mutate(doc)
+    with pytest.raises(ConfigError, match=fragment):
+        load_definitions(write_defs(tmp_path, doc), isolate_tables=True)
+
+
+def test_no_table_errors_by_default(tmp_path: Path) -> None:
+    assert load(tmp_path, base_doc()).table_errors == {}

@@ -11,9 +11,10 @@ import decimal
 
 import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from segrep.core import keys
 from segrep.core import schema as sch
 from segrep.core.errors import SchemaMismatchError, SegrepError
 
@@ -410,3 +411,207 @@ def test_fingerprint_changes_with_the_schema(changed: pa.Schema) -> None:
 @pytest.mark.parametrize("key", [("name",), ("id", "name"), ("name", "id")])
 def test_fingerprint_changes_with_the_key(key: tuple[str, ...]) -> None:
     assert sch.fingerprint(TABLE, key) != sch.fingerprint(TABLE, PK)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# keys.from_user: one key value a user gives (CLI string, YAML/JSON value), converted strictly
+# --------------------------------------------------------------------------------------------------------------
+
+UTC_TS = pa.timestamp("us", tz="UTC")
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype", "expected"),
+    [
+        ("150000", pa.int64(), 150000),
+        (" -7 ", pa.int32(), -7),
+        (5.0, pa.int64(), 5),
+        (decimal.Decimal("5.00"), pa.int16(), 5),
+        (2**63 - 1, pa.int64(), 2**63 - 1),
+        ("2.5", pa.float64(), 2.5),
+        (3, pa.float32(), 3.0),
+        ("m", pa.string(), "m"),
+        ("true", pa.bool_(), True),
+        (False, pa.bool_(), False),
+        ("ff00", pa.binary(), b"\xff\x00"),
+        ("2026-01-01", pa.date32(), dt.date(2026, 1, 1)),
+        ("2026-01-01T10:00", UTC_TS, dt.datetime(2026, 1, 1, 10, tzinfo=dt.UTC)),
+        ("2026-01-01T10:00+02:00", UTC_TS, dt.datetime(2026, 1, 1, 8, tzinfo=dt.UTC)),
+        (dt.date(2026, 1, 2), UTC_TS, dt.datetime(2026, 1, 2, tzinfo=dt.UTC)),
+        ("12.34", pa.decimal128(15, 2), decimal.Decimal("12.34")),
+        (12.5, pa.decimal128(15, 2), decimal.Decimal("12.50")),
+        (0.1, pa.decimal128(15, 2), decimal.Decimal("0.10")),
+    ],
+)
+def test_from_user_converts_without_loss(value: object, dtype: pa.DataType, expected: object) -> None:
+    got = keys.from_user(value, dtype, "--at")
+    assert got == expected and type(got) is type(expected)
+    assert pa.array([got], dtype).to_pylist() == [got]
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype", "reason"),
+    [
+        (2**70, pa.int64(), "out of range"),
+        (2**31, pa.int32(), "out of range"),
+        (True, pa.int64(), "true/false"),
+        (2.5, pa.int64(), "fractional part"),
+        (float("nan"), pa.int64(), "not a finite number"),
+        ("1_000", pa.int64(), "not an integer"),
+        ("5.0", pa.int64(), "not an integer"),
+        ("9" * 5000, pa.int64(), "not an integer"),
+        (None, pa.int64(), "cannot be null"),
+        ([1], pa.int64(), "expected an integer"),
+        (float("nan"), pa.float64(), "NaN and infinity"),
+        ("-inf", pa.float64(), "NaN and infinity"),
+        ("nan", pa.float32(), "NaN and infinity"),
+        (1e39, pa.float32(), "out of range"),
+        (2**53 + 1, pa.float64(), "not exactly representable"),
+        (True, pa.float64(), "true/false"),
+        (5, pa.string(), "expected a string"),
+        (1, pa.bool_(), "expected true or false"),
+        ("zz", pa.binary(), "hex digits"),
+        ("2026-02-30", pa.date32(), "expected a date"),
+        (dt.datetime(2026, 1, 1), pa.date32(), "a date-time is not a date"),
+        ("yesterday", UTC_TS, "ISO-8601"),
+        ("12.345", pa.decimal128(15, 2), "more than 2 digit(s) after the point"),
+        ("1e20", pa.decimal128(15, 2), "more than 13 digit(s) before the point"),
+        ("1e999999", pa.decimal128(15, 2), "before the point"),
+        ("NaN", pa.decimal128(15, 2), "not a finite number"),
+    ],
+)
+def test_from_user_refuses_naming_what_value_and_type(value: object, dtype: pa.DataType, reason: str) -> None:
+    with pytest.raises(SegrepError) as info:
+        keys.from_user(value, dtype, "split key --at")
+    message = str(info.value)
+    assert message.startswith("split key --at ")
+    assert reason in message
+    assert f"valid {keys._type_name(dtype)} key" in message
+    assert "\n" not in message
+
+
+@settings(max_examples=60)
+@given(st.integers(min_value=-(2**80), max_value=2**80), st.sampled_from([pa.int8(), pa.int32(), pa.int64()]))
+def test_from_user_integers_in_range_exactly(value: int, dtype: pa.DataType) -> None:
+    bits = dtype.bit_width - 1
+    for given_as in (value, str(value)):
+        if -(2**bits) <= value < 2**bits:
+            assert keys.from_user(given_as, dtype, "key") == value
+        else:
+            with pytest.raises(SegrepError, match="out of range"):
+                keys.from_user(given_as, dtype, "key")
+
+
+@settings(max_examples=60)
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_from_user_floats_never_let_nan_or_infinity_through(value: float) -> None:
+    if value != value or value in (float("inf"), float("-inf")):
+        with pytest.raises(SegrepError, match="NaN and infinity"):
+            keys.from_user(value, pa.float64(), "key")
+    else:
+        assert keys.from_user(value, pa.float64(), "key") == value
+        assert keys.from_user(repr(value), pa.float64(), "key") == value
+
+
+# --------------------------------------------------------------------------------------------------------------
+# conform_batch: kinds of value (issue 11 item 4)
+# --------------------------------------------------------------------------------------------------------------
+
+KIND_SAMPLES: dict[str, list[pa.Array]] = {
+    "bool": [pa.array([True, False])],
+    "integer": [pa.array([1, 0], t) for t in (pa.int8(), pa.int32(), pa.int64(), pa.uint8(), pa.uint64())],
+    "float": [pa.array([1.0, 0.0], t) for t in (pa.float32(), pa.float64())],
+    "decimal": [pa.array([decimal.Decimal("1.00"), decimal.Decimal("0.00")], pa.decimal128(15, 2))],
+    "string": [pa.array(["1", "0"], t) for t in (pa.string(), pa.large_string(), pa.string_view())],
+    "binary": [pa.array([b"1", b"0"], pa.binary())],
+    "date": [pa.array([dt.date(2026, 1, 1), dt.date(2026, 1, 2)], t) for t in (pa.date32(), pa.date64())],
+    "timestamp": [
+        pa.array([1, 0], t)
+        for t in (pa.timestamp("us", tz="UTC"), pa.timestamp("s"), pa.timestamp("ms", tz="Asia/Tokyo"))
+    ],
+}
+TABLE_TYPES = [sch.parse_type(name) for name in [*SIMPLE, "decimal(15,2)"]]
+
+
+@settings(max_examples=120)
+@given(
+    kind=st.sampled_from(sorted(KIND_SAMPLES)),
+    index=st.integers(min_value=0, max_value=4),
+    wanted=st.sampled_from(TABLE_TYPES),
+    as_key=st.booleans(),
+)
+def test_columns_never_change_kind(kind: str, index: int, wanted: pa.DataType, as_key: bool) -> None:
+    """A column converts only to a type of its own kind; across kinds it is refused naming the column and both
+    types, key or not (True is not 1, a timestamp is not its microseconds)."""
+    samples = KIND_SAMPLES[kind]
+    given_array = samples[index % len(samples)]
+    table = pa.schema([("c", wanted)])
+    batch_ = pa.table({"c": given_array})
+    pk = ("c",) if as_key else ()
+    if sch.kind_of(wanted) == kind:
+        out = sch.conform_batch(batch_, table, pk, keys_only=False)
+        assert out.schema == table
+        assert out.column("c").cast(given_array.type).to_pylist() == given_array.to_pylist()
+    else:
+        with pytest.raises(SchemaMismatchError) as info:
+            sch.conform_batch(batch_, table, pk, keys_only=False)
+        msg = str(info.value)
+        assert f"column c has type {given_array.type}, table wants {sch.type_name(wanted)}" in msg
+        assert "never converted" in msg
+
+
+@pytest.mark.parametrize(
+    ("column", "array"),
+    [
+        ("id", pa.array([True, False])),
+        ("id", pa.array([dt.datetime(2026, 1, 1), dt.datetime(2026, 1, 2)], pa.timestamp("us"))),
+        ("name", pa.array([1, 2])),
+        ("amount", pa.array([1.5, None])),
+        ("amount", pa.array([1, None])),
+    ],
+    ids=lambda v: v if isinstance(v, str) else str(v.type),
+)
+def test_cross_kind_casts_are_refused_even_when_arrow_would_cast(column: str, array: pa.Array) -> None:
+    mismatch(batch(**{column: array}), f"column {column}", str(array.type), "never converted")
+
+
+def test_float_narrowing_only_when_every_value_is_kept() -> None:
+    table = pa.schema([("k", pa.int64()), ("x", pa.float32())])
+    exact = pa.table({"k": [1, 2, 3], "x": pa.array([0.5, None, float("nan")], pa.float64())})
+    out = sch.conform_batch(exact, table, ("k",), keys_only=False)
+    assert out.column("x").type == pa.float32()
+    assert out.column("x").to_pylist()[:2] == [0.5, None]
+    rounded = pa.table({"k": [1], "x": pa.array([0.1], pa.float64())})
+    with pytest.raises(SchemaMismatchError, match="column x has type double, table wants float32: some values"):
+        sch.conform_batch(rounded, table, ("k",), keys_only=False)
+
+
+@pytest.mark.parametrize("keys_only", [False, True])
+def test_nan_keys_are_refused(keys_only: bool) -> None:
+    table = pa.schema([("k", pa.float64()), ("v", pa.string())])
+    rows = {"k": [1.0, float("nan"), float("nan")]} | ({} if keys_only else {"v": ["a", "b", "c"]})
+    with pytest.raises(SchemaMismatchError, match="key column k has 2 NaN value"):
+        sch.conform_batch(pa.table(rows), table, ("k",), keys_only=keys_only)
+
+
+def test_nan_outside_the_key_is_a_value() -> None:
+    table = pa.schema([("k", pa.int64()), ("x", pa.float64())])
+    out = sch.conform_batch(pa.table({"k": [1], "x": [float("nan")]}), table, ("k",), keys_only=False)
+    assert out.column("x").to_pylist()[0] != out.column("x").to_pylist()[0]
+
+
+def test_negative_zero_key_becomes_zero() -> None:
+    table = pa.schema([("k", pa.float64())])
+    out = sch.conform_batch(pa.table({"k": [-0.0, 1.0]}), table, ("k",), keys_only=True)
+    assert [str(v) for v in out.column("k").to_pylist()] == ["0.0", "1.0"]
+
+
+def test_all_null_column_takes_any_type_outside_the_key() -> None:
+    out = sch.conform_batch(batch(name=pa.array([None, None])), TABLE, PK, keys_only=False)
+    assert out.column("name").type == pa.string() and out.column("name").null_count == 2
+
+
+def test_one_line_decimal_in_a_flow_mapping_gets_a_hint() -> None:
+    """`{amount: decimal(15,2)}` on one line reaches parse_type as 'decimal(15' (YAML splits at the comma)."""
+    with pytest.raises(SegrepError, match="quote it"):
+        sch.parse_type("decimal(15")

@@ -58,13 +58,19 @@ def airflow_home() -> Path:
 
 @pytest.fixture
 def segrep_env(airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Env]]:
-    """``segrep_env(policy=..., tables=...)``: definitions + migrated, applied catalog in tmp_path, exported as
-    SEGREP_CONFIG / SEGREP_CATALOG_URL for the DAG file and its tasks."""
+    """``segrep_env(policy=..., tables=...)`` (or ``segrep_env(yaml_text=...)``): definitions + migrated, applied
+    catalog in tmp_path, exported as SEGREP_CONFIG / SEGREP_CATALOG_URL for the DAG file and its tasks."""
     made: list[Env] = []
 
-    def make(policy: dict[str, Any] | None = None, *, tables: tuple[str, ...] = ("orders", "events")) -> Env:
+    def make(
+        policy: dict[str, Any] | None = None,
+        *,
+        tables: tuple[str, ...] = ("orders", "events"),
+        yaml_text: str | None = None,
+    ) -> Env:
         assert not made, "one segrep environment per test"
-        env = make_env(tmp_path, f"sqlite:///{tmp_path / 'catalog.db'}", events_yaml(policy, tables=tables))
+        text = yaml_text if yaml_text is not None else events_yaml(policy, tables=tables)
+        env = make_env(tmp_path, f"sqlite:///{tmp_path / 'catalog.db'}", text)
         monkeypatch.setenv("SEGREP_CONFIG", str(env.config))
         monkeypatch.setenv("SEGREP_CATALOG_URL", env.url)
         for var in ("SEGREP_SPARK_PY_FILES", "SEGREP_SPARK_PYTHON", "SEGREP_SPARK_JOBS", "SEGREP_SPARK_CONN_ID"):

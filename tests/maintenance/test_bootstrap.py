@@ -517,7 +517,7 @@ def test_bootstrap_bad_input_changes_nothing(dr_only_sqlite: Env) -> None:
     before = catalog_state(env)
     cases: list[tuple[tuple[str, str, str], type[Exception], str]] = [
         (("events", "edge", "auto"), RefusedError, "site edge is not a replica of events"),
-        (("events", "primary", "auto"), RefusedError, "site primary is not a replica of events"),
+        (("events", "primary", "auto"), RefusedError, "site primary is the leader of events"),
         (("events", "mars", "auto"), SegrepError, "unknown site 'mars'"),
         (("events", "../x", "auto"), SegrepError, "invalid site name"),
         (("nope", "dr", "auto"), SegrepError, "unknown table 'nope'"),

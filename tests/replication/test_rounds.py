@@ -387,7 +387,7 @@ def test_cli_round_and_status(env: Env) -> None:
     model.upsert(env, range(25, 30), "b")
     code, out, err = cli(env, "round", TABLE)
     assert code == 1
-    assert err.strip().splitlines() == [f"segrep: error: round of {TABLE}: target(s) edge failed; re-run to retry"]
+    assert err.strip().splitlines() == [f"segrep: error: round of {TABLE}: target(s) edge failed (re-run to retry)"]
     assert "dr: ok" in out and "edge: failed" in out
     bring_up(env, "edge", aside)
 

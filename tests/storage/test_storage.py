@@ -27,6 +27,7 @@ from segrep.core.names import check_name, check_segment_id
 from segrep.storage import atomic
 from segrep.storage import site as storage
 from segrep.storage.atomic import FileFacts
+from segrep.storage.segment_meta import ExpectedSegment
 from segrep.storage.site import Site, segment_relpath
 
 SID = "0123456789abcdef0123456789abcdef"
@@ -248,6 +249,111 @@ def test_delete_is_idempotent(site: Site) -> None:
     site.delete(rel)
     site.delete(rel)
     assert not site.exists(rel)
+
+
+def _expected(facts: FileFacts, n: int = 3, **changes: Any) -> ExpectedSegment:
+    """What a catalog would record for ``rows(n)`` written as orders segment SID with ENTRY."""
+    doc = dict(
+        ENTRY,
+        byte_size=facts.byte_size,
+        schema=sch.segment_schema(pa.schema([("id", pa.int64()), ("name", pa.string())])),
+    )
+    doc |= {"row_count": n, "max_version": 1_000 + n - 1, "key_max": [n - 1]}
+    return ExpectedSegment(**(doc | changes))
+
+
+ENTRY: dict[str, Any] = {
+    "segment_id": SID,
+    "table": "orders",
+    "partition_id": 0,
+    "row_count": 3,
+    "deleted_rows": 0,
+    "min_version": 1_000,
+    "max_version": 1_002,
+    "key_min": [0],
+    "key_max": [2],
+}
+
+
+def test_segments_are_written_with_page_checksums(site: Site) -> None:
+    """A flipped bit in the name column's pages that a plain read serves as a changed value (the first such
+    bit, searched for): read_segment refuses the page."""
+    rel = segment_relpath("orders", 0, SID)
+    site.write_segment(rel, rows(50), META)
+    path = Path(site.path(rel))
+    original = path.read_bytes()
+    chunk = pq.read_metadata(path).row_group(0).column(1)
+    assert chunk.path_in_schema == "name"
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    for offset in range(start, start + chunk.total_compressed_size):
+        data = bytearray(original)
+        data[offset] ^= 0x01
+        path.write_bytes(bytes(data))
+        try:
+            silently_changed = pq.read_table(path).column("name").to_pylist() != rows(50).column("name").to_pylist()
+        except (OSError, pa.ArrowException):
+            continue
+        if silently_changed:
+            break
+    else:
+        pytest.fail("no single flipped bit changed a name without an error")
+    with pytest.raises(OSError, match="CRC"):
+        site.read_segment(rel)
+
+
+def test_read_checked_accepts_the_segment_the_catalog_names(site: Site) -> None:
+    rel = segment_relpath("orders", 0, SID)
+    facts = site.write_segment(rel, rows(), META | ENTRY)
+    expected = _expected(facts)
+    assert site.check_footer(rel, expected).num_rows == 3
+    assert site.read_checked(rel, expected, ["id"]).equals(
+        rows().replace_schema_metadata(site.read_segment(rel).schema.metadata)
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"segment_id": SID2}, f"its footer says it is segment {SID} of orders partition 0"),
+        ({"partition_id": 1}, "partition 0, not segment"),
+        ({"table": "events"}, "of orders partition 0, not"),
+        ({"byte_size": 1}, "(the catalog says 1)"),
+        ({"row_count": 4}, "3 rows (the catalog says 4)"),
+        ({"max_version": 5}, "its footer's max_version is 1002 (the catalog says 5)"),
+        ({"key_min": [-1]}, "its footer's key_min is [0] (the catalog says [-1])"),
+        ({"schema": sch.segment_schema(pa.schema([("id", pa.int32()), ("name", pa.string())]))}, "column id int64"),
+    ],
+)
+def test_check_footer_names_what_differs(site: Site, change: dict[str, Any], needle: str) -> None:
+    rel = segment_relpath("orders", 0, SID)
+    facts = site.write_segment(rel, rows(), META | ENTRY)
+    with pytest.raises(CorruptSegmentError) as info:
+        site.check_footer(rel, _expected(facts, **change))
+    message = str(info.value)
+    assert message.startswith(f"site primary: segment file {site.path(rel)} is not segment ")
+    assert needle in message
+
+
+def test_read_checked_compares_the_rows_read(site: Site) -> None:
+    """A file whose footer agrees but whose rows do not (written with a footer entry that lies)."""
+    rel = segment_relpath("orders", 0, SID)
+    facts = site.write_segment(rel, rows(), META | ENTRY | {"key_max": [7], "max_version": 1_009})
+    expected = _expected(facts, key_max=[7], max_version=1_009)
+    site.check_footer(rel, expected)
+    with pytest.raises(CorruptSegmentError, match=r"keys \[0\]..\[2\] read .*versions 1000..1002 read"):
+        site.read_checked(rel, expected, ["id"])
+
+
+def test_check_footer_of_a_missing_or_unreadable_file(site: Site) -> None:
+    rel = segment_relpath("orders", 0, SID)
+    facts = site.write_segment(rel, rows(), META | ENTRY)
+    path = Path(site.path(rel))
+    path.write_bytes(path.read_bytes()[:-12])
+    with pytest.raises(CorruptSegmentError, match="footer cannot be read"):
+        site.check_footer(rel, _expected(facts))
+    path.unlink()
+    with pytest.raises(CorruptSegmentError, match=f"{path} .*is missing"):
+        site.check_footer(rel, _expected(facts))
 
 
 def test_read_meta_refuses_a_plain_parquet_file(site: Site, tmp_path: Path) -> None:

@@ -4,6 +4,10 @@ All changes are made in one transaction; ``--dry-run`` runs the very same code a
 prints is exactly what a real run would do. Changes that would lose data or break chains are refused with
 a message that says what to do instead: dropping a table that holds segments, changing the schema, key or
 split points of a table with data, changing a site's id, or moving a site that holds files.
+
+Before anything changes, every site's store is probed (:mod:`segrep.storage.probe`): a real run writes,
+reads back and deletes a probe object under each root; a dry run only looks, so it writes nothing anywhere.
+A store that cannot be used, or does not answer in time, is refused by name.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from segrep.core import hlc, keys
 from segrep.core import schema as sch
 from segrep.core.errors import RefusedError
 from segrep.core.states import PartitionState, PlacementState
+from segrep.storage.probe import check_sites
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,8 @@ class _DryRun(Exception):
 
 
 def apply_definitions(catalog: Catalog, defs: Definitions, *, dry_run: bool = False) -> list[Change]:
+    """Bring the catalog in line with ``defs`` (or, with ``dry_run``, say what that would change)."""
+    check_sites(defs.sites.values(), write=not dry_run)  # before the write transaction: a probe may take time
     changes: list[Change] = []
     try:
         with catalog.write() as s:

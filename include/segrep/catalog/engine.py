@@ -15,10 +15,10 @@ from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from segrep.catalog.migrate import current_revision, head_revision
+from segrep.catalog.migrate import current_revision, head_revision, known_revision
 from segrep.core.errors import SegrepError
 
 CATALOG_URL_ENV = "SEGREP_CATALOG_URL"
@@ -34,25 +34,52 @@ def resolve_url(explicit: str | None = None, config_url: str | None = None, data
     return f"sqlite:///{(data_dir or Path('data')).resolve() / 'catalog.db'}"
 
 
+SUPPORTED = ("sqlite", "postgresql")
+
+
 def make_engine(url: str) -> Engine:
+    """An engine for a SQLite or PostgreSQL catalog URL; anything else is refused here, by name, before a
+    driver is looked for. Nothing is connected to (and no file created) until the catalog is used."""
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise SegrepError(f"invalid catalog URL {url!r}: expected a SQLAlchemy URL such as sqlite:///path") from None
-    if parsed.get_backend_name() == "sqlite":
+        raise SegrepError(f"invalid catalog URL {_redacted(url)!r}: expected e.g. sqlite:///PATH") from None
+    except ValueError:  # the only value make_url converts is the port
+        raise SegrepError(f"invalid catalog URL {_redacted(url)!r}: the port is not a number") from None
+    backend = parsed.get_backend_name()
+    if backend not in SUPPORTED:
+        raise SegrepError(f"unsupported catalog URL {parsed.drivername!r}: use sqlite:///PATH or postgresql://...")
+    if backend == "sqlite":
         return _sqlite_engine(url, parsed.database)
     if parsed.drivername == "postgresql":
         url = parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
     try:
         return create_engine(url, pool_pre_ping=True)
-    except NoSuchModuleError:
-        raise SegrepError(f"unsupported catalog URL {parsed.drivername!r}: use sqlite or postgresql") from None
+    except (NoSuchModuleError, ImportError) as exc:
+        raise SegrepError(f"catalog URL {parsed.drivername!r}: driver not available ({exc})") from None
+
+
+def _redacted(url: str) -> str:
+    """A URL that failed to parse, with anything that may be a password cut out."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}{rest.rpartition('@')[2]}" if sep else url
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite catalog URL (None for other backends and in-memory databases)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
 
 
 def _sqlite_engine(url: str, database: str | None) -> Engine:
-    if database and database != ":memory:":
-        Path(database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": 60})
+    try:
+        engine = create_engine(url, connect_args={"timeout": 60})
+    except ArgumentError:
+        raise SegrepError(
+            f"invalid SQLite catalog URL {url!r}: expected sqlite:///relative/path or sqlite:////abs/path"
+        ) from None
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
@@ -97,13 +124,35 @@ class Catalog:
             yield session
 
     def is_initialized(self) -> bool:
-        return inspect(self.engine).has_table("alembic_version")
+        db = sqlite_file(self.url)
+        if db is not None and not db.exists():
+            return False  # connecting would create an empty file: a read-only command creates nothing
+        try:
+            return inspect(self.engine).has_table("alembic_version")
+        except OperationalError:
+            raise  # unreachable or failing: the CLI reports it as such (exit 1)
+        except DatabaseError as exc:  # e.g. SQLite's "file is not a database"
+            raise SegrepError(f"catalog {self.safe_url} is not a usable database: {_first_line(exc)}") from None
 
     def require_initialized(self) -> None:
+        db = sqlite_file(self.url)
+        if db is not None and not db.exists():
+            raise SegrepError(f"catalog {self.safe_url} does not exist: run `segrep init` to create it")
         if not self.is_initialized():
             raise SegrepError(f"catalog {self.safe_url} is not initialized: run `segrep init`")
+        self.require_known_revision()
         if current_revision(self) != head_revision():
             raise SegrepError(f"catalog {self.safe_url} is at an older schema: run `segrep init` to upgrade")
+
+    def require_known_revision(self) -> None:
+        """Refuse a catalog whose schema revision no migration of this segrep produced (a newer segrep's, or
+        a damaged version table): upgrading or using it would guess."""
+        revision = current_revision(self) if self.is_initialized() else None
+        if revision is not None and not known_revision(revision):
+            raise SegrepError(
+                f"catalog {self.safe_url} is at schema revision {revision!r}, which this segrep does not know "
+                "(made by a newer segrep, or damaged): use the segrep that created it"
+            )
 
     @property
     def safe_url(self) -> str:
@@ -111,3 +160,7 @@ class Catalog:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _first_line(exc: DatabaseError) -> str:
+    return str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc).splitlines()[0]

@@ -41,6 +41,9 @@ class Table(Base):
     created_us: Mapped[int] = mapped_column(BigInteger)
 
 
+MAX_PARTITION_ID = 2**31 - 1  # partitions.partition_id is an INTEGER column (32 bits on PostgreSQL)
+
+
 class Partition(Base):
     __tablename__ = "partitions"
 

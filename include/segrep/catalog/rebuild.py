@@ -2,9 +2,17 @@
 
 Each segment file's footer carries its catalog entry. For every placement at the site, the segment rows are
 replaced by what the files say, in chain order (a segment after its base), and the root is the head of the
-chain: the segment no other segment builds on or includes. Acks are not stored in files and are left as
-they are (a later round re-learns any that are missing through SEGMENT_EXISTS). The whole rebuild is one
-transaction; files that do not belong to a known placement are reported and make it refuse.
+chain: the segment no other segment builds on or includes (the catalog's own root when its file is among
+the heads). Acks are not stored in files and are left as they are (a later round re-learns any that are
+missing through SEGMENT_EXISTS).
+
+A rebuild never makes a loss permanent unnoticed. Every segment the catalog lists at the site without a file
+is reported (dry run or not): dropping it would lose its rows, and if it held tombstones bring deleted rows
+back for the next round to spread. A file the catalog does not list that would become a chain head (a write
+that never committed, a stray copy) or that holds versions past the table's clock (never committed anywhere)
+is reported too. Either makes the rebuild refuse unless ``accept_loss`` says the loss is known and accepted.
+A listed file whose bytes differ from the catalog's size and sha256, or a file that does not belong to a known
+placement, makes it refuse in any case. The whole rebuild, its checks included, is one transaction.
 """
 
 from __future__ import annotations
@@ -14,47 +22,203 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.segments import segment_row
-from segrep.core.errors import CorruptSegmentError, RefusedError, SegrepError
+from segrep.core.errors import CorruptSegmentError, RefusedError
 from segrep.storage.atomic import FileFacts
 from segrep.storage.segment_meta import SegmentEntry
 from segrep.storage.site import Site
+
+_LISTED_AT_MOST = 10  # items named in a refusal; the report lists them all
+
+
+@dataclass(frozen=True)
+class LostSegment:
+    """A segment the catalog lists at the site whose file is gone: its rows (and tombstones) go with it."""
+
+    table: str
+    partition_id: int
+    segment_id: str
+    row_count: int
+    deleted_rows: int
+    min_version: int
+    max_version: int
+
+    def describe(self) -> str:
+        tombstones = f", {self.deleted_rows} tombstone(s)" if self.deleted_rows else ""
+        return (
+            f"{self.table} partition {self.partition_id} segment {self.segment_id} ({self.row_count} row(s)"
+            f"{tombstones}, versions {self.min_version}..{self.max_version})"
+        )
+
+
+@dataclass(frozen=True)
+class StrayFile:
+    """A well-formed segment file the catalog does not list that the rebuild would put on a chain."""
+
+    relpath: str
+    segment_id: str
+    base_segment_id: str | None
+    row_count: int
+    max_version: int
+    why: str
+
+    def describe(self) -> str:
+        return (
+            f"{self.relpath} (segment {self.segment_id} on base {self.base_segment_id or 'none'}, "
+            f"{self.row_count} row(s), max version {self.max_version}: {self.why})"
+        )
 
 
 @dataclass
 class RebuildReport:
     site: str
     dry_run: bool
+    accept_loss: bool = False
     placements: dict[int, tuple[int, str | None]] = field(default_factory=dict)  # id -> (segments, root)
     forks: dict[int, list[str]] = field(default_factory=dict)
+    lost: list[LostSegment] = field(default_factory=list)
+    strays: list[StrayFile] = field(default_factory=list)
+
+    @property
+    def refused(self) -> bool:
+        """A rebuild (not a dry run) would refuse: a loss the flag has not accepted."""
+        return bool(self.lost or self.strays) and not self.accept_loss
 
     def lines(self) -> list[str]:
         verb = "would rebuild" if self.dry_run else "rebuilt"
+        if self.dry_run and self.refused:
+            verb = "would refuse to rebuild (without --accept-loss)"
         out = [f"{verb} {len(self.placements)} placement(s) at site {self.site}"]
         for pid, (n, root) in sorted(self.placements.items()):
             out.append(f"  placement {pid}: {n} segment(s), root {root or 'NULL'}")
             for fork in self.forks.get(pid, []):
                 out.append(f"    fork head {fork} (not on the chain; the leader procedure merges it)")
+        fate = "dropped" if self.accept_loss else "kept in the catalog"
+        if self.dry_run:
+            fate = "would be dropped" if self.accept_loss else "refused without --accept-loss"
+        for lost in self.lost:
+            out.append(f"  LOST: {lost.describe()} has no file at site {self.site}: {fate}")
+        taken = "taken from the file" if self.accept_loss else "refused without --accept-loss"
+        for stray in self.strays:
+            out.append(f"  NOT IN THE CATALOG: {stray.describe()}: {taken}")
         return out
 
+    def refusal(self) -> str:
+        parts = []
+        if self.lost:
+            named = "; ".join(x.describe() for x in self.lost[:_LISTED_AT_MOST])
+            parts.append(f"{len(self.lost)} catalog segment(s) have no file there (their rows would be lost): {named}")
+        if self.strays:
+            named = "; ".join(x.describe() for x in self.strays[:_LISTED_AT_MOST])
+            parts.append(f"{len(self.strays)} file(s) the catalog does not list would go on a chain: {named}")
+        return (
+            f"refusing to rebuild site {self.site}: " + "; ".join(parts) + "; restore the missing files from a "
+            "healthy site (or remove the stray ones) and run again, or pass --accept-loss to drop what is missing "
+            "and take the files as they are"
+        )
 
-def rebuild_site(catalog: Catalog, site_name: str, *, dry_run: bool = False) -> RebuildReport:
-    with catalog.read() as s:
-        site_row = q.site_by_name(s, site_name)
-        site = Site(site_row.name, site_row.uri)
-        placements = {
-            (pl.partition_id): pl
-            for pl in s.scalars(
-                select(m.Placement).where(m.Placement.site_id == site_row.site_id, m.Placement.removed_us.is_(None))
+
+@dataclass(frozen=True)
+class _Found:
+    entry: SegmentEntry
+    relpath: str
+    facts: FileFacts
+    mtime_us: int
+
+
+def rebuild_site(
+    catalog: Catalog, site_name: str, *, dry_run: bool = False, accept_loss: bool = False
+) -> RebuildReport:
+    """Rebuild (or, dry run, report) the segment lists and roots of every placement at a site from its files.
+
+    RefusedError, with nothing written, for a loss ``accept_loss`` has not accepted (see the module)."""
+    transaction = catalog.read() if dry_run else catalog.write()
+    with transaction as s:
+        report, plan = _plan(s, site_name, dry_run=dry_run, accept_loss=accept_loss)
+        if dry_run:
+            return report
+        if report.refused:
+            raise RefusedError(report.refusal())
+        for pl, items, root in plan:
+            s.execute(delete(m.Segment).where(m.Segment.placement_id == pl.placement_id))
+            for it in items:
+                s.add(segment_row(it.entry, pl.placement_id, it.relpath, it.facts, it.mtime_us))
+            s.flush()
+            pl.root_segment_id = root
+    return report
+
+
+def _plan(
+    s: Session, site_name: str, *, dry_run: bool, accept_loss: bool
+) -> tuple[RebuildReport, list[tuple[m.Placement, list[_Found], str | None]]]:
+    """Read the catalog and the files; what the rebuild would write, and the report of it."""
+    site_row = q.site_by_name(s, site_name)
+    site = Site(site_row.name, site_row.uri)
+    query = select(m.Placement).where(m.Placement.site_id == site_row.site_id, m.Placement.removed_us.is_(None))
+    placements = {pl.partition_id: pl for pl in s.scalars(query if dry_run else query.with_for_update())}
+    tables = {t.table_id: t.name for t in s.scalars(select(m.Table))}
+    parts = {p.partition_id: p for p in s.scalars(select(m.Partition))}
+    clocks: dict[int, int] = defaultdict(int)  # table id -> the newest version any of its partitions committed
+    for p in parts.values():
+        clocks[p.table_id] = max(clocks[p.table_id], p.last_version)
+    listed: dict[int, dict[str, m.Segment]] = defaultdict(dict)
+    if placements:
+        ids = [pl.placement_id for pl in placements.values()]
+        for seg in s.scalars(select(m.Segment).where(m.Segment.placement_id.in_(ids))):
+            listed[seg.placement_id][seg.segment_id] = seg
+
+    found, problems = _read_files(site, placements, parts, tables, listed)
+    if problems:
+        raise RefusedError(f"cannot rebuild site {site_name}: " + "; ".join(problems[:_LISTED_AT_MOST]))
+
+    report = RebuildReport(site=site_name, dry_run=dry_run, accept_loss=accept_loss)
+    plan = []
+    for pl in sorted(placements.values(), key=lambda x: x.placement_id):
+        part = parts[pl.partition_id]
+        table = tables[part.table_id]
+        items = found.get(pl.placement_id, [])
+        known = listed.get(pl.placement_id, {})
+        present = {it.entry.segment_id for it in items}
+        report.lost += [_lost(table, seg) for seg in known.values() if seg.segment_id not in present]
+        heads = _heads([it.entry for it in items])
+        for it in items:
+            entry = it.entry
+            if entry.segment_id in known:
+                continue
+            if entry.max_version > clocks[part.table_id]:
+                why = f"versions past the table's clock {clocks[part.table_id]}: never committed"
+            elif known and entry.segment_id in {h.segment_id for h in heads}:
+                why = "a chain head the catalog never had"
+            else:
+                continue
+            report.strays.append(
+                StrayFile(it.relpath, entry.segment_id, entry.base_segment_id, entry.row_count, entry.max_version, why)
             )
-        }
-        tables = {t.table_id: t.name for t in s.scalars(select(m.Table))}
-        parts = {p.partition_id: p for p in s.scalars(select(m.Partition))}
-    found: dict[int, list[tuple[SegmentEntry, str, FileFacts, int]]] = defaultdict(list)
+        root = _root(heads, pl.root_segment_id)
+        report.placements[pl.placement_id] = (len(items), root)
+        forks = [h.segment_id for h in heads if h.segment_id != root]
+        if forks:
+            report.forks[pl.placement_id] = forks
+        plan.append((pl, _chain_order(items), root))
+    report.lost.sort(key=lambda x: (x.table, x.partition_id, x.min_version, x.segment_id))
+    return report, plan
+
+
+def _read_files(
+    site: Site,
+    placements: dict[int, m.Placement],
+    parts: dict[int, m.Partition],
+    tables: dict[int, str],
+    listed: dict[int, dict[str, m.Segment]],
+) -> tuple[dict[int, list[_Found]], list[str]]:
+    """Every segment file at the site by placement, and the problems that make a rebuild refuse in any case:
+    unreadable footers, files that belong to no placement, listed files whose bytes are not the catalog's."""
+    found: dict[int, list[_Found]] = defaultdict(list)
     problems: list[str] = []
     for relpath in site.list_segment_files():
         try:
@@ -67,42 +231,40 @@ def rebuild_site(catalog: Catalog, site_name: str, *, dry_run: bool = False) -> 
         expected = f"{entry.table}/{entry.partition_id}/{entry.segment_id}.parquet"
         if relpath != expected:
             problems.append(f"{relpath}: metadata says it is {expected}")
-        elif part is None or tables.get(part.table_id) != entry.table:
+            continue
+        if part is None or tables.get(part.table_id) != entry.table:
             problems.append(f"{relpath}: table {entry.table} has no partition {entry.partition_id} in the catalog")
-        elif pl is None:
-            problems.append(f"{relpath}: site {site_name} holds no placement of partition {entry.partition_id}")
-        else:
-            info = site.fs.get_file_info(site.path(relpath))
-            mtime_us = int(info.mtime_ns // 1000) if info.mtime_ns else 0
-            found[pl.placement_id].append((entry, relpath, site.facts(relpath), mtime_us))
-    if problems:
-        raise RefusedError(f"cannot rebuild site {site_name}: " + "; ".join(problems[:10]))
+            continue
+        if pl is None:
+            problems.append(f"{relpath}: site {site.name} holds no placement of partition {entry.partition_id}")
+            continue
+        facts = site.facts(relpath)
+        seg = listed.get(pl.placement_id, {}).get(entry.segment_id)
+        if seg is not None and FileFacts(seg.byte_size, seg.sha256) != facts:
+            problems.append(
+                f"{site.path(relpath)} is damaged: {facts.byte_size} bytes, sha256 {facts.sha256[:12]}... where the "
+                f"catalog says {seg.byte_size} bytes, sha256 {seg.sha256[:12]}... (restore it from a healthy site, "
+                "or remove it and rebuild with --accept-loss)"
+            )
+            continue
+        info = site.fs.get_file_info(site.path(relpath))
+        mtime_us = int(info.mtime_ns // 1000) if info.mtime_ns else 0
+        found[pl.placement_id].append(_Found(entry, relpath, facts, mtime_us))
+    return found, problems
 
-    report = RebuildReport(site=site_name, dry_run=dry_run)
-    ordered: dict[int, list[tuple[SegmentEntry, str, FileFacts, int]]] = {}
-    roots: dict[int, str | None] = {}
-    for pl in placements.values():
-        items = found.get(pl.placement_id, [])
-        ordered[pl.placement_id] = _chain_order(items)
-        heads = _heads([e for e, *_ in items])
-        heads.sort(key=lambda e: (e.max_version, e.segment_id))
-        roots[pl.placement_id] = heads[-1].segment_id if heads else None
-        report.placements[pl.placement_id] = (len(items), roots[pl.placement_id])
-        if len(heads) > 1:
-            report.forks[pl.placement_id] = [h.segment_id for h in heads[:-1]]
-    if dry_run:
-        return report
-    with catalog.write() as s:
-        for pl in placements.values():
-            s.execute(delete(m.Segment).where(m.Segment.placement_id == pl.placement_id))
-            for entry, relpath, facts, mtime_us in ordered[pl.placement_id]:
-                s.add(segment_row(entry, pl.placement_id, relpath, facts, mtime_us))
-            s.flush()
-            row = s.get(m.Placement, pl.placement_id)
-            if row is None:
-                raise SegrepError(f"placement {pl.placement_id} vanished during the rebuild")
-            row.root_segment_id = roots[pl.placement_id]
-    return report
+
+def _lost(table: str, seg: m.Segment) -> LostSegment:
+    return LostSegment(
+        table, seg.partition_id, seg.segment_id, seg.row_count, seg.deleted_rows, seg.min_version, seg.max_version
+    )
+
+
+def _root(heads: list[SegmentEntry], catalog_root: str | None) -> str | None:
+    """The catalog's root if its file is a head; else the newest head (by max version, then id)."""
+    if any(h.segment_id == catalog_root for h in heads):
+        return catalog_root
+    newest = max(heads, key=lambda e: (e.max_version, e.segment_id), default=None)
+    return newest.segment_id if newest is not None else None
 
 
 def _heads(entries: list[SegmentEntry]) -> list[SegmentEntry]:
@@ -111,22 +273,21 @@ def _heads(entries: list[SegmentEntry]) -> list[SegmentEntry]:
     return [e for e in entries if e.segment_id not in covered]
 
 
-def _chain_order(
-    items: list[tuple[SegmentEntry, str, FileFacts, int]],
-) -> list[tuple[SegmentEntry, str, FileFacts, int]]:
+def _chain_order(items: list[_Found]) -> list[_Found]:
     """Order segments so each comes after its base (Kahn's algorithm; ties by version, then id)."""
-    by_id = {it[0].segment_id: it for it in items}
+    by_id = {it.entry.segment_id: it for it in items}
     children: dict[str, list[str]] = defaultdict(list)
     ready: list[tuple[int, str]] = []
-    for entry, *_ in items:
-        if entry.base_segment_id in by_id:
-            children[entry.base_segment_id].append(entry.segment_id)
+    for it in items:
+        base = it.entry.base_segment_id
+        if base is not None and base in by_id:
+            children[base].append(it.entry.segment_id)
         else:
-            heapq.heappush(ready, (entry.min_version, entry.segment_id))
+            heapq.heappush(ready, (it.entry.min_version, it.entry.segment_id))
     out = []
     while ready:
         _, sid = heapq.heappop(ready)
         out.append(by_id[sid])
         for child in children[sid]:
-            heapq.heappush(ready, (by_id[child][0].min_version, child))
+            heapq.heappush(ready, (by_id[child].entry.min_version, child))
     return out

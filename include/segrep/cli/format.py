@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from segrep.core import hlc
-from segrep.replication.reports import RoundReport
+from segrep.replication.reports import InvalidSegment, RoundReport
 from segrep.replication.status import TargetState
 from segrep.split.progress import SplitProgress
 
@@ -36,11 +36,15 @@ def format_rows(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+class Whole(str):
+    """A cell ``format_rows`` never shortens: a note that says what to run must be readable to its end."""
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
     text = str(value)
-    return text if len(text) <= 48 else text[:45] + "..."
+    return text if len(text) <= 48 or isinstance(value, Whole) else text[:45] + "..."
 
 
 def format_report(report: RoundReport, sites: Sequence[str] | None = None) -> str:
@@ -53,6 +57,13 @@ def format_report(report: RoundReport, sites: Sequence[str] | None = None) -> st
         extra = f"; {r.error}" if r.error else ""
         copied = f"; copied {r.segments_copied} segments, {r.bytes_copied:,} bytes"
         lines.append(f"  {site}: {r.status} ({outcomes}{copied}){extra}")
+        for bad in r.invalid:
+            lines.append(
+                f"    INVALID: segment {bad.segment_id} of partition {bad.partition_id}, file {bad.path} "
+                f"at {bad.site}: {bad.error}"
+            )
+        if r.invalid:
+            lines.append(f"    to do: {invalid_advice(report.table, site, r.invalid)}")
     merges = report.merges
     if merges.items:
         lines.append(
@@ -65,9 +76,25 @@ def format_report(report: RoundReport, sites: Sequence[str] | None = None) -> st
     return "\n".join(lines)
 
 
+def invalid_advice(table: str, target: str, invalid: Sequence[InvalidSegment]) -> str:
+    """What to run after copies to ``target`` failed verification: copy again at once; a file that fails
+    again is damaged at its site and has to be restored from a good copy."""
+    sources = ", ".join(sorted({bad.site for bad in invalid}))
+    return (
+        f"run `segrep round {table} --target {target} --reoffer` to copy again now; if a file fails again, "
+        f"it is damaged at {sources}: restore it from a replica's copy"
+    )
+
+
 def status_note(state: TargetState) -> str:
     """Why a target is not catching up, and what to run about it ("" when nothing stands in its way)."""
     notes = []
+    if state.invalid:
+        files = ", ".join(f"segment {bad.segment_id} ({bad.path})" for bad in state.invalid)
+        notes.append(f"INVALID copy of {files}: {invalid_advice(state.table, state.target, state.invalid)}")
+    elif state.backing_off is not None and state.backing_off.startswith("INVALID"):
+        retry = f"segrep round {state.table} --target {state.target} --reoffer"
+        notes.append(f"a copy failed verification: run `{retry}` to copy again now")
     if state.backing_off is not None:
         notes.append(f"backing off ({state.backing_off})")
     if state.needs_major:
@@ -96,7 +123,7 @@ def status_table(rows: Sequence[TargetState]) -> list[list[object]]:
             r.pending_bytes,
             last_round(r) or "-",
             ", ".join(f"{k} {v}" for k, v in sorted(r.declines.items())) or "-",
-            status_note(r) or "-",
+            Whole(status_note(r) or "-"),
         ]
         for r in rows
     ]

@@ -6,8 +6,10 @@ exit code 1 with the URL named. ``SEGREP_DEBUG=1`` shows tracebacks for bug repo
 
 from __future__ import annotations
 
+import csv
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,12 +26,18 @@ from segrep.catalog import Catalog, resolve_url
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.migrate import upgrade
+from segrep.catalog.models import MAX_PARTITION_ID
 from segrep.cli.format import format_rows
-from segrep.config.definitions import Definitions, load_definitions
+from segrep.config.definitions import Definitions, config_path, load_definitions
 from segrep.core.errors import SegrepError
-from segrep.data.export import atomic_write_table
+from segrep.data.export import atomic_write_table, check_output, protected_paths
 
 F = TypeVar("F", bound=Callable[..., Any])
+INT64_MAX = 2**63 - 1
+# Numbers the catalog stores as 64-bit integers: anything larger is refused by the option, not by the database.
+VERSION = click.IntRange(min=0, max=INT64_MAX)
+PARTITION_ID = click.IntRange(min=1, max=MAX_PARTITION_ID)
+COUNT = click.IntRange(min=0, max=INT64_MAX)
 
 
 class Context:
@@ -46,6 +54,12 @@ class Context:
         if self._defs is None:
             self._defs = load_definitions(self._config)
         return self._defs
+
+    def defs_if_any(self) -> Definitions | None:
+        """The definitions, or None when there is no definitions file (a command given only --catalog)."""
+        if self._defs is None and not config_path(self._config).exists():
+            return None
+        return self.defs
 
     def catalog(self, *, initialized: bool = True) -> Catalog:
         if self._catalog is None:
@@ -80,7 +94,31 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineErrors(click.Group):
+    """Click's usage errors (a bad option value, a missing argument) as the same one line every other user
+    error gets, exit code 2, instead of a usage block: scripts and people read one form of error."""
+
+    def main(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, prog_name: str | None = None, **extra: Any
+    ) -> Any:
+        if extra.pop("standalone_mode", True) is False:
+            return super().main(args, prog_name, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message())
+            sys.exit(2)
+        except click.UsageError as exc:
+            hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
+            _fail(f"{exc.format_message()}{hint}", 2)
+        except click.ClickException as exc:
+            _fail(exc.format_message(), exc.exit_code)
+        except click.Abort:
+            _fail("aborted", 1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="segrep")
 @click.option(
     "--config",
@@ -115,6 +153,7 @@ def main(ctx: click.Context, config: str | None, catalog_url: str | None) -> Non
 def init(obj: Context) -> None:
     """Create or upgrade the catalog schema to the newest migration (safe to run again)."""
     catalog = obj.catalog(initialized=False)
+    catalog.require_known_revision()
     before, after = upgrade(catalog)
     if before == after:
         click.echo(f"catalog {catalog.safe_url} is up to date (revision {after})")
@@ -146,13 +185,21 @@ def catalog_group() -> None:
 @catalog_group.command("rebuild")
 @click.option("--site", "site", required=True, help="Site whose segment lists are rebuilt from its files.")
 @click.option("--dry-run", is_flag=True, help="Report what the files say; change nothing.")
+@click.option(
+    "--accept-loss",
+    is_flag=True,
+    help="Drop catalog segments whose files are gone, and accept a chain head the catalog never knew.",
+)
 @click.pass_obj
 @_user_errors
-def catalog_rebuild(obj: Context, site: str, dry_run: bool) -> None:
-    """Reconstruct a site's segment lists and roots from the metadata in its segment files."""
+def catalog_rebuild(obj: Context, site: str, dry_run: bool, accept_loss: bool) -> None:
+    """Reconstruct a site's segment lists and roots from the metadata in its segment files.
+
+    Refuses, naming each one, when a segment the catalog lists has no file at the site, or when a file
+    would become a root the catalog never had, unless --accept-loss says that loss is known and accepted."""
     from segrep.catalog.rebuild import rebuild_site
 
-    report = rebuild_site(obj.catalog(), site, dry_run=dry_run)
+    report = rebuild_site(obj.catalog(), site, dry_run=dry_run, accept_loss=accept_loss)
     for line in report.lines():
         click.echo(line)
 
@@ -253,7 +300,19 @@ def _read_input(file: Path, fmt: str | None, info: q.TableInfo, *, keys_only: bo
     except FileNotFoundError:
         raise SegrepError(f"cannot read {file}: no such file") from None
     except (OSError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise SegrepError(f"cannot read {file} as {fmt}: {str(exc).splitlines()[0]}") from None
+        raise SegrepError(f"cannot read {file} as {fmt}: {_name_csv_column(file, str(exc).splitlines()[0])}") from None
+
+
+def _name_csv_column(file: Path, message: str) -> str:
+    """Arrow's CSV errors say "In CSV column #3"; a user knows the column by its name (from the header)."""
+    found = re.match(r"In CSV column #(\d+): (.*)", message)
+    if found is None:
+        return message
+    with file.open(newline="", encoding="utf-8", errors="replace") as f:
+        header = next(csv.reader(f), [])
+    index = int(found.group(1))
+    name = header[index] if index < len(header) else f"#{index}"
+    return f"column {name}: {found.group(2)}"
 
 
 def _format_from_suffix(file: Path, allowed: Sequence[str]) -> str:
@@ -267,37 +326,52 @@ def _format_from_suffix(file: Path, allowed: Sequence[str]) -> str:
 @main.command()
 @click.argument("table")
 @click.option("--site", default=None, help="Read the replicas at this site. Default: each partition's leader.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write rows here.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Write rows here.")
+@click.option("--overwrite", is_flag=True, help="Replace --output if it exists (atomically).")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "csv", "table"]), default=None)
-@click.option("--as-of", "as_of", type=int, default=None, help="Only row versions <= this (microseconds).")
-@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="Rows shown on stdout.")
+@click.option("--as-of", "as_of", type=VERSION, default=None, help="Only row versions <= this (microseconds).")
+@click.option("--limit", type=COUNT, default=20, show_default=True, help="Rows shown on stdout.")
 @click.pass_obj
 @_user_errors
 def read(
-    obj: Context, table: str, site: str | None, output: Path | None, fmt: str | None, as_of: int | None, limit: int
+    obj: Context,
+    table: str,
+    site: str | None,
+    output: Path | None,
+    overwrite: bool,
+    fmt: str | None,
+    as_of: int | None,
+    limit: int,
 ) -> None:
-    """Read a table's current rows (last writer wins, deletes applied) at a site."""
+    """Read a table's current rows (last writer wins, deletes applied) at a site.
+
+    --output never replaces the catalog, the definitions, a file under a site root or the work directory,
+    nor an existing file unless --overwrite is given."""
     from segrep.data.reader import read_table
 
-    rows = read_table(obj.catalog(), table, site, as_of=as_of)
+    target, out_fmt = None, "table"
     if output is None:
         if fmt not in (None, "table"):
             raise SegrepError("--format parquet or csv needs --output FILE")
+    else:
+        out_fmt = fmt or _format_from_suffix(output, ("parquet", "csv"))
+        if out_fmt == "table":
+            raise SegrepError("--format table prints to stdout; drop --output")
+        target = check_output(output, protected_paths(obj.catalog(), obj.defs_if_any()), overwrite=overwrite)
+    rows = read_table(obj.catalog(), table, site, as_of=as_of)
+    if target is None:
         shown = rows.slice(0, limit).to_pylist()
         click.echo(format_rows(rows.column_names, [list(r.values()) for r in shown]))
         click.echo(f"{rows.num_rows} row(s) in {table} at {site or 'the leaders'}")
         return
-    fmt = fmt or _format_from_suffix(output, ("parquet", "csv"))
-    if fmt == "table":
-        raise SegrepError("--format table prints to stdout; drop --output")
-    atomic_write_table(rows, output, fmt)
+    atomic_write_table(rows, target, out_fmt)
     click.echo(f"wrote {rows.num_rows} row(s) of {table} at {site or 'the leaders'} to {output}")
 
 
 @main.command()
 @click.argument("table")
 @click.option("--site", default=None, help="Only placements at this site.")
-@click.option("--partition", "partition_id", type=int, default=None, help="Only this partition.")
+@click.option("--partition", "partition_id", type=PARTITION_ID, default=None, help="Only this partition.")
 @click.pass_obj
 @_user_errors
 def segments(obj: Context, table: str, site: str | None, partition_id: int | None) -> None:
@@ -330,7 +404,7 @@ def bootstrap_(obj: Context, table: str, site: str, mode: str) -> None:
 
 @main.command("compact")
 @click.argument("table")
-@click.option("--partition", "partitions", type=int, multiple=True, help="Only these partitions (repeatable).")
+@click.option("--partition", "partitions", type=PARTITION_ID, multiple=True, help="Only these partitions (repeatable).")
 @click.option("--force", is_flag=True, help="Compact every partition with a minor segment, ignoring thresholds.")
 @click.pass_obj
 @_user_errors
@@ -349,6 +423,9 @@ def compact_(obj: Context, table: str, partitions: tuple[int, ...], force: bool)
     click.echo(f"committed {report.committed} major segment(s); dropped: {dropped}")
     for line in report.needs_bootstrap:
         click.echo(f"ALERT: {line}")
+    if report.commit.invalid:
+        failed = "; ".join(f"{p.item}: {p.reason}" for p in report.commit.invalid)
+        _fail(f"compaction of {table} could not fold {len(report.commit.invalid)} partition(s): {failed}", 1)
 
 
 @main.command("gc")
@@ -379,6 +456,8 @@ def _parse_until(text: str | None) -> int | None:
     if text is None:
         return None
     if text.isdigit():
+        if int(text) > INT64_MAX:
+            raise SegrepError(f"--until {text} is beyond the largest time segrep stores (microseconds < 2**63)")
         return int(text)
     import pendulum
 
@@ -400,7 +479,8 @@ def _parse_until(text: str | None) -> int | None:
 def round_(obj: Context, table: str, until: str | None, target: str | None, reoffer: bool, as_json: bool) -> None:
     """Run one replication round for TABLE without Airflow: plan, fast-forward, merge (Spark), commit.
 
-    Exits 1 if a target could not be reached (the others are still replicated)."""
+    Exits 1 if a target could not be reached or a file failed verification (the others are still
+    replicated; the report names each file and what to run)."""
     import json
 
     from segrep.cli.format import format_report
@@ -410,13 +490,13 @@ def round_(obj: Context, table: str, until: str | None, target: str | None, reof
     report = run_round(obj.catalog(), obj.defs, table, _parse_until(until), target=target, reoffer=reoffer)
     text = json.dumps(report.to_dict(), indent=2, sort_keys=True, default=str) if as_json else format_report(report)
     click.echo(text)
-    if report.failed:
-        _fail(f"round of {table}: target(s) {', '.join(report.failed)} failed; re-run to retry", 1)
+    if report.has_problems:
+        _fail(f"round of {table}: {'; '.join(report.problems())}", 1)
 
 
 @main.command("split")
 @click.argument("table")
-@click.argument("partition", type=int)
+@click.argument("partition", type=PARTITION_ID)
 @click.option("--at", "split_keys", multiple=True, help="A split key (repeatable); omit to resume the split under way.")
 @click.option("--async", "is_async", is_flag=True, help="Finalize at once; the data follows through UNLOAD.")
 @click.option("--json", "as_json", is_flag=True, help="Print the split report as JSON.")

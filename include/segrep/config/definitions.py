@@ -1,33 +1,48 @@
 """The definitions file: sites, tables and their replication policies, reviewed in git.
 
-Read by the CLI and, at DAG parse time, by the DAG factory; it never touches the catalog. ``segrep apply``
-brings the catalog in line with it. Relative site paths and the data directory are resolved against the
-definitions file's directory, so the same file works from any working directory.
+Read by the CLI and, at DAG parse time, by the DAG factory; it never touches the catalog and creates nothing.
+``segrep apply`` brings the catalog in line with it. Relative site paths and the data directory are resolved
+against the definitions file's directory, so the same file works from any working directory. Every bad entry
+is a ConfigError naming the file and the entry; the DAG files load with ``isolate_tables=True`` so one table's
+bad definition leaves the other tables' DAGs standing.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 
+from segrep.config import locations
+from segrep.config.policy import Policy, parse_policy
+from segrep.config.schedule import parse_schedule
+from segrep.config.yamlfile import read_yaml
+from segrep.core import keys
 from segrep.core import schema as sch
 from segrep.core.errors import ConfigError, SegrepError
 from segrep.core.names import check_name
 
+__all__ = [
+    "CONFIG_ENV",
+    "DEFAULT_CONFIG",
+    "Definitions",
+    "Policy",
+    "SiteDef",
+    "TableDef",
+    "config_path",
+    "load_definitions",
+    "schedule_interval_s",
+]
+
 CONFIG_ENV = "SEGREP_CONFIG"
 DEFAULT_CONFIG = Path("include/segrep.yaml")
-_DURATION_RE = re.compile(r"^(\d+)\s*([smhdw])$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_TOP_LEVEL = {"data_dir", "catalog_url", "sites", "tables"}
 
 
 @dataclass(frozen=True)
@@ -35,25 +50,6 @@ class SiteDef:
     name: str
     site_id: int
     uri: str
-
-
-@dataclass(frozen=True)
-class Policy:
-    """How a table replicates: schedule and the thresholds rounds, compaction and GC obey."""
-
-    schedule: str | None = "@hourly"  # cron expression or preset, or a fixed interval such as "10m"
-    start_date: date | datetime = date(2026, 1, 1)  # a date means midnight UTC
-    end_date: date | datetime | None = None  # no scheduled runs after this (backfills still work before it)
-    maintenance_schedule: str | None = "@daily"  # compaction and GC (the maintenance DAG)
-    max_incoming_segments: int = 8
-    spark_copy_threshold_bytes: int = 256 * 1024 * 1024
-    retries: int = 3
-    retry_delay_s: int = 30
-    compact_min_segments: int = 10
-    compact_min_bytes: int = 512 * 1024 * 1024
-    tombstone_grace_s: int = 7 * 86400
-    max_retention_s: int = 7 * 86400
-    orphan_grace_s: int = 86400
 
 
 @dataclass(frozen=True)
@@ -83,6 +79,8 @@ class Definitions:
     catalog_url: str | None
     sites: dict[str, SiteDef] = field(default_factory=dict)
     tables: dict[str, TableDef] = field(default_factory=dict)
+    # with isolate_tables=True: each table left out because its own definition is invalid -> its one-line error
+    table_errors: dict[str, str] = field(default_factory=dict)
 
     def site(self, name: str) -> SiteDef:
         check_name("site", name)
@@ -105,46 +103,57 @@ def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     return Path(explicit or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
 
 
-def load_definitions(path: str | os.PathLike[str] | None = None) -> Definitions:
-    """Parse and validate the definitions file; raise ConfigError naming the file and the bad entry."""
+def load_definitions(path: str | os.PathLike[str] | None = None, *, isolate_tables: bool = False) -> Definitions:
+    """Parse and validate the definitions file; raise ConfigError naming the file and the bad entry.
+
+    With ``isolate_tables`` a table whose own definition is invalid is left out of ``tables`` and its error
+    recorded in ``table_errors`` (the DAG files: one bad table must not take the others' DAGs down); errors of
+    the file as a whole (reading, YAML, top level, sites) still raise.
+    """
     p = config_path(path)
+    doc = read_yaml(p)
     try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read definitions file {p}: {exc.strerror or exc}") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    try:
-        return _parse(doc, p.resolve())
+        return _parse(doc, p, isolate_tables)
     except ConfigError:
         raise
     except SegrepError as exc:
         raise ConfigError(f"{p}: {exc}") from None
 
 
-def _parse(doc: Any, path: Path) -> Definitions:
+def _parse(doc: Any, p: Path, isolate_tables: bool) -> Definitions:
     if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: expected a mapping with 'sites' and 'tables'")
-    _no_unknown_keys(doc, {"data_dir", "catalog_url", "sites", "tables"}, "top level")
+        raise SegrepError("expected a mapping with 'sites' and 'tables'")
+    _no_unknown_keys(doc, _TOP_LEVEL, "top level")
+    try:
+        path = p.resolve()
+    except (OSError, RuntimeError) as exc:
+        raise SegrepError(f"cannot resolve the file's path: {exc}") from None
     base = path.parent
-    data_dir = (base / str(doc.get("data_dir", "data"))).resolve()
-    sites = _parse_sites(doc.get("sites"), data_dir)
-    tables = {
-        check_name("table", name): _parse_table(name, body, sites, base)
-        for name, body in _mapping(doc.get("tables") or {}, "tables").items()
-    }
+    data_dir = locations.data_dir(doc.get("data_dir", "data"), base)
     catalog_url = doc.get("catalog_url")
-    if catalog_url is not None and not isinstance(catalog_url, str):
-        raise SegrepError("catalog_url must be a string (a SQLAlchemy URL)")
-    return Definitions(path=path, data_dir=data_dir, catalog_url=catalog_url, sites=sites, tables=tables)
+    if catalog_url is not None and (
+        not isinstance(catalog_url, str) or not catalog_url.strip() or "\x00" in catalog_url
+    ):
+        raise SegrepError(f"catalog_url must be a SQLAlchemy URL (a string), got {catalog_url!r}")
+    sites = _parse_sites(doc.get("sites"), data_dir)
+    tables: dict[str, TableDef] = {}
+    table_errors: dict[str, str] = {}
+    for name, body in _mapping(_given(doc, "tables", {}), "tables").items():
+        try:
+            tables[check_name("table", name)] = _parse_table(name, body, sites, base)
+        except SegrepError as exc:
+            if not isolate_tables:
+                raise
+            table_errors[str(name)] = f"{p}: {exc}"
+    return Definitions(
+        path=path, data_dir=data_dir, catalog_url=catalog_url, sites=sites, tables=tables, table_errors=table_errors
+    )
 
 
 def _parse_sites(raw: Any, data_dir: Path) -> dict[str, SiteDef]:
     sites: dict[str, SiteDef] = {}
     ids: dict[int, str] = {}
-    for name, body in _mapping(raw or {}, "sites").items():
+    for name, body in _mapping({} if raw is None else raw, "sites").items():
         check_name("site", name)
         body = _mapping(body, f"site {name}")
         _no_unknown_keys(body, {"id", "uri"}, f"site {name}")
@@ -157,20 +166,10 @@ def _parse_sites(raw: Any, data_dir: Path) -> dict[str, SiteDef]:
         uri = body.get("uri")
         if not isinstance(uri, str) or not uri.strip():
             raise SegrepError(f"site {name}: 'uri' must be a path or URI")
-        sites[name] = SiteDef(name=name, site_id=site_id, uri=_resolve_uri(uri.strip(), data_dir))
+        sites[name] = SiteDef(name=name, site_id=site_id, uri=locations.site_uri(name, uri.strip(), data_dir))
     if not sites:
         raise SegrepError("no sites defined")
     return sites
-
-
-def _resolve_uri(uri: str, data_dir: Path) -> str:
-    """Local paths become absolute (relative ones under data_dir); URIs with a scheme pass through."""
-    if "://" in uri:
-        if uri.startswith("file://"):
-            return str(Path(uri[len("file://") :]).resolve())
-        return uri
-    p = Path(uri)
-    return str((p if p.is_absolute() else data_dir / p).resolve())
 
 
 def _parse_table(name: str, raw: Any, sites: Mapping[str, SiteDef], base: Path) -> TableDef:
@@ -186,7 +185,7 @@ def _parse_table(name: str, raw: Any, sites: Mapping[str, SiteDef], base: Path) 
     if "columns" in body:
         schema = _in(where, sch.schema_from_columns, _mapping(body["columns"], f"{where} columns"))
     else:
-        schema = _schema_from_file(base / str(body["schema_from"]), where)
+        schema = _schema_from_file(body["schema_from"], base, where)
     if not len(schema):
         raise SegrepError(f"{where}: no columns")
     pk = body.get("primary_key")
@@ -200,11 +199,11 @@ def _parse_table(name: str, raw: Any, sites: Mapping[str, SiteDef], base: Path) 
     part = body.get("partition_key", pk[0])
     if part not in pk:
         raise SegrepError(f"{where}: partition_key {part!r} must be one of the primary key columns {pk}")
-    split_points = _split_points(body.get("split_points") or [], schema.field(part).type, where)
+    split_points = _split_points(_given(body, "split_points", []), schema.field(part).type, where)
     leader = body.get("leader")
     if not isinstance(leader, str) or leader not in sites:
         raise SegrepError(f"{where}: leader {leader!r} is not a defined site")
-    replicas = body.get("replicas") or []
+    replicas = _given(body, "replicas", [])
     if (
         not isinstance(replicas, list)
         or not all(isinstance(r, str) for r in replicas)
@@ -224,15 +223,19 @@ def _parse_table(name: str, raw: Any, sites: Mapping[str, SiteDef], base: Path) 
         split_points=split_points,
         leader=leader,
         replicas=tuple(replicas),
-        policy=_parse_policy(body.get("policy") or {}, where),
+        policy=_parse_policy(_given(body, "policy", {}), where),
     )
 
 
-def _schema_from_file(path: Path, where: str) -> pa.Schema:
+def _schema_from_file(raw: Any, base: Path, where: str) -> pa.Schema:
+    if not isinstance(raw, str) or not raw.strip() or "\x00" in raw:
+        raise SegrepError(f"{where}: 'schema_from' must be the path of a Parquet file, got {raw!r}")
+    path = base / raw.strip()
     try:
         arrow_schema = pq.read_schema(path)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise SegrepError(f"{where}: cannot read schema_from file {path}: {exc}") from None
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SegrepError(f"{where}: cannot read schema_from file {path}: {reason}") from None
     return _in(f"{where} (schema_from {path})", sch.schema_from_arrow, arrow_schema)
 
 
@@ -245,73 +248,37 @@ def _in(where: str, fn: Any, arg: Any) -> Any:
 
 
 def _split_points(raw: Any, dtype: pa.DataType, where: str) -> tuple[Any, ...]:
+    """The partition bounds, each converted strictly (keys.from_user: no NaN, bool, overflow), ascending."""
     if not isinstance(raw, list):
         raise SegrepError(f"{where}: 'split_points' must be a list")
-    try:
-        values = pa.array(raw).cast(dtype, safe=True).to_pylist() if raw else []
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-        raise SegrepError(f"{where}: split_points do not fit the partition key type {dtype}: {exc}") from None
-    if any(v is None for v in values) or any(a >= b for a, b in itertools.pairwise(values)):
-        raise SegrepError(f"{where}: split_points must be non-null and strictly ascending")
+    values = [keys.from_user(v, dtype, f"{where}: split_points[{i}]") for i, v in enumerate(raw)]
+    for i, (a, b) in enumerate(itertools.pairwise(values)):
+        if not a < b:
+            raise SegrepError(
+                f"{where}: split_points must be strictly ascending: split_points[{i + 1}] {keys.encode(b)!r} "
+                f"does not come after {keys.encode(a)!r}"
+            )
     return tuple(values)
 
 
 def _parse_policy(raw: Any, where: str) -> Policy:
     body = dict(_mapping(raw, f"{where} policy"))
-    defaults = Policy()
-    known = set(Policy.__dataclass_fields__)
-    _no_unknown_keys(body, known, f"{where} policy")
-    values: dict[str, Any] = {}
-    for key, value in body.items():
-        if key in ("schedule", "maintenance_schedule"):
-            if value is not None and not (isinstance(value, str) and value.strip()):
-                raise SegrepError(f"{where} policy: schedule must be a cron expression, a preset or null")
-            values[key] = value
-        elif key in ("start_date", "end_date"):
-            values[key] = None if value is None and key == "end_date" else _date(value, where, key)
-        elif key.endswith("_s"):
-            values[key] = _duration(value, f"{where} policy {key}")
-        else:
-            low = 0 if key == "retries" else 1  # no retry is a valid choice; no segment in flight is not
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                kind = "a non-negative" if low == 0 else "a positive"
-                raise SegrepError(f"{where} policy: {key} must be {kind} integer")
-            values[key] = value
-    policy = Policy(**{**defaults.__dict__, **values})
-    if policy.tombstone_grace_s < policy.max_retention_s:
-        raise SegrepError(
-            f"{where} policy: tombstone_grace_s must be at least max_retention_s, or a replica away for the "
-            "whole retention could resurrect deleted rows"
-        )
-    return policy
-
-
-def _duration(value: Any, where: str) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    m = _DURATION_RE.match(str(value).strip()) if isinstance(value, str) else None
-    if not m:
-        raise SegrepError(f"{where}: expected seconds or a duration like 30s, 15m, 12h, 7d, 2w; got {value!r}")
-    return int(m.group(1)) * _UNITS[m.group(2)]
-
-
-def _date(value: Any, where: str, key: str = "start_date") -> date | datetime:
-    """A date (midnight UTC) or an ISO-8601 date-time (UTC unless it names a zone)."""
-    if isinstance(value, date):
-        return value
-    try:
-        text = str(value)
-        return datetime.fromisoformat(text) if "T" in text or " " in text.strip() else date.fromisoformat(text)
-    except ValueError:
-        raise SegrepError(
-            f"{where} policy: {key} must be a date YYYY-MM-DD or a date-time YYYY-MM-DDTHH:MM:SS, got {value!r}"
-        ) from None
+    _no_unknown_keys(body, set(Policy.__dataclass_fields__), f"{where} policy")
+    return parse_policy(body, f"{where} policy")
 
 
 def schedule_interval_s(schedule: str | None) -> int | None:
-    """Seconds if the schedule is a fixed interval such as ``10m``; None for cron expressions and presets."""
-    m = _DURATION_RE.match(schedule.strip()) if schedule else None
-    return int(m.group(1)) * _UNITS[m.group(2)] if m else None
+    """Seconds if the schedule is a fixed interval such as ``10m``; None for cron expressions, presets and null.
+    Prefer :func:`segrep.config.schedule.parse_schedule`, which also gives the cron expression."""
+    parsed = parse_schedule(schedule)
+    return parsed.interval_s if parsed else None
+
+
+def _given(body: Mapping[str, Any], key: str, default: Any) -> Any:
+    """``body[key]``, or ``default`` when absent or null (never for other empty values: ``replicas: 0`` is an
+    error, not an empty list)."""
+    value = body.get(key)
+    return default if value is None else value
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:

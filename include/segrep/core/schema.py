@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -57,6 +57,9 @@ def parse_type(text: str) -> pa.DataType:
         if not 1 <= precision <= 38 or scale > precision:
             raise SegrepError(f"invalid decimal type {text!r}: need 1 <= precision <= 38 and scale <= precision")
         return pa.decimal128(precision, scale)
+    if t.startswith("decimal(") and "," not in t and not t.endswith(")"):
+        # `{amount: decimal(15,2)}` on one line: YAML splits the flow mapping at the comma
+        raise SegrepError(f"unknown column type {text!r}: in a one-line {{...}} mapping, quote it: 'decimal(15,2)'")
     allowed = ", ".join([*_SIMPLE_TYPES, "decimal(p,s)"])
     raise SegrepError(f"unknown column type {text!r}; allowed: {allowed}")
 
@@ -130,8 +133,12 @@ def segment_schema(schema: pa.Schema) -> pa.Schema:
 def conform_batch(batch: pa.Table, schema: pa.Schema, primary_key: Sequence[str], *, keys_only: bool) -> pa.Table:
     """Check an input batch against the table and cast it to the table's types and column order.
 
-    ``keys_only`` is for deletes: the batch must hold exactly the primary key columns. Raises
-    SchemaMismatchError naming every missing, extra or uncastable column, or null keys.
+    ``keys_only`` is for deletes: the batch must hold exactly the primary key columns. Every column, key or
+    not, must be of its declared type or convert to it without loss within the same kind of value (see
+    :func:`conform_column`): a bool silently becoming 1 is wrong in any column. Key columns must also hold no
+    null and no NaN (NaN equals nothing: two NaN rows would coexist and a delete of NaN would delete nothing);
+    a float key's -0.0 becomes 0.0, the key it equals. Raises SchemaMismatchError naming every missing or extra
+    column, or the column, its type and the table's type.
     """
     wanted = [f for f in schema if f.name in primary_key] if keys_only else list(schema)
     wanted_names = [f.name for f in wanted]
@@ -148,19 +155,87 @@ def conform_batch(batch: pa.Table, schema: pa.Schema, primary_key: Sequence[str]
         raise SchemaMismatchError(f"batch has columns the table does not: {', '.join(extra)}")
     arrays = []
     for f in wanted:
-        col = batch.column(f.name)
-        if col.type != f.type:
-            try:
-                col = col.cast(f.type, safe=True)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise SchemaMismatchError(
-                    f"column {f.name} has type {batch.schema.field(f.name).type}, table wants "
-                    f"{type_name(f.type)}: {str(exc).splitlines()[0]}"
-                ) from None
-        if f.name in primary_key and col.null_count:
-            raise SchemaMismatchError(f"key column {f.name} has {col.null_count} null value(s)")
+        col = conform_column(f.name, batch.column(f.name), f.type)
+        if f.name in primary_key:
+            col = _check_key(f.name, col)
         arrays.append(col)
     return pa.Table.from_arrays(arrays, schema=pa.schema(wanted))
+
+
+# Kinds of value: a column converts only within its kind. Across kinds a cast changes what a value means
+# (True -> 1, a timestamp -> its microseconds, 2.5 -> 2, "007" -> 7) even when Arrow calls it safe.
+_KINDS: tuple[tuple[str, Callable[[pa.DataType], bool]], ...] = (
+    ("bool", pa.types.is_boolean),
+    ("integer", pa.types.is_integer),
+    ("float", pa.types.is_floating),
+    ("decimal", pa.types.is_decimal),
+    ("string", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)),
+    (
+        "binary",
+        lambda t: (
+            pa.types.is_binary(t)
+            or pa.types.is_large_binary(t)
+            or pa.types.is_binary_view(t)
+            or pa.types.is_fixed_size_binary(t)
+        ),
+    ),
+    ("date", pa.types.is_date),
+    ("timestamp", pa.types.is_timestamp),
+)
+
+
+def kind_of(dtype: pa.DataType) -> str | None:
+    """The kind of value a type holds (``integer``, ``string``, ``timestamp``...), None outside the vocabulary."""
+    return next((kind for kind, test in _KINDS if test(dtype)), None)
+
+
+def conform_column(name: str, col: pa.ChunkedArray, wanted: pa.DataType) -> pa.ChunkedArray:
+    """``col`` as type ``wanted``: unchanged, or converted within its kind with every value kept exactly
+    (int64 -> int32 when every value fits, float32 -> float64, string views, decimal rescaling without loss,
+    date64 -> date32, timestamp units and zones; dictionary-encoded columns are decoded first); a column of
+    nulls only (type null) takes any type. Anything else raises SchemaMismatchError naming the column."""
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    given = col.type
+    if given == wanted:
+        return col
+    given_kind, wanted_kind = kind_of(given), kind_of(wanted)
+    problem: str | None = None
+    if not pa.types.is_null(given) and given_kind != wanted_kind:
+        problem = f"a {given_kind or str(given)} column is never converted to {wanted_kind} (it would change values)"
+    else:
+        try:
+            cast = col.cast(wanted, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            problem = str(exc).splitlines()[0]
+        else:
+            if wanted_kind == "float" and _float_changed(col, cast):
+                problem = "some values would be rounded"
+    if problem is not None:
+        raise SchemaMismatchError(f"column {name} has type {given}, table wants {type_name(wanted)}: {problem}")
+    return cast
+
+
+def _float_changed(before: pa.ChunkedArray, after: pa.ChunkedArray) -> bool:
+    """True if narrowing floats changed a value (NaN stays NaN; a widening never changes one)."""
+    if after.type.bit_width >= before.type.bit_width:
+        return False
+    back = after.cast(before.type)
+    same = pc.or_kleene(pc.equal(back, before), pc.and_(pc.is_nan(back), pc.is_nan(before)))
+    return not pc.all(pc.fill_null(same, True)).as_py()
+
+
+def _check_key(name: str, col: pa.ChunkedArray) -> pa.ChunkedArray:
+    if col.null_count:
+        raise SchemaMismatchError(f"key column {name} has {col.null_count} null value(s); a key cannot be null")
+    if pa.types.is_floating(col.type):
+        nans = pc.sum(pc.is_nan(col)).as_py() or 0
+        if nans:
+            raise SchemaMismatchError(
+                f"key column {name} has {nans} NaN value(s); NaN equals nothing, so it cannot be a key"
+            )
+        col = pc.add(col, pa.scalar(0.0, col.type))  # -0.0 + 0.0 is 0.0: keys that compare equal are one key
+    return col
 
 
 def strictly_increasing(batch: pa.Table, primary_key: Sequence[str]) -> bool:

@@ -4,12 +4,18 @@ The rows of a placement are those of its visible segments (newest major up to th
 key the row with the highest ``(_version, _origin)`` wins; a winning tombstone hides the key. When the
 segments' leading-key ranges do not overlap and hold no tombstone, no key can appear twice and the files are
 simply concatenated: the common case of append-mostly tables costs no more than reading the files.
+
+No file serves rows before it proved to be the segment the catalog names: its footer entry (segment id,
+table, partition, counts, ranges), its size and row count, every page's CRC, then the row count and key and
+version ranges of what was read (linear passes over columns already in memory). A mismatch raises
+CorruptSegmentError naming the site, the file, what differs and how to restore the file.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +30,10 @@ from segrep.catalog import queries as q
 from segrep.core import keys
 from segrep.core import schema as sch
 from segrep.core.chain import visible_segments
-from segrep.core.errors import NotFoundError
+from segrep.core.errors import CorruptSegmentError, NotFoundError
 from segrep.core.states import PartitionState
-from segrep.storage.site import Site
+from segrep.storage.segment_meta import ExpectedSegment, rows_differences
+from segrep.storage.site import DECODE_ERRORS, Site
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,8 @@ class PlacementFiles:
     key_begin: Any
     key_end: Any
     disjoint: bool
+    table: str
+    is_leader: bool  # whose copy a damaged file is decides how to restore it
 
 
 def segments_disjoint(segments: Sequence[m.Segment], decode: Callable[[Any], Any]) -> bool:
@@ -89,7 +98,12 @@ def placement_files(catalog: Catalog, table: str, site: str | None = None) -> tu
             visible = (*visible, *_visible(parent_pl, seg_lists))
             begin, end, disjoint = part.begin_key, part.end_key, False
         site_obj = Site(sites[pl.site_id].name, sites[pl.site_id].uri)
-        out.append(PlacementFiles(pl.placement_id, pl.partition_id, site_obj, visible, begin, end, disjoint))
+        is_leader = pl.placement_id == by_partition[pl.partition_id].leader_placement_id
+        out.append(
+            PlacementFiles(
+                pl.placement_id, pl.partition_id, site_obj, visible, begin, end, disjoint, info.name, is_leader
+            )
+        )
     return info, out
 
 
@@ -148,8 +162,45 @@ def read_table(
     return out.select(list(columns)) if columns is not None else out
 
 
+def expected_segment(info: q.TableInfo, seg: m.Segment) -> ExpectedSegment:
+    """What the catalog row says the segment's file is, for the checks every read makes."""
+    return ExpectedSegment(
+        segment_id=seg.segment_id,
+        table=info.name,
+        partition_id=seg.partition_id,
+        byte_size=seg.byte_size,
+        row_count=seg.row_count,
+        deleted_rows=seg.deleted_rows,
+        min_version=seg.min_version,
+        max_version=seg.max_version,
+        key_min=seg.key_min,
+        key_max=seg.key_max,
+        schema=sch.segment_schema(info.schema),
+    )
+
+
+@contextmanager
+def restore_advice(pf: PlacementFiles) -> Iterator[None]:
+    """A CorruptSegmentError raised inside gets what to do about it: a replica's copy is copied again from the
+    leader by a bootstrap; the leader's own copy has to come back from a replica that holds the segment."""
+    try:
+        yield
+    except CorruptSegmentError as exc:
+        if pf.is_leader:
+            advice = (
+                "this is the leader's copy: restore the file from a replica site that holds the segment (the same "
+                "relative path under its root), then read again"
+            )
+        else:
+            advice = f"copy it again from the leader: segrep bootstrap {pf.table} {pf.site.name} --mode replace"
+        raise CorruptSegmentError(f"{exc}; {advice}") from None
+
+
 def read_placement(info: q.TableInfo, pf: PlacementFiles, *, as_of: int | None = None) -> pa.Table:
-    tables = [pf.site.read_segment(seg.relpath) for seg in pf.segments]
+    with restore_advice(pf):
+        tables = [
+            pf.site.read_checked(seg.relpath, expected_segment(info, seg), info.primary_key) for seg in pf.segments
+        ]
     if not tables:
         return info.schema.empty_table()
     rows = pa.concat_tables(tables)
@@ -163,20 +214,60 @@ def read_placement(info: q.TableInfo, pf: PlacementFiles, *, as_of: int | None =
     return resolve(rows, info.primary_key)
 
 
+@dataclass(frozen=True)
+class _CheckedFile:
+    pf: PlacementFiles
+    relpath: str
+    expected: ExpectedSegment
+    metadata: pq.FileMetaData
+
+
 def _read_concatenated(info: q.TableInfo, placements: Sequence[PlacementFiles]) -> pa.Table:
     """Placements whose segments cannot share a key: read their files as one multi-file, multi-threaded
-    read of the table's columns only (the internal ones are not even decoded)."""
-    by_site: dict[str, list[str]] = {}
-    sites = {}
+    read of the table's columns only (the internal ones are not even decoded).
+
+    Every footer is checked first (its entry carries the version range and tombstone count, equal to the
+    catalog's); each file's share of the result (files are read in order) is then checked for its row count
+    and key range. The internal columns are neither served nor read here, so their pages cannot mislead."""
+    by_site: dict[str, list[_CheckedFile]] = {}
     for pf in placements:
-        sites[pf.site.name] = pf.site
-        by_site.setdefault(pf.site.name, []).extend(pf.site.path(seg.relpath) for seg in pf.segments)
-    tables = [
-        pq.read_table(paths, columns=list(info.schema.names), filesystem=sites[name].fs)
-        for name, paths in by_site.items()
-        if paths
-    ]
+        with restore_advice(pf):
+            for seg in pf.segments:
+                expected = expected_segment(info, seg)
+                metadata = pf.site.check_footer(seg.relpath, expected)
+                by_site.setdefault(pf.site.name, []).append(_CheckedFile(pf, seg.relpath, expected, metadata))
+    tables = [_read_files(info, files) for files in by_site.values() if files]
     return pa.concat_tables(tables).cast(info.schema) if tables else info.schema.empty_table()
+
+
+def _read_files(info: q.TableInfo, files: Sequence[_CheckedFile]) -> pa.Table:
+    """One multi-file read of checked files at one site, page checksums verified, each file's rows checked."""
+    site = files[0].pf.site
+    columns = list(info.schema.names)
+    try:
+        rows = pq.read_table(
+            [site.path(f.relpath) for f in files], columns=columns, filesystem=site.fs, page_checksum_verification=True
+        )
+    except DECODE_ERRORS as exc:  # the error does not say which file: find it, one at a time
+        for f in files:
+            with restore_advice(f.pf):
+                site.read_checked(f.relpath, f.expected, info.primary_key, columns)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CorruptSegmentError(
+            f"site {site.name}: the segment files of {info.name} cannot be read: {first}"
+        ) from None
+    offset = 0
+    for f in files:
+        problems = rows_differences(f.expected, rows.slice(offset, f.metadata.num_rows), info.primary_key)
+        if problems:
+            with restore_advice(f.pf):
+                raise site.corrupt(f.relpath, f.expected, problems)
+        offset += f.metadata.num_rows
+    if offset != rows.num_rows:
+        raise CorruptSegmentError(
+            f"site {site.name}: the files of {info.name} gave {rows.num_rows} rows where their footers say {offset}"
+        )
+    return rows
 
 
 def resolve(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:

@@ -70,6 +70,11 @@ def bootstrap(catalog: Catalog, defs: Definitions, table: str, site: str, mode: 
         raise SegrepError(f"unknown bootstrap mode {mode!r}: use auto, adopt or replace") from None
     tdef = defs.table(table)
     defs.site(site)
+    if site == tdef.leader:
+        raise RefusedError(
+            f"site {site} is the leader of {table}: a bootstrap brings in a replica site (replicas of {table}: "
+            f"{', '.join(tdef.replicas) or 'none'})"
+        )
     if site not in tdef.replicas:
         raise RefusedError(
             f"site {site} is not a replica of {table} in {defs.path}: add it to the table's replicas and run "

@@ -20,12 +20,16 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
-from segrep.catalog.snapshot import PartitionSnapshot, TableSnapshot, snapshot
+from segrep.catalog import queries as q
+from segrep.catalog.snapshot import REPLICATING_STATES, PartitionSnapshot, TableSnapshot, snapshot
 from segrep.config.definitions import Definitions, Policy
 from segrep.core import hlc
 from segrep.core.chain import visible_segments
+from segrep.core.errors import NotFoundError, RefusedError
 from segrep.replication.offers import pushes_from
 from segrep.spark import launch
 from segrep.spark.items import round_item
@@ -116,6 +120,8 @@ def plan_compaction(
     policy = defs.policy(table)
     key = f"{table}-compact-{now}"
     with catalog.read() as s:
+        if partitions is not None:
+            _require_partitions(s, table, partitions)
         snap: TableSnapshot = snapshot(s, table, partitions)
     plan = CompactionPlan(table, key)
     items: list[MergeItem] = []
@@ -133,6 +139,25 @@ def plan_compaction(
         Manifest(key, items).write(mpath)
         plan.manifest, plan.result = str(mpath), str(rpath)
     return plan
+
+
+def _require_partitions(s: Session, table: str, wanted: list[int]) -> None:
+    """Refuse partition ids the table does not have, or has retired (a split's parent): compacting nothing
+    and saying "not due" would hide the typo."""
+    info = q.table_info(s, table)
+    states = {p.partition_id: p.state for p in q.partitions_of(s, info)}
+    unknown = sorted(set(wanted) - set(states))
+    if unknown:
+        raise NotFoundError(
+            f"table {table} has no partition {', '.join(map(str, unknown))}; "
+            f"its partitions: {', '.join(map(str, sorted(states)))} (segrep table describe {table})"
+        )
+    inactive = sorted(pid for pid in wanted if states[pid] not in {str(x) for x in REPLICATING_STATES})
+    if inactive:
+        raise RefusedError(
+            f"table {table}: partition(s) {', '.join(f'{pid} ({states[pid]})' for pid in inactive)} "
+            "hold no chain to compact"
+        )
 
 
 def _stop_stale_pushers(catalog: Catalog, table: str, partition_ids: list[int], cutoff: int) -> list[str]:
@@ -167,12 +192,15 @@ def compact(
     *,
     partitions: list[int] | None = None,
     force: bool = False,
-    submit: Callable[..., None] = launch.submit,
+    submit: Callable[..., None] | None = None,
 ) -> CompactionReport:
-    """Plan, fold on Spark (one application for every partition due), commit. Returns a report."""
+    """Plan, fold on Spark (one application for every partition due; ``submit`` defaults to
+    :func:`segrep.spark.launch.submit`, looked up when called), commit. Returns a report."""
     plan = plan_compaction(catalog, defs, table, partitions=partitions, force=force)
     if plan.manifest is None or plan.result is None:
         return CompactionReport(table, plan.candidates, plan.needs_bootstrap, CommitSummary())
-    submit("merge", ["--manifest", plan.manifest, "--result", plan.result], name=f"segrep-compact-{table}")
+    (submit or launch.submit)(
+        "merge", ["--manifest", plan.manifest, "--result", plan.result], name=f"segrep-compact-{table}"
+    )
     result = commit_results(catalog, Path(plan.manifest), Path(plan.result))
     return CompactionReport(table, plan.candidates, plan.needs_bootstrap, result)

@@ -6,6 +6,12 @@ twice, or twice at once, commits each segment once per target:
   conditional root move; a lost race shows up as SEGMENT_EXISTS on the next offer and becomes an ack;
 - the receiver's commit and the sender's ack are separate transactions (as two servers would do them); a
   crash in between is repaired by the next offer, which the receiver answers SEGMENT_EXISTS.
+
+A store that cannot be used (its root became a plain file, a permission error, a URI its file system cannot
+open, a copier that gives up) fails that target only: the partition releases the round's leases it holds
+there, the target's report names the reason, and the round goes on with the other targets. A copy that
+fails verification is INVALID: the target declines it, and its report names the segment, the site and path
+of the file and the verification error.
 """
 
 from __future__ import annotations
@@ -27,19 +33,22 @@ from segrep.catalog.snapshot import snapshot
 from segrep.catalog.sql import record_ack
 from segrep.config.definitions import Definitions, Policy
 from segrep.core import faults, hlc
-from segrep.core.errors import ConflictError, CorruptSegmentError
+from segrep.core.errors import ConflictError, CorruptSegmentError, SegrepError
 from segrep.core.protocol import sender_reaction
 from segrep.core.states import Outcome, Reaction
 from segrep.replication.backoff import record_target
 from segrep.replication.offers import offers_to
-from segrep.replication.reports import TargetReport, TargetStatus
+from segrep.replication.reports import InvalidSegment, TargetReport, TargetStatus
 from segrep.replication.round import LEASE_TTL_US, TargetUnreachable, clamp_end, ensure_round, round_key
 from segrep.storage.atomic import FileFacts
+from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.segment_meta import SegmentEntry
 from segrep.storage.site import Site
 from segrep.storage.transfer import copy_verified
 
 PARTITIONS_AT_ONCE = 4
+# What fails a target's copy rather than the round: its store's errors, and ours (a Spark copy that failed)
+_COPY_ERRORS: tuple[type[Exception], ...] = (*STORE_ERRORS, SegrepError)
 
 
 @dataclass(frozen=True)
@@ -70,8 +79,8 @@ def copy_one(item: CopyItem) -> CopyOutcome:
         copy_verified(source, target, item.relpath, item.byte_size, item.sha256)
     except CorruptSegmentError as exc:
         return CopyOutcome(item.relpath, False, invalid=str(exc))
-    except OSError as exc:
-        return CopyOutcome(item.relpath, False, error=f"{type(exc).__name__}: {exc}")
+    except _COPY_ERRORS as exc:  # a site that cannot be opened, read or written
+        return CopyOutcome(item.relpath, False, error=describe(exc))
     return CopyOutcome(item.relpath, True)
 
 
@@ -190,6 +199,10 @@ class _PartitionRun:
             self._offer_all(report)
         except TargetUnreachable as exc:
             report.status, report.error = TargetStatus.FAILED, str(exc)
+        except STORE_ERRORS as exc:  # any store error of this target is its failure, never the round's
+            report.status, report.error = TargetStatus.FAILED, describe(exc)
+        if report.status == TargetStatus.FAILED:
+            _release_replica(self.ctx.catalog, self.replica_id, self.ctx.key)
         return report
 
     def _offer_all(self, report: TargetReport) -> None:
@@ -292,7 +305,11 @@ class _PartitionRun:
         items = [b.item for b in batch]
         big = ctx.big_copier
         use_spark = big is not None and sum(i.byte_size for i in items) >= ctx.policy.spark_copy_threshold_bytes
-        outcomes = big(items) if use_spark and big is not None else ctx.copier(items)
+        try:
+            outcomes = big(items) if use_spark and big is not None else ctx.copier(items)
+        except _COPY_ERRORS as exc:  # the copier gave up (a Spark copy that failed, a store)
+            _release_all(ctx.catalog, batch, ctx.key)
+            raise TargetUnreachable(f"copy failed: {describe(exc)}") from None
         report.spark_apps += int(use_spark)
         faults.point("after_copy_before_commit")
         copied_ok: list[_Leased] = []
@@ -321,6 +338,16 @@ class _PartitionRun:
             _release_all(ctx.catalog, batch[n:], ctx.key)
             if copied.invalid:
                 report.decline(Outcome.INVALID)
+                bad = batch[n]
+                report.invalid.append(
+                    InvalidSegment(
+                        bad.segment.segment_id,
+                        bad.partition_id,
+                        bad.item.source,
+                        f"{bad.item.source_uri.rstrip('/')}/{bad.item.relpath}",
+                        copied.invalid,
+                    )
+                )
                 return
             raise TargetUnreachable(copied.error or "copy failed")
 
@@ -360,6 +387,16 @@ def _receiver_commit(catalog: Catalog, batch: list[_Leased], key: str) -> list[_
     except ConflictError:
         return []
     return batch
+
+
+def _release_replica(catalog: Catalog, replica_id: int, key: str) -> None:
+    """Drop every lease this round holds on a replica placement (its target failed: a retry leases anew)."""
+    with catalog.write() as s:
+        s.execute(
+            delete(m.Lease)
+            .where(m.Lease.target_placement_id == replica_id, m.Lease.holder == key)
+            .execution_options(synchronize_session=False)
+        )
 
 
 def _release_all(catalog: Catalog, batch: list[_Leased], key: str) -> None:

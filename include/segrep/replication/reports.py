@@ -86,6 +86,18 @@ class RoundPlan:
         return cls(**fields, summary=PlanSummary.from_dict(doc.get("summary", {})))
 
 
+@dataclass(frozen=True)
+class InvalidSegment:
+    """A segment whose copy to a target failed verification (INVALID): the file at ``site``, ``path`` on that
+    site, is damaged, or the bytes were damaged on the way. Nothing was registered at the target."""
+
+    segment_id: str
+    partition_id: int
+    site: str  # the site the copy came from (the partition's leader)
+    path: str  # the file's path at that site
+    error: str  # what the verification found
+
+
 @dataclass
 class TargetReport:
     """One target's fast-forward in a round (one partition's, folded into the target's by ``absorb``)."""
@@ -100,6 +112,7 @@ class TargetReport:
     error: str | None = None
     spark_apps: int = 0
     decline_reason: str | None = None  # the first decline; the target's back-off records it once
+    invalid: list[InvalidSegment] = field(default_factory=list)  # copies that failed verification
 
     def absorb(self, other: TargetReport) -> None:
         """Fold one partition's report into the target's: sums, and the worst status with its reason."""
@@ -109,6 +122,7 @@ class TargetReport:
         self.bytes_copied += other.bytes_copied
         self.spark_apps += other.spark_apps
         self.needs_major += other.needs_major
+        self.invalid += other.invalid
         if other.status.rank > self.status.rank:
             self.status, self.error = other.status, other.error or self.error
         self.decline_reason = self.decline_reason or other.decline_reason
@@ -129,6 +143,7 @@ class TargetReport:
     def from_dict(cls, doc: dict[str, Any]) -> TargetReport:
         doc = dict(doc)
         doc["status"] = TargetStatus(doc.get("status", TargetStatus.OK))
+        doc["invalid"] = [InvalidSegment(**x) for x in doc.get("invalid", [])]
         return cls(**doc)
 
 
@@ -146,6 +161,30 @@ class RoundReport:
     safe_time_us: dict[str, int]
     spark_apps: int
     plan: PlanSummary | None = None
+
+    @property
+    def invalid(self) -> list[tuple[str, InvalidSegment]]:
+        """Every copy that failed verification, with its target site, in target order."""
+        return [(site, bad) for site, r in sorted(self.targets.items()) for bad in r.invalid]
+
+    @property
+    def has_problems(self) -> bool:
+        """The round needs a person: a target failed, a copied file failed verification (a damaged file or
+        link), or a merge input failed verification. Declines that clear by themselves (OVERLOADED,
+        INFLIGHT) and back-off are not problems. ``segrep round`` exits 1 on it."""
+        return bool(self.failed or self.invalid or self.merges.invalid)
+
+    def problems(self) -> list[str]:
+        """One phrase per kind of problem behind :attr:`has_problems`: the CLI's error line and the reason the
+        DAG's report task fails."""
+        out = []
+        if self.failed:
+            out.append(f"target(s) {', '.join(self.failed)} failed (re-run to retry)")
+        if self.invalid:
+            out.append(f"{len(self.invalid)} copied file(s) failed verification (see INVALID in the report)")
+        if self.merges.invalid:
+            out.append(f"{len(self.merges.invalid)} merge input(s) failed verification")
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -19,7 +19,7 @@ from segrep.catalog.snapshot import snapshot
 from segrep.core import hlc
 from segrep.core.chain import offer_order
 from segrep.core.states import Outcome
-from segrep.replication.reports import TargetReport
+from segrep.replication.reports import InvalidSegment, TargetReport
 
 DECLINES = (Outcome.OVERLOADED, Outcome.INVALID, Outcome.INFLIGHT, Outcome.OUT_OF_ORDER)
 
@@ -42,6 +42,7 @@ class TargetState:
     needs_major: list[int] = field(default_factory=list)  # partitions waiting for a major segment
     joining: bool = False  # bootstrapped, waiting for JOIN_FINALIZE
     needs_bootstrap: bool = False  # out of retention: only `segrep bootstrap` brings it back
+    invalid: list[InvalidSegment] = field(default_factory=list)  # copies that failed verification last round
 
     @property
     def caught_up(self) -> bool:
@@ -101,6 +102,7 @@ def status_rows(catalog: Catalog, table: str | None = None) -> list[TargetState]
                         needs_major=list(report.needs_major) if report else [],
                         joining=site_id in snap.joining_site_ids,
                         needs_bootstrap=site_id in snap.stalled_site_ids,
+                        invalid=list(report.invalid) if report else [],
                     )
                 )
     return out

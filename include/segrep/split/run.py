@@ -9,9 +9,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from segrep.catalog import Catalog
+from segrep.catalog.models import MAX_PARTITION_ID
 from segrep.config.definitions import Definitions
 from segrep.core import faults
-from segrep.core.errors import SplitIncompleteError
+from segrep.core.errors import SegrepError, SplitIncompleteError
 from segrep.core.states import SplitPhase, SplitState
 from segrep.spark import launch
 from segrep.spark.launch import Submit
@@ -49,13 +50,26 @@ class SplitRunReport:
         return asdict(self)
 
 
+def check_partition_id(partition_id: object) -> int:
+    """``partition_id`` if it can name a partition (a positive 32-bit integer, as the catalog stores it); else
+    SegrepError naming it, before it reaches the database (where 2**70 is an OverflowError, not an answer)."""
+    if isinstance(partition_id, bool) or not isinstance(partition_id, int):
+        raise SegrepError(f"partition id {partition_id!r} is not an integer")
+    if not 1 <= partition_id <= MAX_PARTITION_ID:
+        raise SegrepError(f"partition id {partition_id} is out of range: partition ids are 1 to {MAX_PARTITION_ID}")
+    return partition_id
+
+
 def begin_split(
     catalog: Catalog, table: str, partition_id: int, split_keys: Sequence[Any] | None = None, *, is_async: bool = False
 ) -> sp.SplitRef:
     """Step 1: start splitting ``partition_id`` at ``split_keys`` or, without keys, find its split to resume
-    it (after a failure, a leader change or a parent replica that was down)."""
-    if split_keys:
-        ref = sp.start_split(catalog, table, partition_id, list(split_keys), is_async=is_async)
+    it (after a failure, a leader change or a parent replica that was down). Raises SegrepError, before
+    anything is read or written, for a partition id that is not a positive 32-bit integer."""
+    check_partition_id(partition_id)
+    wanted = [] if split_keys is None else sp.split_key_list(split_keys)
+    if wanted:
+        ref = sp.start_split(catalog, table, partition_id, wanted, is_async=is_async)
     else:
         ref = sp.find_split(catalog, table, partition_id)
     faults.point("split_after_start")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,20 +55,23 @@ log = logging.getLogger(__name__)
 # -- start ----------------------------------------------------------------------------------------------------
 
 
-def parse_split_keys(info: q.TableInfo, raw: list[Any]) -> list[Any]:
-    """Split keys as given (CLI strings or JSON values) cast to the partition key's type, sorted, distinct."""
+def split_key_list(raw: object) -> list[Any]:
+    """``raw`` as a list of split keys; SegrepError if it is not a list (a string is not a list of its letters)."""
+    if isinstance(raw, str | bytes) or not isinstance(raw, Sequence):
+        raise SegrepError(f"split keys must be a list of keys, got {raw!r}")
+    return list(raw)
+
+
+def parse_split_keys(info: q.TableInfo, raw: Sequence[Any]) -> list[Any]:
+    """Split keys as given (CLI strings or JSON values) converted strictly to the partition key's type
+    (``keys.from_user``: no bool for an int, no NaN, no overflow, no fraction for an int key), sorted, distinct."""
+    raw = split_key_list(raw)
     if not raw:
         raise SegrepError("a split needs at least one split key (--at KEY)")
-    out = []
-    for value in raw:
-        try:
-            out.append(keys.decode(keys.encode(value), info.key_type))
-        except Exception as exc:  # pyarrow's cast errors name the value and type; wrap them as a user error
-            raise SegrepError(
-                f"split key {value!r} is not a valid {info.key_type} for partition key {info.partition_key}: {exc}"
-            ) from None
+    what = f"split key for partition key {info.partition_key}"
+    out = [keys.from_user(value, info.key_type, what) for value in raw]
     if len(set(out)) != len(out):
-        raise SegrepError(f"split keys must be distinct; got {raw}")
+        raise SegrepError(f"split keys must be distinct; got {list(raw)}")
     return sorted(out)
 
 

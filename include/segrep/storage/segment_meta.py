@@ -91,3 +91,107 @@ def lexicographic_extreme(rows: pa.Table, primary_key: Sequence[str], which: str
         out.append(value.as_py())
         candidates = candidates.filter(pc.equal(col, value))
     return out
+
+
+@dataclass(frozen=True)
+class ExpectedSegment:
+    """What the catalog says one segment file is. Every read checks the file against it, so a file that is
+    another segment (swapped, copied to the wrong place), truncated or damaged never serves rows."""
+
+    segment_id: str
+    table: str
+    partition_id: int
+    byte_size: int
+    row_count: int
+    deleted_rows: int
+    min_version: int
+    max_version: int
+    key_min: Any  # None where the catalog has no key range
+    key_max: Any
+    schema: pa.Schema  # the segment layout of the table's schema (``schema.segment_schema``)
+
+    def describe(self) -> str:
+        return f"segment {self.segment_id} of {self.table} partition {self.partition_id}"
+
+
+_ENTRY_FIELDS = ("row_count", "deleted_rows", "min_version", "max_version", "key_min", "key_max")
+
+
+def footer_differences(
+    expected: ExpectedSegment, entry: dict[str, Any] | None, num_rows: int, size: int, schema: pa.Schema
+) -> list[str]:
+    """How a file's size, footer entry (``segrep.segment``), row count and columns (as a read would see them)
+    differ from the catalog's row and the table's schema.
+
+    Costs nothing beyond reading the footer; an empty list means the file says it is the expected segment. The
+    columns matter: a multi-file read fills a column one file lacks (a damaged name) with nulls."""
+    out = []
+    got = [(f.name, f.type) for f in schema]
+    want = [(f.name, f.type) for f in expected.schema]
+    if got != want:
+        diff = next(((g, w) for g, w in zip(got, want, strict=False) if g != w), None)
+        detail = (
+            f"column {diff[0][0]} {diff[0][1]} where the table has {diff[1][0]} {diff[1][1]}"
+            if diff is not None
+            else f"{len(got)} columns where the table's segments have {len(want)}"
+        )
+        out.append(f"its columns are not the table's ({detail})")
+    if size != expected.byte_size:
+        out.append(f"size {size} bytes (the catalog says {expected.byte_size})")
+    if entry is None:
+        out.append("its footer carries no segrep segment entry")
+    elif (entry.get("segment_id"), entry.get("table"), entry.get("partition_id")) != (
+        expected.segment_id,
+        expected.table,
+        expected.partition_id,
+    ):
+        out.append(
+            f"its footer says it is segment {entry.get('segment_id')} of {entry.get('table')} partition "
+            f"{entry.get('partition_id')}, not {expected.describe()}"
+        )
+    else:
+        out += [
+            f"its footer's {name} is {entry.get(name)!r} (the catalog says {getattr(expected, name)!r})"
+            for name in _ENTRY_FIELDS
+            if not _same_or_unknown(getattr(expected, name), entry.get(name))
+        ]
+    if num_rows != expected.row_count:
+        out.append(f"{num_rows} rows (the catalog says {expected.row_count})")
+    return out
+
+
+def rows_differences(expected: ExpectedSegment, rows: pa.Table, primary_key: Sequence[str]) -> list[str]:
+    """How rows read from a segment file differ from the catalog's row: count, primary-key range and, where
+    the internal columns were read, version range and tombstones. Linear passes over columns in memory."""
+    out = []
+    if rows.num_rows != expected.row_count:
+        out.append(f"{rows.num_rows} rows read (the catalog says {expected.row_count})")
+        return out
+    if expected.key_min is not None and expected.key_max is not None and rows.num_rows:
+        key_min = [keys.encode(v) for v in lexicographic_extreme(rows, primary_key, "min")]
+        key_max = [keys.encode(v) for v in lexicographic_extreme(rows, primary_key, "max")]
+        if key_min != list(expected.key_min) or key_max != list(expected.key_max):
+            out.append(
+                f"keys {key_min}..{key_max} read (the catalog says {list(expected.key_min)}..{list(expected.key_max)})"
+            )
+    if sch.VERSION_COL in rows.column_names and rows.num_rows:
+        versions = pc.min_max(rows.column(sch.VERSION_COL))
+        got = (versions["min"].as_py(), versions["max"].as_py())
+        if got != (expected.min_version, expected.max_version):
+            out.append(
+                f"versions {got[0]}..{got[1]} read (the catalog says {expected.min_version}..{expected.max_version})"
+            )
+    if sch.DELETED_COL in rows.column_names:
+        deleted = int(pc.sum(rows.column(sch.DELETED_COL).cast(pa.int64())).as_py() or 0)
+        if deleted != expected.deleted_rows:
+            out.append(f"{deleted} tombstones read (the catalog says {expected.deleted_rows})")
+    return out
+
+
+def _same_or_unknown(expected: Any, got: Any) -> bool:
+    """Equal, comparing JSON lists and tuples alike; a value the catalog does not have (None) matches anything."""
+    if expected is None:
+        return True
+    if isinstance(expected, list | tuple) and isinstance(got, list | tuple):
+        return list(expected) == list(got)
+    return bool(expected == got)

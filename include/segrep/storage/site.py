@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,16 @@ import pyarrow.parquet as pq
 from segrep.core.errors import CorruptSegmentError, SegrepError
 from segrep.core.names import NAME_RE, SEGMENT_ID_RE, check_name, check_segment_id
 from segrep.storage.atomic import CHUNK, FileFacts, atomic_local_write_stream, hash_local, remove_quietly, tmp_name
+from segrep.storage.segment_meta import (
+    ExpectedSegment,
+    footer_differences,
+    rows_differences,
+)
 
 META_KEY = b"segrep.segment"
+# What pyarrow raises for a damaged file: Arrow errors (OSError for I/O, checksum and thrift failures,
+# ArrowInvalid for bad values) and UnicodeDecodeError for a damaged name in the footer.
+DECODE_ERRORS = (pa.ArrowException, OSError, ValueError)
 _SEGMENT_PATH_RE = re.compile(rf"{NAME_RE.pattern}/(0|[1-9][0-9]*)/{SEGMENT_ID_RE.pattern}\.parquet")
 
 
@@ -63,15 +71,17 @@ class Site:
 
         Locally, the sha256 is that of the bytes as they were written and fsynced (``atomic_local_write_stream``
         says why that is what is on disk); on any other store the file is read back after the store's move.
-        The Parquet settings are pyarrow's defaults, as a plain ``pq.write_table`` would use."""
+        The Parquet settings are pyarrow's defaults, as a plain ``pq.write_table`` would use, plus a CRC32 in
+        every page header, which every read verifies: a flipped bit in a data page fails the read instead of
+        serving a changed value."""
         table = table.replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
         final = self.path(relpath)
         if self.local:
-            return atomic_local_write_stream(final, lambda out: pq.write_table(table, out))
+            return atomic_local_write_stream(final, lambda out: pq.write_table(table, out, write_page_checksum=True))
         tmp = tmp_name(final)
         self.fs.create_dir(os.path.dirname(final), recursive=True)
         with self.fs.open_output_stream(tmp) as out:
-            pq.write_table(table, out)
+            pq.write_table(table, out, write_page_checksum=True)
         self.fs.move(tmp, final)
         return self.facts(relpath)
 
@@ -108,7 +118,69 @@ class Site:
             )
 
     def read_segment(self, relpath: str, columns: list[str] | None = None) -> pa.Table:
-        return pq.read_table(self.path(relpath), columns=columns, filesystem=self.fs)
+        """A segment's rows, page checksums verified (pyarrow raises OSError on a mismatch); no catalog check:
+        for a file this process just wrote or verified. Reads for users go through ``read_checked``."""
+        return pq.read_table(self.path(relpath), columns=columns, filesystem=self.fs, page_checksum_verification=True)
+
+    def check_footer(self, relpath: str, expected: ExpectedSegment) -> pq.FileMetaData:
+        """The file's Parquet footer, once the file proved to be the segment the catalog names: its size, its
+        footer entry (segment id, table, partition, counts and ranges), its row count and its columns equal the
+        catalog's.
+        Reads the footer only. CorruptSegmentError naming the site, the file and every difference otherwise."""
+        path = self.path(relpath)
+        try:
+            with self.fs.open_input_file(path) as f:
+                size = f.size()
+                try:
+                    metadata = pq.read_metadata(f)
+                    raw = (metadata.metadata or {}).get(META_KEY)
+                    num_rows = metadata.num_rows
+                    schema = metadata.schema.to_arrow_schema()
+                except DECODE_ERRORS as exc:
+                    problems = [f"its footer cannot be read ({_first_line(exc)})"]
+                    if size != expected.byte_size:
+                        problems.insert(0, f"size {size} bytes (the catalog says {expected.byte_size})")
+                    raise self.corrupt(relpath, expected, problems) from None
+        except FileNotFoundError:
+            raise CorruptSegmentError(
+                f"site {self.name}: segment file {path} ({expected.describe()}) is missing"
+            ) from None
+        except OSError as exc:
+            raise SegrepError(f"site {self.name}: cannot open segment file {path}: {_first_line(exc)}") from None
+        try:
+            entry = json.loads(raw) if raw is not None else None
+        except ValueError:
+            entry = None
+        problems = footer_differences(expected, entry if isinstance(entry, dict) else None, num_rows, size, schema)
+        if problems:
+            raise self.corrupt(relpath, expected, problems)
+        return metadata
+
+    def read_checked(
+        self, relpath: str, expected: ExpectedSegment, primary_key: Sequence[str], columns: list[str] | None = None
+    ) -> pa.Table:
+        """A segment's rows, checked on the way: the footer (``check_footer``), every page's checksum, then the
+        row count, the key range and (where read) the version range and tombstones against the catalog.
+
+        Never touches a column chunk's footer entry itself (``RowGroupMetaData.column``): on a damaged footer
+        pyarrow 26 aborts the process there instead of raising; the read raises OSError for the same damage."""
+        self.check_footer(relpath, expected)
+        path = self.path(relpath)
+        try:
+            rows = pq.read_table(path, columns=columns, filesystem=self.fs, page_checksum_verification=True)
+        except DECODE_ERRORS as exc:
+            raise self.corrupt(relpath, expected, [f"its pages cannot be read ({_first_line(exc)})"]) from None
+        problems = rows_differences(expected, rows, primary_key)
+        if problems:
+            raise self.corrupt(relpath, expected, problems)
+        return rows
+
+    def corrupt(self, relpath: str, expected: ExpectedSegment, problems: Sequence[str]) -> CorruptSegmentError:
+        """The error for a file that is not what the catalog says (the reader adds what to do about it)."""
+        return CorruptSegmentError(
+            f"site {self.name}: segment file {self.path(relpath)} is not {expected.describe()} as the catalog "
+            "records it: " + "; ".join(problems)
+        )
 
     def read_meta(self, relpath: str) -> dict[str, Any]:
         """The segment's catalog entry from the Parquet footer (no row is read)."""
@@ -139,3 +211,7 @@ class Site:
             if _SEGMENT_PATH_RE.fullmatch(rel):
                 rels.append(rel)
         return iter(sorted(rels))
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -1,0 +1,128 @@
+"""A table's replication policy: schedules, retries, thresholds and retention, each bounded.
+
+Every value is checked here, when the definitions file is loaded (``segrep apply`` and the DAG files alike),
+with the parser the DAGs use for schedules: a value the DAGs cannot build (a schedule Airflow rejects, a
+``retry_delay_s`` that overflows ``timedelta``) or one that silently never runs (``end_date`` before
+``start_date``) is refused by name instead of taking the table's DAGs down at import.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from typing import Any
+
+from segrep.config.schedule import parse_schedule
+from segrep.core.errors import SegrepError
+
+DAY_S = 86400
+BACKOFF_CAP_S = 3600  # retries back off exponentially up to one hour (Airflow's max_retry_delay, segrep's back-off)
+MAX_DURATION_S = 3650 * DAY_S  # ten years: past that a duration is a typo, and µs arithmetic stays far from 2**63
+MAX_BYTES = 2**50  # 1 PiB
+EARLIEST_DATE = date(1970, 1, 1)  # catalog times are µs since the epoch
+LATEST_DATE = date(2999, 12, 31)
+_DURATION_RE = re.compile(r"(\d{1,12})\s*([smhdw])")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": DAY_S, "w": 7 * DAY_S}
+
+# (lowest, highest, what a value means) of every integer field; durations (``*_s``) also take "30s", "12h".
+_BOUNDS: dict[str, tuple[int, int, str]] = {
+    "max_incoming_segments": (1, 10_000, "segments in flight to one receiver"),
+    "spark_copy_threshold_bytes": (1, MAX_BYTES, "bytes"),
+    "retries": (0, 100, "retries"),
+    "retry_delay_s": (0, BACKOFF_CAP_S, "seconds (the back-off is capped at one hour)"),
+    "compact_min_segments": (1, 1_000_000, "segments"),
+    "compact_min_bytes": (1, MAX_BYTES, "bytes"),
+    "tombstone_grace_s": (0, MAX_DURATION_S, "seconds (at most 3650d)"),
+    "max_retention_s": (0, MAX_DURATION_S, "seconds (at most 3650d)"),
+    "orphan_grace_s": (0, MAX_DURATION_S, "seconds (at most 3650d)"),
+}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a table replicates: schedule and the thresholds rounds, compaction and GC obey."""
+
+    schedule: str | None = "@hourly"  # cron expression or preset, or a fixed interval such as "10m"; see schedule.py
+    start_date: date | datetime = date(2026, 1, 1)  # a date means midnight UTC
+    end_date: date | datetime | None = None  # no scheduled runs after this (backfills still work before it)
+    maintenance_schedule: str | None = "@daily"  # compaction and GC (the maintenance DAG)
+    max_incoming_segments: int = 8
+    spark_copy_threshold_bytes: int = 256 * 1024 * 1024
+    retries: int = 3
+    retry_delay_s: int = 30
+    compact_min_segments: int = 10
+    compact_min_bytes: int = 512 * 1024 * 1024
+    tombstone_grace_s: int = 7 * DAY_S
+    max_retention_s: int = 7 * DAY_S
+    orphan_grace_s: int = DAY_S
+
+
+def parse_policy(body: dict[str, Any], where: str) -> Policy:
+    """The policy from its mapping in the definitions file (unknown keys already refused); ``where`` names it."""
+    values: dict[str, Any] = {}
+    for key, value in body.items():
+        if key in ("schedule", "maintenance_schedule"):
+            try:
+                parse_schedule(value)
+            except SegrepError as exc:  # "schedule '10x' is not...": maintenance_schedule says which one it is
+                raise SegrepError(f"{where}{'' if key == 'schedule' else ' ' + key}: {exc}") from None
+            values[key] = value.strip() if isinstance(value, str) else None
+        elif key in ("start_date", "end_date"):
+            values[key] = None if value is None and key == "end_date" else _date(value, f"{where} {key}")
+        else:
+            values[key] = _integer(key, value, f"{where} {key}")
+    policy = Policy(**values)
+    if policy.end_date is not None and utc(policy.end_date) < utc(policy.start_date):
+        raise SegrepError(
+            f"{where}: end_date {policy.end_date} is before start_date {policy.start_date}: the table would never run"
+        )
+    if policy.tombstone_grace_s < policy.max_retention_s:
+        raise SegrepError(
+            f"{where}: tombstone_grace_s must be at least max_retention_s, or a replica away for the "
+            "whole retention could resurrect deleted rows"
+        )
+    return policy
+
+
+def utc(when: date | datetime) -> datetime:
+    """A policy date as an aware UTC date-time (a date is midnight UTC, a date-time without a zone is UTC)."""
+    if not isinstance(when, datetime):
+        return datetime(when.year, when.month, when.day, tzinfo=UTC)
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+def _integer(key: str, value: Any, where: str) -> int:
+    low, high, unit = _BOUNDS[key]
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif key.endswith("_s") and isinstance(value, str):
+        m = _DURATION_RE.fullmatch(value.strip())
+        number = int(m.group(1)) * _UNITS[m.group(2)] if m else None
+    if number is None:
+        shape = "seconds or a duration like 30s, 15m, 12h, 7d, 2w" if key.endswith("_s") else "an integer"
+        raise SegrepError(f"{where}: expected {shape}; got {value!r}")
+    if not low <= number <= high:
+        raise SegrepError(f"{where}: {value!r} is out of range: {low} to {high} {unit}")
+    return number
+
+
+def _date(value: Any, where: str) -> date | datetime:
+    """A date (midnight UTC) or an ISO-8601 date-time (UTC unless it names a zone), 1970 to 2999."""
+    when: date | datetime | None = value if isinstance(value, date) else None
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            when = datetime.fromisoformat(text) if "T" in text or " " in text else date.fromisoformat(text)
+        except ValueError:
+            when = None
+    if when is None:
+        raise SegrepError(f"{where}: expected a date YYYY-MM-DD or a date-time YYYY-MM-DDTHH:MM:SS, got {value!r}")
+    try:
+        in_range = EARLIEST_DATE <= utc(when).date() <= LATEST_DATE
+    except OverflowError:  # a zone offset pushing year 1 or 9999 out of range
+        in_range = False
+    if not in_range:
+        raise SegrepError(f"{where}: {value!r} is out of range: {EARLIEST_DATE} to {LATEST_DATE}")
+    return when
