@@ -76,6 +76,7 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
         @task
         def plan(data_interval_start: Any = None, data_interval_end: Any = None) -> dict[str, Any]:
             from segrep.replication.plan import plan_round
+            from segrep.replication.round import round_key
             from segrep.storage.workdir import result_path
 
             p = form()
@@ -90,7 +91,13 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
                     reoffer=p["reoffer"],
                 )
                 result = result_path(defs, name, res.end_us)
-            return {**res.to_dict(), "result": str(result), "reoffer": p["reoffer"]}
+            # lease_holder: the merge task keeps the round's leases alive under this key while Spark runs
+            return {
+                **res.to_dict(),
+                "result": str(result),
+                "reoffer": p["reoffer"],
+                "lease_holder": round_key(name, res.end_us),
+            }
 
         @task
         def targets_of(p: dict[str, Any]) -> list[str]:

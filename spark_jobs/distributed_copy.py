@@ -14,6 +14,7 @@ import sys
 from dataclasses import asdict
 
 from segrep.replication.fast_forward import CopyItem, copy_one
+from segrep.spark.lifecycle import die_with_parent
 from segrep.storage.atomic import write_json_atomic
 
 
@@ -38,4 +39,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    die_with_parent()  # the driver goes when its JVM does (a killed segrep kills the JVM)
     sys.exit(main())

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from segrep.spark.jobs import run_manifest
+from segrep.spark.lifecycle import die_with_parent
 from segrep.spark.manifest import Manifest
 from segrep.storage.atomic import write_json_atomic
 
@@ -33,4 +34,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    die_with_parent()  # the driver goes when its JVM does (a killed segrep kills the JVM)
     sys.exit(main())

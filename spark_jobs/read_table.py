@@ -13,6 +13,7 @@ import sys
 from segrep.catalog import Catalog
 from segrep.core.errors import SegrepError
 from segrep.data.spark_reader import read_dataframe
+from segrep.spark.lifecycle import die_with_parent
 
 _FAILED_FILE = re.compile(r"Encountered error while reading file (\S+?)\.?\s")
 
@@ -67,4 +68,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    die_with_parent()  # the driver goes when its JVM does (a killed segrep kills the JVM)
     raise SystemExit(main())

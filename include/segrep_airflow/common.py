@@ -24,6 +24,7 @@ from airflow.sdk import CronDataIntervalTimetable, DeltaDataIntervalTimetable, T
 from segrep.config.definitions import Definitions, Policy, load_definitions
 from segrep.config.schedule import parse_schedule
 from segrep.core.errors import SegrepError
+from segrep.replication.heartbeat import heartbeat
 from segrep.spark import launch
 
 if TYPE_CHECKING:
@@ -149,11 +150,33 @@ def hook_submit(app: str, args: list[str], *, name: str, master: str | None = No
     hook.submit(application=str(launch.application(app)))
 
 
+class LeasedSparkSubmitOperator(SparkSubmitOperator):
+    """SparkSubmitOperator that keeps a round's leases alive while its Spark application runs.
+
+    The round's leases are short and renewed only by processes working for the round (see
+    ``segrep.replication.heartbeat``); this task is one of them while the merge runs. ``lease_holder`` is
+    templated (the round's key, from the plan task's XCom); empty means there is nothing to keep alive."""
+
+    template_fields = (*SparkSubmitOperator.template_fields, "lease_holder")
+
+    def __init__(self, *, lease_holder: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.lease_holder = lease_holder
+
+    def execute(self, context: Any) -> None:
+        if not self.lease_holder:
+            return super().execute(context)
+        with segrep_context() as (_defs, catalog), heartbeat(catalog, self.lease_holder):
+            return super().execute(context)
+
+
 def merge_job(task_id: str, upstream_task: str, name: str, policy: Policy) -> SparkSubmitOperator:
-    """The Spark merge job (spark_jobs/merge.py) on the manifest and result paths in ``upstream_task``'s XCom."""
+    """The Spark merge job (spark_jobs/merge.py) on the manifest and result paths in ``upstream_task``'s XCom;
+    the round's leases (``lease_holder`` in that XCom, when there is one) stay alive while it runs."""
     pull = f"ti.xcom_pull(task_ids='{upstream_task}')"
-    return SparkSubmitOperator(
+    return LeasedSparkSubmitOperator(
         task_id=task_id,
+        lease_holder="{{ " + pull + ".get('lease_holder', '') }}",
         conn_id=SPARK_CONN_ID,
         application=str(launch.jobs_dir() / "merge.py"),
         application_args=["--manifest", "{{ " + pull + "['manifest'] }}", "--result", "{{ " + pull + "['result'] }}"],

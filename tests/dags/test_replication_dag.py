@@ -137,3 +137,40 @@ def test_trigger_narrowed_to_one_target(segrep_env: Any) -> None:
     assert sorted(rounds(env)[-1].report["targets"]) == ["edge"]
     assert read_sorted(env, "edge").equals(read_sorted(env))
     assert read_sorted(env, "dr").num_rows == 0
+
+
+def test_the_merge_task_keeps_the_rounds_leases_alive_while_spark_runs(
+    segrep_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The merge task is one of the round's workers: while its Spark application runs (here a stand-in
+    taking three lease lifetimes), the round's leases are renewed; once it ends, they are not."""
+    import time
+
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from sqlalchemy import select
+
+    from segrep.catalog import leases as ls
+    from segrep.catalog import models as m
+    from segrep.core import hlc
+    from segrep.replication.round import LEASE_TTL_ENV
+    from segrep_airflow.common import LeasedSparkSubmitOperator
+
+    env = segrep_env(POLICY)
+    monkeypatch.setenv(LEASE_TTL_ENV, "0.6")
+    holder = "events-1795000000000000"
+    with env.catalog.write() as s:
+        placement = s.scalars(select(m.Placement.placement_id).limit(1)).one()
+        assert ls.acquire(s, placement, "0" * 32, holder, hlc.now_us() + 600_000)
+    alive_during: list[int] = []
+
+    def spark_runs(self: Any, context: Any) -> None:
+        time.sleep(1.8)
+        with env.catalog.read() as s:
+            alive_during.append(len(ls.held(s, [placement], hlc.now_us())))
+
+    monkeypatch.setattr(SparkSubmitOperator, "execute", spark_runs)
+    LeasedSparkSubmitOperator(task_id="merge", application="merge.py", lease_holder=holder).execute({})
+    assert alive_during == [1]
+    time.sleep(0.8)  # no worker left: the lease lapses
+    with env.catalog.read() as s:
+        assert ls.held(s, [placement], hlc.now_us()) == []

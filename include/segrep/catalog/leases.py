@@ -3,11 +3,17 @@
 A lease row says "target placement T is receiving segment S until E". The unique key (T, S) is the lock:
 two executions of the same offer race on the INSERT, and the loser sees an integrity error and answers
 INFLIGHT. Nothing here reads and then writes across transactions.
+
+Leases are short and kept alive by their holder (:func:`renew`, called by a heartbeat while the work runs),
+so a holder that died (kill -9, an OOM-killed worker) stops renewing and its leases lapse within one TTL
+instead of blocking other rounds for the length of the longest copy or merge.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import delete, func, select
+from dataclasses import dataclass
+
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -70,6 +76,40 @@ def release(s: Session, target_placement_id: int, segment_id: str, holder: str) 
         .execution_options(synchronize_session=False)
     )
     return bool(rowcount(res))
+
+
+def renew(s: Session, holder: str, expires_us: int, now_us: int) -> int:
+    """Push the expiry of the holder's live leases to ``expires_us``; how many it renewed. A lease that lapsed
+    is not revived: another holder may already have taken the segment."""
+    res = s.execute(
+        update(m.Lease)
+        .where(m.Lease.holder == holder, m.Lease.expires_us > now_us)
+        .values(expires_us=expires_us)
+        .execution_options(synchronize_session=False)
+    )
+    return rowcount(res)
+
+
+@dataclass(frozen=True)
+class HeldLease:
+    """A live lease as ``segrep status`` shows it: who holds it (a round's key) and until when."""
+
+    target_placement_id: int
+    segment_id: str
+    holder: str
+    expires_us: int
+
+
+def held(s: Session, target_placement_ids: list[int], now_us: int) -> list[HeldLease]:
+    """Every unexpired lease on these placements, oldest expiry first."""
+    if not target_placement_ids:
+        return []
+    q = (
+        select(m.Lease.target_placement_id, m.Lease.segment_id, m.Lease.holder, m.Lease.expires_us)
+        .where(m.Lease.target_placement_id.in_(target_placement_ids), m.Lease.expires_us > now_us)
+        .order_by(m.Lease.expires_us, m.Lease.segment_id)
+    )
+    return [HeldLease(t, seg, holder, exp) for t, seg, holder, exp in s.execute(q)]
 
 
 def count(s: Session, target_placement_id: int, now_us: int) -> int:

@@ -3,11 +3,16 @@
 A crash test sets ``SEGREP_FAULTS=after_copy_before_commit`` (comma-separated names), runs a step, sees it
 die at that point, clears the variable and re-runs: the system must converge with nothing lost and nothing
 duplicated. With the variable unset, :func:`point` costs one dictionary look-up.
+
+``NAME:hang`` instead stops the process at that point until it is killed (after one line on stderr saying so):
+how the kill -9 tests and ``bench/chaos.py`` catch a round exactly there.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import time
 
 FAULTS_ENV = "SEGREP_FAULTS"
 POINTS = (
@@ -23,6 +28,9 @@ POINTS = (
 )
 
 
+HANG_MARK = "segrep: fault point hanging: "
+
+
 class InjectedFault(RuntimeError):
     """The crash a fault point simulates. Not a SegrepError: nothing should handle it as a user error."""
 
@@ -32,5 +40,12 @@ def point(name: str) -> None:
     if name not in POINTS:
         raise ValueError(f"unknown fault point {name!r}; known: {', '.join(POINTS)}")
     enabled = os.environ.get(FAULTS_ENV, "")
-    if enabled and name in {x.strip() for x in enabled.split(",")}:
+    if not enabled:
+        return
+    wanted = {x.strip() for x in enabled.split(",")}
+    if name in wanted:
         raise InjectedFault(f"injected fault at {name}")
+    if f"{name}:hang" in wanted:
+        print(f"{HANG_MARK}{name}", file=sys.stderr, flush=True)
+        while True:  # until killed
+            time.sleep(3600)

@@ -1,7 +1,10 @@
 """Recording a target's attempt in a round, and its back-off after failures (per table and target site).
 
-A failed or declined attempt doubles the wait before the next one (``retry_delay_s * 2^(failures-1)``, capped
-at an hour); a successful one clears it. One attempt counts once, however many partitions declined.
+A failed attempt, or one declined for a reason that does not clear by itself (INVALID), doubles the wait
+before the next one (``retry_delay_s * 2^(failures-1)``, capped at an hour); a successful one clears it. One
+attempt counts once, however many partitions declined. A decline that only waits for leases (INFLIGHT,
+OVERLOADED) neither backs off nor clears: a live round frees them when it ends, a dead one's lapse within a
+lease TTL, and backing off on them would turn one crashed round into a growing delay.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def record_target(
         now = hlc.now_us()
         if report.status == TargetStatus.FAILED:
             bump_backoff(s, table_id, site_id, f"unreachable: {report.error}", policy)
-        elif report.status == TargetStatus.DECLINED:
+        elif report.status == TargetStatus.DECLINED and report.backs_off:
             bump_backoff(s, table_id, site_id, report.decline_reason or "declined", policy)
         elif report.status == TargetStatus.OK:
             s.execute(delete(m.Backoff).where(m.Backoff.table_id == table_id, m.Backoff.site_id == site_id))

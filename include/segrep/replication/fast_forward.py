@@ -37,9 +37,10 @@ from segrep.core.errors import ConflictError, CorruptSegmentError, SegrepError
 from segrep.core.protocol import sender_reaction
 from segrep.core.states import Outcome, Reaction
 from segrep.replication.backoff import record_target
+from segrep.replication.heartbeat import heartbeat
 from segrep.replication.offers import offers_to
 from segrep.replication.reports import InvalidSegment, TargetReport, TargetStatus
-from segrep.replication.round import LEASE_TTL_US, TargetUnreachable, clamp_end, ensure_round, round_key
+from segrep.replication.round import TargetUnreachable, clamp_end, ensure_round, lease_ttl_us, round_key
 from segrep.storage.atomic import FileFacts
 from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.segment_meta import SegmentEntry
@@ -123,7 +124,8 @@ def fast_forward_target(
         report.status = TargetStatus.BACKOFF
         report.error = f"backing off after {backoff.failures} failure(s) ({backoff.last_reason}); next attempt later"
     else:
-        context = _Context(catalog, table, site, end, round_key(table, end), policy, copier or local_copier, big_copier)
+        key, ttl = round_key(table, end), lease_ttl_us()
+        context = _Context(catalog, table, site, end, key, ttl, policy, copier or local_copier, big_copier)
         work = [
             _PartitionRun(context, part.partition.partition_id, replica.placement_id, reoffer)
             for part in snap.partitions
@@ -131,8 +133,9 @@ def fast_forward_target(
             if replica.site_id == site_row.site_id
         ]
         # Partitions are independent chains: copying several at once keeps the disk busy while one waits on
-        # an fsync (each partition still goes strictly in order, and takes its own row lock to decide).
-        with ThreadPoolExecutor(max_workers=PARTITIONS_AT_ONCE) as pool:
+        # an fsync (each partition still goes strictly in order, and takes its own row lock to decide). The
+        # heartbeat keeps the round's leases alive while this process copies, and only while it does.
+        with heartbeat(catalog, key, ttl), ThreadPoolExecutor(max_workers=PARTITIONS_AT_ONCE) as pool:
             for part_report in pool.map(_PartitionRun.run, work):
                 report.absorb(part_report)
     report.seconds = round(time.perf_counter() - started, 3)
@@ -151,6 +154,7 @@ class _Context:
     site: str  # the target site
     end: int
     key: str  # the round's key: it holds the leases
+    ttl_us: int  # how long a lease lives without a heartbeat
     policy: Policy
     copier: Copier
     big_copier: Copier | None
@@ -278,7 +282,7 @@ class _PartitionRun:
                 if len(batch) >= room:
                     return _Decision(batch, _Next.CONTINUE)
                 if seg.segment_id not in held and not ls.acquire(
-                    s, replica_id, seg.segment_id, ctx.key, now + LEASE_TTL_US
+                    s, replica_id, seg.segment_id, ctx.key, now + ctx.ttl_us
                 ):
                     report.count(Outcome.INFLIGHT)
                     return _Decision(batch, _Next.STOP)

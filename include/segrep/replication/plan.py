@@ -19,7 +19,7 @@ from segrep.core.names import check_name
 from segrep.core.states import Outcome
 from segrep.replication.offers import leader_decision, offers_to, pushes_from
 from segrep.replication.reports import PlanSummary, RoundPlan, TargetForecast
-from segrep.replication.round import MERGE_LEASE_TTL_US, clamp_end, ensure_round, round_key
+from segrep.replication.round import clamp_end, ensure_round, lease_ttl_us, round_key
 from segrep.spark.items import file_ref, round_item
 from segrep.spark.manifest import FileRef, Manifest, MergeItem
 from segrep.storage.workdir import manifest_path
@@ -118,6 +118,7 @@ def _plan_merges(
 ) -> list[MergeItem]:
     """Follower -> leader: push what the leader lacks; the leader acks what it holds and leases the rest."""
     items = []
+    expires = now + lease_ttl_us()  # kept alive by the round's heartbeat while its merge runs
     leader_ids = [part.leader.placement_id for part in snap.partitions]
     ls.expire(s, leader_ids, now)
     leases = ls.in_flight_many(s, leader_ids, now)
@@ -134,8 +135,7 @@ def _plan_merges(
                 if outcome == Outcome.SEGMENT_EXISTS:
                     record_ack(s, follower.placement_id, seg.segment_id, leader.placement_id, hlc.now_us())
                 elif outcome == Outcome.MERGE and (
-                    seg.segment_id in held
-                    or ls.acquire(s, leader.placement_id, seg.segment_id, key, now + MERGE_LEASE_TTL_US)
+                    seg.segment_id in held or ls.acquire(s, leader.placement_id, seg.segment_id, key, expires)
                 ):
                     incoming.append(file_ref(snap.sites[follower.site_id], follower, seg))
         if incoming:

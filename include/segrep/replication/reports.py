@@ -98,6 +98,9 @@ class InvalidSegment:
     error: str  # what the verification found
 
 
+LEASE_DECLINES = frozenset({Outcome.INFLIGHT, Outcome.OVERLOADED})  # they wait for leases, nothing else
+
+
 @dataclass
 class TargetReport:
     """One target's fast-forward in a round (one partition's, folded into the target's by ``absorb``)."""
@@ -113,6 +116,9 @@ class TargetReport:
     spark_apps: int = 0
     decline_reason: str | None = None  # the first decline; the target's back-off records it once
     invalid: list[InvalidSegment] = field(default_factory=list)  # copies that failed verification
+    # A decline that does not clear by itself (INVALID): the target backs off. INFLIGHT and OVERLOADED only
+    # wait for leases, which a live round releases and a dead one's lapse within a lease TTL: no back-off.
+    backs_off: bool = False
 
     def absorb(self, other: TargetReport) -> None:
         """Fold one partition's report into the target's: sums, and the worst status with its reason."""
@@ -126,15 +132,18 @@ class TargetReport:
         if other.status.rank > self.status.rank:
             self.status, self.error = other.status, other.error or self.error
         self.decline_reason = self.decline_reason or other.decline_reason
+        self.backs_off = self.backs_off or other.backs_off
 
     def count(self, outcome: Outcome) -> None:
         self.outcomes[str(outcome)] = self.outcomes.get(str(outcome), 0) + 1
 
     def decline(self, outcome: Outcome) -> None:
-        """Record a declined offer: the target is retried next round, after its back-off."""
+        """Record a declined offer: the target is retried next round (after its back-off, unless the decline
+        only waits for leases)."""
         self.count(outcome)
         self.status = TargetStatus.DECLINED
         self.decline_reason = self.decline_reason or str(outcome)
+        self.backs_off = self.backs_off or outcome not in LEASE_DECLINES
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

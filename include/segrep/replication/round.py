@@ -3,6 +3,10 @@
 A round for the interval ending at ``end_us`` offers only segments committed before ``end_us``. Its key,
 ``<table>-<end_us>``, holds every lease it takes: a retried task of the same round re-uses its own leases,
 another round sees INFLIGHT.
+
+Leases live :func:`lease_ttl_us` (45 s unless ``$SEGREP_LEASE_TTL_S`` says otherwise) and every process doing
+a round's work renews its key's leases by a heartbeat (:mod:`segrep.replication.heartbeat`): a round killed
+at any point blocks other rounds for at most one TTL.
 """
 
 from __future__ import annotations
@@ -14,14 +18,21 @@ from segrep.catalog import models as m
 from segrep.catalog.sql import insert_ignore
 from segrep.core import hlc
 from segrep.core.errors import SegrepError
+from segrep.core.settings import seconds_from_env
 from segrep.replication.reports import RoundStatus
 
-LEASE_TTL_US = 30 * 60 * 1_000_000  # a fast-forward receipt
-MERGE_LEASE_TTL_US = 6 * 3600 * 1_000_000  # a pushed segment waiting for its Spark merge
+LEASE_TTL_ENV = "SEGREP_LEASE_TTL_S"
+DEFAULT_LEASE_TTL_S = 45.0
+_MAX_LEASE_TTL_S = 3600.0
 
 
 class TargetUnreachable(SegrepError):
     """A target site could not be written (down, full, permission): its task fails and Airflow retries."""
+
+
+def lease_ttl_us() -> int:
+    """How long a lease lives without a heartbeat: how long a dead round can block another one."""
+    return int(seconds_from_env(LEASE_TTL_ENV, DEFAULT_LEASE_TTL_S, _MAX_LEASE_TTL_S) * 1_000_000)
 
 
 def round_key(table: str, end_us: int) -> str:

@@ -15,9 +15,10 @@ from segrep.catalog import Catalog
 from segrep.config.definitions import Definitions
 from segrep.replication.commit import commit_round
 from segrep.replication.fast_forward import Copier, CopyItem, CopyOutcome, fast_forward_target, local_copier
+from segrep.replication.heartbeat import heartbeat
 from segrep.replication.plan import plan_round
 from segrep.replication.reports import RoundReport
-from segrep.replication.round import TargetUnreachable
+from segrep.replication.round import TargetUnreachable, round_key
 from segrep.spark import launch
 from segrep.spark.launch import Submit
 from segrep.storage.atomic import write_json_atomic
@@ -65,10 +66,13 @@ def run_round(
     ``copier`` copies the batches below the policy's ``spark_copy_threshold_bytes`` (threads by default);
     larger ones go to the Spark distributed copy through ``submit``."""
     plan = plan_round(catalog, defs, table, until_us, target=target, reoffer=reoffer)
-    for site in plan.targets:
-        big = spark_copier(defs, table, plan.end_us, site, submit)
-        with contextlib.suppress(TargetUnreachable):  # recorded in the round; the others go on
-            fast_forward_target(catalog, defs, table, site, plan.end_us, reoffer=reoffer, copier=copier, big_copier=big)
-    if plan.manifest:
-        run_merge(defs, table, plan.end_us, plan.manifest, submit)
+    with heartbeat(catalog, round_key(table, plan.end_us)):  # the merge leases live while this process does
+        for site in plan.targets:
+            big = spark_copier(defs, table, plan.end_us, site, submit)
+            with contextlib.suppress(TargetUnreachable):  # recorded in the round; the others go on
+                fast_forward_target(
+                    catalog, defs, table, site, plan.end_us, reoffer=reoffer, copier=copier, big_copier=big
+                )
+        if plan.manifest:
+            run_merge(defs, table, plan.end_us, plan.manifest, submit)
     return commit_round(catalog, defs, table, plan.end_us, merge_ran=plan.manifest is not None)

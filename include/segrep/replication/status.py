@@ -2,7 +2,8 @@
 
 Safe time and lag come from the catalog's safe_times; pending segments and bytes are what the leader would
 offer now (its visible chain minus the target's acks); the last round's outcome and its declines by reason
-come from the rounds report; back-off and stuck partitions say why a target is not catching up.
+come from the rounds report; back-off, stuck partitions and the leases other rounds hold there say why a
+target is not catching up.
 """
 
 from __future__ import annotations
@@ -12,14 +13,27 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
+from segrep.catalog import leases as ls
 from segrep.catalog import models as m
-from segrep.catalog.snapshot import snapshot
+from segrep.catalog.snapshot import TableSnapshot, snapshot
 from segrep.core import hlc
 from segrep.core.chain import offer_order
 from segrep.core.states import Outcome
 from segrep.replication.reports import InvalidSegment, TargetReport
+
+
+@dataclass(frozen=True)
+class LeaseHold:
+    """Segments a round is receiving at the target: whose (the round's key), how many, and until when the
+    leases last unless that round's heartbeat renews them (a dead round's lapse then)."""
+
+    holder: str
+    segments: int
+    expires_us: int
+
 
 DECLINES = (Outcome.OVERLOADED, Outcome.INVALID, Outcome.INFLIGHT, Outcome.OUT_OF_ORDER)
 
@@ -43,6 +57,7 @@ class TargetState:
     joining: bool = False  # bootstrapped, waiting for JOIN_FINALIZE
     needs_bootstrap: bool = False  # out of retention: only `segrep bootstrap` brings it back
     invalid: list[InvalidSegment] = field(default_factory=list)  # copies that failed verification last round
+    leases: list[LeaseHold] = field(default_factory=list)  # rounds receiving segments there now
 
     @property
     def caught_up(self) -> bool:
@@ -69,6 +84,7 @@ def status_rows(catalog: Catalog, table: str | None = None) -> list[TargetState]
                 .order_by(m.Round.interval_end_us.desc())
                 .limit(1)
             ).one_or_none()
+            leased = _lease_holds(s, snap, now)
             pending: Counter[int] = Counter()
             pending_bytes: Counter[int] = Counter()
             for part in snap.partitions:
@@ -103,6 +119,19 @@ def status_rows(catalog: Catalog, table: str | None = None) -> list[TargetState]
                         joining=site_id in snap.joining_site_ids,
                         needs_bootstrap=site_id in snap.stalled_site_ids,
                         invalid=list(report.invalid) if report else [],
+                        leases=leased.get(site_id, []),
                     )
                 )
+    return out
+
+
+def _lease_holds(s: Session, snap: TableSnapshot, now_us: int) -> dict[int, list[LeaseHold]]:
+    """Per target site: the live leases on its replica placements, grouped by holder."""
+    site_of = {r.placement_id: r.site_id for part in snap.partitions for r in part.replicas}
+    grouped: dict[tuple[int, str], list[int]] = {}
+    for lease in ls.held(s, list(site_of), now_us):
+        grouped.setdefault((site_of[lease.target_placement_id], lease.holder), []).append(lease.expires_us)
+    out: dict[int, list[LeaseHold]] = {}
+    for (site_id, holder), expiries in sorted(grouped.items()):
+        out.setdefault(site_id, []).append(LeaseHold(holder, len(expiries), max(expiries)))
     return out

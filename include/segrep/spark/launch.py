@@ -1,12 +1,14 @@
 """Launching the Spark jobs of ``spark_jobs/`` without Airflow (``segrep round``, tests, benchmarks).
 
 Airflow runs the same applications with SparkSubmitOperator and the same ``SPARK_CONF``; this module is the
-plain ``spark-submit`` equivalent. The driver and executors use this interpreter, so the ``segrep`` package
+plain ``spark-submit`` equivalent. A Spark application started here dies with the process that started it
+(:mod:`segrep.spark.lifecycle`). The driver and executors use this interpreter, so the ``segrep`` package
 installed in it is importable there (cluster deployments ship it with ``--py-files``: SEGREP_SPARK_PY_FILES).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -16,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from segrep.core.errors import SegrepError
+from segrep.spark.lifecycle import die_with_parent, kill_group
 
 MASTER_ENV = "SEGREP_SPARK_MASTER"
 JOBS_ENV = "SEGREP_SPARK_JOBS"
@@ -98,11 +101,23 @@ Submit = Callable[..., None]  # the signature of submit(), for callers that take
 def submit(app: str, args: Sequence[str], *, name: str, master: str | None = None) -> None:
     """Run a Spark job to completion; raise SegrepError with the tail of its log if it fails."""
     cmd = command(app, args, name=name, master=master)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=spark_env())
+    parent = os.getpid()
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=spark_env(),
+        start_new_session=True,  # its own process group, so an interrupt can kill all of Spark at once
+        preexec_fn=functools.partial(die_with_parent, parent),  # and a kill -9 of this process kills the JVM
+    )
+    try:
+        stdout, stderr = proc.communicate()
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM through the CLI): Spark goes with us
+        kill_group(proc)
+        raise
     if proc.returncode != 0:
-        raise SegrepError(
-            f"Spark job {app} failed (exit {proc.returncode}):\n{failure_excerpt(proc.stderr or proc.stdout)}"
-        )
+        raise SegrepError(f"Spark job {app} failed (exit {proc.returncode}):\n{failure_excerpt(stderr or stdout)}")
 
 
 def failure_excerpt(log: str, lines: int = 20) -> str:

@@ -26,6 +26,7 @@ import pyarrow.fs as pafs
 
 from segrep.config.definitions import SiteDef
 from segrep.core.errors import SegrepError
+from segrep.core.settings import seconds_from_env
 from segrep.storage.site import Site
 
 # What a store raises when it cannot be reached, read or written: the OS's errors, and pyarrow's (a URI its
@@ -51,16 +52,7 @@ def open_site(name: str, uri: str) -> Site:
 def probe_timeout_s() -> float:
     """The probe's deadline in seconds: ``$SEGREP_PROBE_TIMEOUT_S`` (a store on a slow link may need
     longer), else 20."""
-    text = os.environ.get(TIMEOUT_ENV)
-    if text is None or not text.strip():
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(text)
-    except ValueError:
-        raise SegrepError(f"{TIMEOUT_ENV}={text!r} is not a number of seconds") from None
-    if not 0 < value <= _MAX_TIMEOUT_S:  # also refuses nan
-        raise SegrepError(f"{TIMEOUT_ENV}={text!r} must be more than 0 and at most {_MAX_TIMEOUT_S:g} seconds")
-    return value
+    return seconds_from_env(TIMEOUT_ENV, DEFAULT_TIMEOUT_S, _MAX_TIMEOUT_S)
 
 
 def check_sites(sites: Iterable[SiteDef], *, write: bool, timeout_s: float | None = None) -> None:
