@@ -103,8 +103,8 @@ say "segrep table describe orders   (partition 1 retired; three children serve i
 segrep table describe orders
 
 say "after the split: primary and dr read exactly the replay of the batches (plus batch 1 written again)"
-segrep read orders -o "$DATA/demo/orders_primary.parquet"
-segrep read orders --site dr -o "$DATA/demo/orders_dr.parquet"
+segrep read orders -o "$DATA/demo/orders_primary.parquet" --overwrite
+segrep read orders --site dr -o "$DATA/demo/orders_dr.parquet" --overwrite
 python - "$DATA/demo/orders_primary.parquet" "$DATA/demo/orders_dr.parquet" "$DATA/demo/batches" <<'PY'
 import sys, pyarrow.parquet as pq
 from pathlib import Path
