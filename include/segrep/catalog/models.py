@@ -211,3 +211,35 @@ class Backoff(Base):
     next_attempt_us: Mapped[int] = mapped_column(BigInteger, default=0)
     last_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     updated_us: Mapped[int] = mapped_column(BigInteger)
+
+
+class FileCheck(Base):
+    """The last check of one placement's copy of a segment against its catalog row (size and sha256): when it
+    last proved good, when it was last looked at, and what was wrong then (None: nothing)."""
+
+    __tablename__ = "file_checks"
+
+    placement_id: Mapped[int] = mapped_column(ForeignKey("placements.placement_id"), primary_key=True)
+    segment_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    last_good_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    checked_us: Mapped[int] = mapped_column(BigInteger)
+    problem: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class Verification(Base):
+    """One ``segrep verify`` (or repair's check) of a table at one site: when, what was compared (``kind``:
+    rows, files or both), at which pinned version, the outcome and how many differences were found."""
+
+    __tablename__ = "verifications"
+
+    verification_id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    table_id: Mapped[int] = mapped_column(ForeignKey("tables.table_id"))
+    site_id: Mapped[int] = mapped_column(ForeignKey("sites.site_id"))
+    kind: Mapped[str] = mapped_column(String(16))
+    as_of_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    outcome: Mapped[str] = mapped_column(String(16))
+    differences: Mapped[int] = mapped_column(BigInteger, default=0)
+    started_us: Mapped[int] = mapped_column(BigInteger)
+    finished_us: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_verifications_table_site", "table_id", "site_id", "finished_us"),)

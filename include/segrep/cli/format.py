@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from segrep.core import hlc
+from segrep.maintenance.repair import RepairReport
+from segrep.maintenance.verify import RowCheck, Verdict, VerifyReport
 from segrep.replication.reports import InvalidSegment, RoundReport
 from segrep.replication.status import TargetState
 from segrep.split.progress import SplitProgress
@@ -23,6 +25,7 @@ STATUS_HEADER = [
     "pending bytes",
     "last round",
     "declines",
+    "last verified",
     "note",
 ]
 
@@ -97,6 +100,16 @@ def status_note(state: TargetState) -> str:
         notes.append(f"a copy failed verification: run `{retry}` to copy again now")
     if state.backing_off is not None:
         notes.append(f"backing off ({state.backing_off})")
+    for hold in state.leases:
+        notes.append(
+            f"{hold.segments} segment(s) in flight, leased by round {hold.holder} until {hlc.iso(hold.expires_us)}"
+        )
+    checked = state.last_verified
+    if checked is not None and checked.differences:
+        notes.append(
+            f"verify at {hlc.iso(checked.finished_us)} found {checked.differences} difference(s): "
+            f"run segrep repair {state.table} --site {state.target}"
+        )
     if state.needs_major:
         notes.append(f"needs a major segment for partitions {state.needs_major}")
     if state.joining:
@@ -104,6 +117,14 @@ def status_note(state: TargetState) -> str:
     if state.needs_bootstrap:
         notes.append(f"NEEDS BOOTSTRAP: run segrep bootstrap {state.table} {state.target}")
     return "; ".join(notes)
+
+
+def last_verified(state: TargetState) -> str | None:
+    """When this site was last verified, and what was found (``equal``, or the number of differences)."""
+    v = state.last_verified
+    if v is None:
+        return None
+    return f"{hlc.iso(v.finished_us)} {v.differences} diff" if v.differences else f"{hlc.iso(v.finished_us)} equal"
 
 
 def last_round(state: TargetState) -> str | None:
@@ -123,6 +144,7 @@ def status_table(rows: Sequence[TargetState]) -> list[list[object]]:
             r.pending_bytes,
             last_round(r) or "-",
             ", ".join(f"{k} {v}" for k, v in sorted(r.declines.items())) or "-",
+            last_verified(r) or "-",
             Whole(status_note(r) or "-"),
         ]
         for r in rows
@@ -143,4 +165,83 @@ def format_progress(rows: Sequence[SplitProgress]) -> str:
                 f"  child {c.partition_id} [{'-inf' if lo is None else lo}, {'+inf' if hi is None else hi}) "
                 f"{c.state} at {c.site}: {c.acked} segment(s) acked, {c.lacking} lacking"
             )
+    return "\n".join(lines)
+
+
+def _keys(label: str, found: Sequence[object], total: int | None = None) -> str:
+    shown = ", ".join(str(k) for k in found)
+    more = f" (and {total - len(found)} more)" if total is not None and total > len(found) else ""
+    return f"{label}: {shown}{more}"
+
+
+def format_row_check(r: RowCheck) -> list[str]:
+    """A replica placement compared with its leader: nothing when equal, else what differs, key by key."""
+    pin = "-" if r.as_of_us is None else hlc.iso(r.as_of_us)
+    head = f"  partition {r.partition_id} at {r.site} (leader {r.leader_site}, as of {pin}): {r.verdict.upper()}"
+    if r.verdict == Verdict.EQUAL:
+        return []
+    if r.verdict != Verdict.DIFFERENT:
+        return [f"{head}: {r.detail}"]
+    lines = [f"{head}: {r.differences} key(s) differ"]
+    for label, found in (
+        (f"only at the leader {r.leader_site}", r.only_at_leader),
+        (f"only at {r.site}", r.only_at_replica),
+        ("different", r.different),
+    ):
+        if found:
+            lines.append(f"    {_keys(label, found)}")
+    return lines
+
+
+def format_verify(report: VerifyReport) -> str:
+    """What ``segrep verify`` found: each difference by partition, site and key, each bad file by path."""
+    verdict = f"{report.differences} difference(s)" if report.differences else "all equal"
+    lines = [f"verify of {report.table} at {', '.join(report.sites) or 'no replica'}: {verdict}"]
+    equal = sum(1 for r in report.rows if r.verdict == Verdict.EQUAL)
+    lines.append(f"  rows: {equal} of {len(report.rows)} replica partition(s) equal to their leader")
+    for r in report.rows:
+        lines += format_row_check(r)
+    if report.files_checked:
+        lines.append(f"  files: {report.scrub.files} checked, {report.scrub.bytes:,} bytes, {len(report.files)} bad")
+        for f in report.files:
+            whose = "the leader's copy" if f.is_leader else "a replica's copy"
+            lines.append(
+                f"    {f.state.upper()}: {f.path} at {f.site} (segment {f.segment_id} of partition {f.partition_id}, "
+                f"{whose}): {f.detail}"
+            )
+    if report.differences:
+        lines.append(f"  to do: segrep repair {report.table} (or --dry-run first to see what it would do)")
+    return "\n".join(lines)
+
+
+def format_repair(report: RepairReport) -> str:
+    """What ``segrep repair`` did (or would do): files fetched again, LOST segments, replicas re-bootstrapped."""
+    verb = "would " if report.dry_run else ""
+    lines = [f"repair of {report.table}{' (dry run: nothing changed)' if report.dry_run else ''}:"]
+    for f in report.files:
+        p = f.problem
+        fixed = "; its catalog row set back to the leader's" if f.catalog_fixed else ""
+        lines.append(
+            f"  {verb}fetch {p.path} at {p.site} ({p.state}) again from {f.source}{fixed}"
+            if report.dry_run
+            else f"  fetched {p.path} at {p.site} ({p.state}) again from {f.source}{fixed}"
+        )
+    for lost in report.lost:
+        lines.append(
+            f"  LOST: segment {lost.segment_id} of partition {lost.partition_id} ({lost.row_count} row(s), "
+            f"{lost.deleted_rows} tombstone(s), versions {lost.min_version}..{lost.max_version}): no intact copy at "
+            f"any site; bad at {', '.join(lost.sites)}; nothing was deleted"
+        )
+    for r in report.rebootstraps:
+        lines.append(
+            f"  {verb}re-bootstrap partition {r.partition_id} at {r.site}: {r.differences} key(s) differ from the "
+            "leader with every file intact"
+        )
+        lines += format_row_check(r)[1:]
+    for r in report.unmended:
+        lines.append(f"  not mended: partition {r.partition_id} at {r.site}: {r.detail}")
+    if not (report.files or report.lost or report.rebootstraps or report.unmended):
+        lines.append("  nothing to repair")
+    if report.after is not None:
+        lines.append(format_verify(report.after))
     return "\n".join(lines)

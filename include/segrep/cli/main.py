@@ -10,6 +10,7 @@ import csv
 import functools
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -531,6 +532,81 @@ def split_(
         _fail(f"split {report.split_id} of {table} waits: {report.finish.waiting}; re-run to continue", 1)
 
 
+BYTES_PER_SECOND = click.IntRange(min=0, max=2**40)
+
+
+@main.command("verify")
+@click.argument("table")
+@click.option("--site", default=None, help="Only this site (its rows against the leaders'; its files).")
+@click.option(
+    "--at",
+    "at",
+    default=None,
+    metavar="safe-time|VERSION",
+    help="Compare rows as of this version (microseconds). Default: each replica site's safe time.",
+)
+@click.option("--files", is_flag=True, help="Also hash every segment file against the catalog (size, sha256).")
+@click.option(
+    "--max-bytes-per-second",
+    "rate",
+    type=BYTES_PER_SECOND,
+    default=None,
+    help="Pace the file scrub (0: unpaced). Default: $SEGREP_SCRUB_BYTES_PER_S or 64 MiB/s.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_obj
+@_user_errors
+def verify_(
+    obj: Context, table: str, site: str | None, at: str | None, files: bool, rate: int | None, as_json: bool
+) -> None:
+    """Compare every replica's rows with its leader's as of one pinned version, and with --files every file
+    with the catalog. Exits 1 naming each differing key and bad file; 0 when all is equal."""
+    import json
+
+    from segrep.cli.format import format_verify
+    from segrep.maintenance.verify import parse_at, verify
+    from segrep.storage.pacing import scrub_rate
+
+    pin, pace = parse_at(at), scrub_rate(rate)
+    report = verify(obj.catalog(), table, site=site, at=pin, files=files, rate=pace)
+    click.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True) if as_json else format_verify(report))
+    if report.differences:
+        _fail(f"verify of {table}: {report.differences} difference(s); see above, then `segrep repair {table}`", 1)
+
+
+@main.command("repair")
+@click.argument("table")
+@click.option("--site", default=None, help="Only mend copies and replicas at this site (sources may be anywhere).")
+@click.option("--dry-run", is_flag=True, help="Say what would be mended; change nothing.")
+@click.option(
+    "--max-bytes-per-second",
+    "rate",
+    type=BYTES_PER_SECOND,
+    default=None,
+    help="Pace hashing (0: unpaced). Default: $SEGREP_SCRUB_BYTES_PER_S or 64 MiB/s.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_obj
+@_user_errors
+def repair_(obj: Context, table: str, site: str | None, dry_run: bool, rate: int | None, as_json: bool) -> None:
+    """Fetch missing or damaged segment files again from an intact copy (the leader's too), re-bootstrap
+    replicas whose rows still differ, report segments intact nowhere as LOST (nothing is deleted).
+    Exits 1 unless the table verifies clean afterwards (a dry run: unless there is nothing to do)."""
+    import json
+
+    from segrep.cli.format import format_repair
+    from segrep.maintenance.repair import repair
+    from segrep.storage.pacing import scrub_rate
+
+    pace = scrub_rate(rate)
+    obj.defs.table(table)
+    report = repair(obj.catalog(), obj.defs, table, site=site, dry_run=dry_run, rate=pace)
+    click.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True) if as_json else format_repair(report))
+    if not report.clean:
+        what = "has something to repair" if dry_run else "is not clean after repair"
+        _fail(f"{table} {what}; see above", 1)
+
+
 @main.command()
 @click.argument("table", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -556,8 +632,16 @@ def status(obj: Context, table: str | None, as_json: bool) -> None:
         click.echo(format_progress(splits))
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    sys.exit(128 + signum)
+
+
 def run() -> None:
-    """Entry point that keeps unexpected errors to one line unless SEGREP_DEBUG is set."""
+    """Entry point that keeps unexpected errors to one line unless SEGREP_DEBUG is set.
+
+    SIGTERM (a supervisor stopping us, Airflow killing a task) unwinds like Ctrl-C, so what the command
+    started (a spark-submit and its JVM) is stopped on the way out rather than left running."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         main(standalone_mode=True)
     except SystemExit:

@@ -196,17 +196,24 @@ def restore_advice(pf: PlacementFiles) -> Iterator[None]:
         raise CorruptSegmentError(f"{exc}; {advice}") from None
 
 
-def read_placement(info: q.TableInfo, pf: PlacementFiles, *, as_of: int | None = None) -> pa.Table:
+def placement_rows(info: q.TableInfo, pf: PlacementFiles) -> pa.Table:
+    """A placement's rows in segment layout (internal columns kept, not yet resolved), every file checked,
+    restricted to the placement's key range. None of its files: an empty segment-layout table."""
     with restore_advice(pf):
         tables = [
             pf.site.read_checked(seg.relpath, expected_segment(info, seg), info.primary_key) for seg in pf.segments
         ]
     if not tables:
-        return info.schema.empty_table()
+        return sch.segment_schema(info.schema).empty_table()
     rows = pa.concat_tables(tables)
     restriction = _range_filter(info, pf.key_begin, pf.key_end)
-    if restriction is not None:
-        rows = rows.filter(restriction)
+    return rows if restriction is None else rows.filter(restriction)
+
+
+def read_placement(info: q.TableInfo, pf: PlacementFiles, *, as_of: int | None = None) -> pa.Table:
+    if not pf.segments:
+        return info.schema.empty_table()
+    rows = placement_rows(info, pf)
     if as_of is not None:
         rows = rows.filter(pc.field(sch.VERSION_COL) <= as_of)
     elif pf.disjoint:

@@ -4,7 +4,7 @@ A round for the interval ending at ``end_us`` offers only segments committed bef
 ``<table>-<end_us>``, holds every lease it takes: a retried task of the same round re-uses its own leases,
 another round sees INFLIGHT.
 
-Leases live :func:`lease_ttl_us` (45 s unless ``$SEGREP_LEASE_TTL_S`` says otherwise) and every process doing
+Leases live :func:`lease_ttl_us` (30 s unless ``$SEGREP_LEASE_TTL_S`` says otherwise) and every process doing
 a round's work renews its key's leases by a heartbeat (:mod:`segrep.replication.heartbeat`): a round killed
 at any point blocks other rounds for at most one TTL.
 """
@@ -22,7 +22,7 @@ from segrep.core.settings import seconds_from_env
 from segrep.replication.reports import RoundStatus
 
 LEASE_TTL_ENV = "SEGREP_LEASE_TTL_S"
-DEFAULT_LEASE_TTL_S = 45.0
+DEFAULT_LEASE_TTL_S = 30.0
 _MAX_LEASE_TTL_S = 3600.0
 
 

@@ -19,6 +19,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog.snapshot import TableSnapshot, snapshot
+from segrep.catalog.verifications import VerificationState, last_verifications
 from segrep.core import hlc
 from segrep.core.chain import offer_order
 from segrep.core.states import Outcome
@@ -58,6 +59,7 @@ class TargetState:
     needs_bootstrap: bool = False  # out of retention: only `segrep bootstrap` brings it back
     invalid: list[InvalidSegment] = field(default_factory=list)  # copies that failed verification last round
     leases: list[LeaseHold] = field(default_factory=list)  # rounds receiving segments there now
+    last_verified: VerificationState | None = None  # the newest `segrep verify` of this table at this site
 
     @property
     def caught_up(self) -> bool:
@@ -85,6 +87,7 @@ def status_rows(catalog: Catalog, table: str | None = None) -> list[TargetState]
                 .limit(1)
             ).one_or_none()
             leased = _lease_holds(s, snap, now)
+            verified = {v.site: v for v in last_verifications(s, name)}
             pending: Counter[int] = Counter()
             pending_bytes: Counter[int] = Counter()
             for part in snap.partitions:
@@ -120,6 +123,7 @@ def status_rows(catalog: Catalog, table: str | None = None) -> list[TargetState]
                         needs_bootstrap=site_id in snap.stalled_site_ids,
                         invalid=list(report.invalid) if report else [],
                         leases=leased.get(site_id, []),
+                        last_verified=verified.get(site),
                     )
                 )
     return out

@@ -1,0 +1,286 @@
+"""``segrep verify``: is every replica the leader's rows, and is every file the segment the catalog names?
+(DESIGN section 13.)
+
+Rows: each partition's replica is compared with its leader as of one pinned version, the replica site's safe
+time by default, so replication in flight is never a difference: both sides keep only row versions <= the
+pin, then resolve (last writer wins). Their digests (``data.digest``) are compared; where they differ the key
+ranges are bisected down to the keys only at the leader, only at the replica, and different. A key that has a
+row version past the pin on either side is left out (``changed_since_pin``): as of the pin, a compacted side
+may no longer hold the older row version the other still shows.
+Files (``--files``): ``scrub``. Each run leaves one record per site compared, and each file's last check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from dataclasses import replace as _replace
+from enum import StrEnum
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from sqlalchemy import select
+
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+from segrep.catalog.verifications import record_file_checks, record_verification
+from segrep.core import hlc, keys
+from segrep.core import schema as sch
+from segrep.core.errors import NotFoundError, SegrepError
+from segrep.data.digest import Digest, diff_keys, digest_of, row_hashes
+from segrep.data.reader import PlacementFiles, placement_files, placement_rows, resolve
+from segrep.maintenance.scrub import FileProblem, ScrubResult, scrub
+from segrep.storage.pacing import Pacer
+
+MAX_KEYS_LISTED = 100  # per partition and kind; the counts are always complete
+SAFE_TIME = "safe-time"
+_INT64_MAX = 2**63 - 1
+
+
+class Verdict(StrEnum):
+    EQUAL = "equal"
+    DIFFERENT = "different"
+    UNREADABLE = "unreadable"  # a file of either side failed its checks (the scrub names it)
+    SKIPPED = "skipped"  # nothing to pin on: the site has no safe time yet, or the placement needs bootstrap
+
+
+@dataclass(frozen=True)
+class RowCheck:
+    partition_id: int
+    site: str
+    leader_site: str
+    as_of_us: int | None
+    verdict: Verdict
+    leader: Digest | None = None
+    replica: Digest | None = None
+    only_at_leader: tuple[Any, ...] = ()  # keys as JSON lists, at most MAX_KEYS_LISTED of each kind
+    only_at_replica: tuple[Any, ...] = ()
+    different: tuple[Any, ...] = ()
+    differences: int = 0
+    changed_since_pin: int = 0
+    detail: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["leader"] = None if self.leader is None else self.leader.hex()
+        doc["replica"] = None if self.replica is None else self.replica.hex()
+        return doc
+
+
+@dataclass
+class VerifyReport:
+    table: str
+    sites: list[str]
+    rows: list[RowCheck] = field(default_factory=list)
+    files_checked: bool = False
+    scrub: ScrubResult = field(default_factory=ScrubResult)
+
+    @property
+    def files(self) -> list[FileProblem]:
+        return self.scrub.problems
+
+    def differences_at(self, site: str) -> int:
+        rows = sum(_weight(r) for r in self.rows if r.site == site)
+        return rows + sum(1 for f in self.files if f.site == site)
+
+    @property
+    def differences(self) -> int:
+        return sum(_weight(r) for r in self.rows) + len(self.files)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "sites": self.sites,
+            "differences": self.differences,
+            "rows": [r.to_dict() for r in self.rows],
+            "files": None
+            if not self.files_checked
+            else {
+                "checked": self.scrub.files,
+                "bytes": self.scrub.bytes,
+                "problems": [p.to_dict() for p in self.files],
+            },
+        }
+
+
+def _weight(check: RowCheck) -> int:
+    """Differences a row check counts for: its keys, or one for a partition that could not be read."""
+    if check.verdict == Verdict.DIFFERENT:
+        return check.differences
+    return 1 if check.verdict == Verdict.UNREADABLE else 0
+
+
+def parse_at(text: str | None) -> int | None:
+    """``--at``: ``safe-time`` (None: each site's own) or a version in microseconds."""
+    if text is None or text == SAFE_TIME:
+        return None
+    if not text.isdigit() or int(text) > _INT64_MAX:
+        raise SegrepError(f"--at {text!r} is neither {SAFE_TIME} nor a version (whole microseconds, < 2**63)")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one verify looks at: the table, the replica sites whose rows are compared, the sites whose files
+    are checked, and the pin of each replica site."""
+
+    info: q.TableInfo
+    row_sites: list[str]
+    file_sites: list[str]
+    pins: dict[str, int | None]
+    site_ids: dict[str, int]
+    needs_bootstrap: frozenset[int]  # placement ids
+
+
+def scope_of(catalog: Catalog, table: str, site: str | None, at: int | None) -> Scope:
+    """Check the table and site exist and the site holds the table; SegrepError (nothing written) if not."""
+    with catalog.read() as s:
+        info = q.table_info(s, table)
+        if site is not None:
+            q.site_by_name(s, site)
+        parts = q.serving_partitions(s, info)
+        placements = q.active_placements(s, [p.partition_id for p in parts])
+        sites = q.sites_by_id(s)
+        leaders = {p.leader_placement_id for p in parts}
+        holding = sorted({sites[pl.site_id].name for pl in placements})
+        replica_sites = sorted({sites[pl.site_id].name for pl in placements if pl.placement_id not in leaders})
+        safe = dict(
+            s.execute(
+                select(m.SafeTime.site_id, m.SafeTime.safe_time_us).where(m.SafeTime.table_id == info.table_id)
+            ).all()
+        )
+        flagged = frozenset(pl.placement_id for pl in placements if pl.needs_bootstrap)
+    if site is not None and site not in holding:
+        raise NotFoundError(f"site {site!r} holds no placement of {table} (it is at: {', '.join(holding) or 'none'})")
+    ids = {x.name: x.site_id for x in sites.values()}
+    row_sites = [x for x in replica_sites if site is None or x == site]
+    file_sites = [x for x in holding if site is None or x == site]
+    pins = {x: at if at is not None else safe.get(ids[x]) for x in row_sites}
+    return Scope(info, row_sites, file_sites, pins, ids, flagged)
+
+
+def _keys_json(t: pa.Table) -> list[Any]:
+    return [[keys.encode(v) for v in row.values()] for row in t.slice(0, MAX_KEYS_LISTED).to_pylist()]
+
+
+def _late_keys(raw: pa.Table, pin: int, primary_key: tuple[str, ...]) -> set[tuple[Any, ...]]:
+    late = raw.filter(pc.field(sch.VERSION_COL) > pin).select(list(primary_key))
+    return {tuple(r.values()) for r in late.to_pylist()}
+
+
+def _without(t: pa.Table, late: set[tuple[Any, ...]]) -> pa.Table:
+    if not late or t.num_rows == 0:
+        return t
+    keep = [tuple(r.values()) not in late for r in t.to_pylist()]
+    return t.filter(pa.array(keep, pa.bool_()))
+
+
+def compare_placement(
+    info: q.TableInfo, leader: PlacementFiles, leader_raw: pa.Table, replica: PlacementFiles, pin: int
+) -> RowCheck:
+    """The replica's rows as of ``pin`` against the leader's (``leader_raw``: the leader's unresolved rows)."""
+    base = RowCheck(leader.partition_id, replica.site.name, leader.site.name, pin, Verdict.EQUAL)
+    try:
+        replica_raw = placement_rows(info, replica)
+    except SegrepError as exc:  # a damaged file (CorruptSegmentError) or a site that cannot be reached
+        return _replace(base, verdict=Verdict.UNREADABLE, detail=str(exc))
+    pk = info.primary_key
+    cols = list(info.schema.names)
+    sides = [resolve(raw.filter(pc.field(sch.VERSION_COL) <= pin), pk) for raw in (leader_raw, replica_raw)]
+    hashes = [row_hashes(t, cols) for t in sides]
+    digests = [digest_of(h) for h in hashes]
+    if digests[0] == digests[1]:
+        return _replace(base, leader=digests[0], replica=digests[1])
+    diff = diff_keys(pk, sides[0], hashes[0], sides[1], hashes[1])
+    late = _late_keys(leader_raw, pin, pk) | _late_keys(replica_raw, pin, pk)
+    only_l, only_r, changed = (_without(t, late) for t in (diff.only_left, diff.only_right, diff.different))
+    count = only_l.num_rows + only_r.num_rows + changed.num_rows
+    return _replace(
+        base,
+        verdict=Verdict.DIFFERENT if count else Verdict.EQUAL,
+        leader=digests[0],
+        replica=digests[1],
+        only_at_leader=tuple(_keys_json(only_l)),
+        only_at_replica=tuple(_keys_json(only_r)),
+        different=tuple(_keys_json(changed)),
+        differences=count,
+        changed_since_pin=diff.count - count,
+    )
+
+
+def compare_rows(catalog: Catalog, scope: Scope, only_partitions: set[int] | None = None) -> list[RowCheck]:
+    """Every replica placement at the scope's row sites against its leader, partition by partition."""
+    info = scope.info
+    _, leaders = placement_files(catalog, info.name)
+    by_partition = {pf.partition_id: pf for pf in leaders}
+    leader_raw: dict[int, pa.Table | SegrepError] = {}
+    out: list[RowCheck] = []
+    for site in scope.row_sites:
+        pin = scope.pins[site]
+        _, replicas = placement_files(catalog, info.name, site)
+        for pf in replicas:
+            lead = by_partition[pf.partition_id]
+            if pf.is_leader or (only_partitions is not None and pf.partition_id not in only_partitions):
+                continue
+            check = RowCheck(pf.partition_id, site, lead.site.name, pin, Verdict.SKIPPED)
+            if pf.placement_id in scope.needs_bootstrap:
+                out.append(_replace(check, detail="the placement needs a bootstrap; rounds do not feed it"))
+                continue
+            if pin is None:
+                out.append(_replace(check, detail=f"{site} has no safe time for {info.name} yet (joining?)"))
+                continue
+            if pf.partition_id not in leader_raw:
+                try:
+                    leader_raw[pf.partition_id] = placement_rows(info, lead)
+                except SegrepError as exc:
+                    leader_raw[pf.partition_id] = exc
+            raw = leader_raw[pf.partition_id]
+            if isinstance(raw, SegrepError):
+                out.append(_replace(check, verdict=Verdict.UNREADABLE, detail=f"at the leader: {raw}"))
+                continue
+            out.append(compare_placement(info, lead, raw, pf, pin))
+    return out
+
+
+def verify(
+    catalog: Catalog,
+    table: str,
+    *,
+    site: str | None = None,
+    at: int | None = None,
+    files: bool = False,
+    rate: int = 0,
+    record: bool = True,
+) -> VerifyReport:
+    """Compare rows (and with ``files``, every file) of ``table``; record the outcome per site unless
+    ``record`` is False (a dry run)."""
+    started = hlc.now_us()
+    scope = scope_of(catalog, table, site, at)
+    report = VerifyReport(table, sorted({*scope.row_sites, *(scope.file_sites if files else [])}))
+    report.rows = compare_rows(catalog, scope)
+    if files:
+        report.files_checked = True
+        report.scrub = scrub(catalog, scope.info, set(scope.file_sites), Pacer(rate))
+    if record:
+        record_report(catalog, scope, report, started)
+    return report
+
+
+def record_report(catalog: Catalog, scope: Scope, report: VerifyReport, started: int) -> None:
+    """One transaction: each file's check and one verification record per site compared."""
+    finished = hlc.now_us()
+    with catalog.write() as s:
+        record_file_checks(s, report.scrub.checks)
+        for name in report.sites:
+            kinds = [k for k, on in (("rows", name in scope.row_sites), ("files", report.files_checked)) if on]
+            record_verification(
+                s,
+                scope.info.table_id,
+                scope.site_ids[name],
+                kind="+".join(kinds),
+                as_of_us=scope.pins.get(name),
+                differences=report.differences_at(name),
+                started_us=started,
+                finished_us=finished,
+            )

@@ -1,0 +1,142 @@
+"""`segrep repair` (DESIGN section 13), on SQLite and PostgreSQL: bad files fetched again from an intact copy
+(the leader's from a replica's), divergent copies set back to the leader's segment, replicas whose chains
+differ re-bootstrapped, segments intact nowhere reported LOST with nothing deleted; --dry-run changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from segrep.catalog import models as m
+from segrep.maintenance.repair import repair
+from segrep.maintenance.verify import Verdict, verify
+from tests.support.badinput import catalog_rows, tree_state, unchanged
+from tests.support.checks import assert_files_match_catalog, assert_replicas_equal_leader, sorted_table
+from tests.support.cli import cli
+from tests.support.damage import (
+    Copy,
+    change_payload,
+    copies_at,
+    copy_holding,
+    delete,
+    flip_bit,
+    forget_root,
+    rewrite_segment,
+    swap,
+    truncate,
+)
+from tests.support.env import Env
+from tests.support.models import Model
+from tests.support.rounds import no_spark, round_until_idle
+from tests.support.tables import TABLE
+
+
+def replicated(env: Env) -> None:
+    model = Model()
+    model.upsert(env, range(40), "a")
+    model.upsert(env, range(20, 60), "b")
+    model.delete(env, range(0, 4))
+    round_until_idle(env)
+
+
+def _one(fn: Callable[[Path], None]) -> Callable[[list[Copy]], list[Copy]]:
+    def damage(copies: list[Copy]) -> list[Copy]:
+        fn(copies[0].path)
+        return copies[:1]
+
+    return damage
+
+
+def _swap(copies: list[Copy]) -> list[Copy]:
+    a, b = copies[0], next(c for c in copies[1:] if c.partition_id == copies[0].partition_id)
+    swap(a.path, b.path)
+    return [a, b]
+
+
+DAMAGE = {"bit-flip": _one(flip_bit), "truncation": _one(truncate), "deletion": _one(delete), "swap": _swap}
+
+
+@pytest.mark.parametrize("site", ["primary", "dr"])
+@pytest.mark.parametrize("kind", sorted(DAMAGE))
+def test_a_bad_file_is_found_then_fetched_again(env: Env, kind: str, site: str) -> None:
+    replicated(env)
+    before = sorted_table(env.catalog)
+    damaged = DAMAGE[kind](copies_at(env, site))
+    code, out, err = cli(env, "verify", TABLE, "--files")
+    assert code == 1, out + err
+    for c in damaged:
+        assert f"{c.path} at {site}" in out, out
+    assert out.count(" at primary (segment") + out.count(" at dr (segment") == len(damaged)
+
+    with unchanged(env):
+        code, out, err = cli(env, "repair", TABLE, "--dry-run")
+    assert code == 1 and "dry run" in out
+    assert all(f"would fetch {c.path} at {site}" in out for c in damaged), out
+
+    code, out, err = cli(env, "repair", TABLE)
+    assert code == 0, out + err
+    assert all(f"fetched {c.path} at {site}" in out for c in damaged), out
+    code, out, err = cli(env, "verify", TABLE, "--files")
+    assert code == 0, out + err
+    assert_files_match_catalog(env)
+    assert sorted_table(env.catalog).equals(before)
+    assert_replicas_equal_leader(env.catalog)
+
+
+def test_a_divergent_replica_copy_is_set_back_to_the_leaders_segment(env: Env) -> None:
+    replicated(env)
+    target = copy_holding(env, "dr", 8)
+    rewrite_segment(env, target, change_payload(8, "tampered"))
+    code, out, _ = cli(env, "verify", TABLE, "--files")
+    assert code == 1 and f"DIVERGENT: {target.path} at dr" in out and "different: ['a', 8]" in out, out
+    code, out, err = cli(env, "repair", TABLE, "--site", "dr")
+    assert code == 0, out + err
+    assert "its catalog row set back to the leader's" in out
+    code, out, err = cli(env, "verify", TABLE, "--files")
+    assert code == 0, out + err
+    with env.catalog.read() as s:
+        shas = set(s.scalars(select(m.Segment.sha256).where(m.Segment.segment_id == target.segment_id)))
+    assert len(shas) == 1
+    assert_replicas_equal_leader(env.catalog)
+
+
+def test_a_segment_damaged_at_every_site_is_lost_and_nothing_is_deleted(env: Env) -> None:
+    replicated(env)
+    leader = copy_holding(env, "primary", 8)
+    held = [c for site in ("primary", "dr", "edge") for c in copies_at(env, site) if c.segment_id == leader.segment_id]
+    assert len(held) == 3
+    for c in held:
+        flip_bit(c.path)
+    files_before = set(tree_state(env.root))
+    segments_before = catalog_rows(env)["segments"]
+    code, out, err = cli(env, "repair", TABLE)
+    assert code == 1, out + err
+    assert f"LOST: segment {leader.segment_id} of partition {leader.partition_id}" in out
+    assert "no intact copy at any site; bad at dr, edge, primary; nothing was deleted" in out
+    assert set(tree_state(env.root)) >= files_before
+    assert catalog_rows(env)["segments"] == segments_before
+    assert all(c.path.exists() for c in held)
+
+
+def test_a_replica_chain_missing_a_segment_is_rebootstrapped(env: Env) -> None:
+    replicated(env)
+    target = copy_holding(env, "dr", 8)
+    forget_root(env, "dr", target.partition_id)
+    report = verify(env.catalog, TABLE, site="dr")
+    bad = [r for r in report.rows if r.verdict != Verdict.EQUAL]
+    # the forgotten segment is the newest, the delete of keys 0..3: dr still shows its partition's two
+    assert len(bad) == 1 and bad[0].only_at_replica == (["a", 0], ["b", 1]) and not bad[0].only_at_leader
+
+    with unchanged(env):
+        dry = repair(env.catalog, env.defs, TABLE, dry_run=True, submit=no_spark)
+    assert [(r.site, r.partition_id) for r in dry.rebootstraps] == [("dr", target.partition_id)] and not dry.clean
+
+    done = repair(env.catalog, env.defs, TABLE, submit=no_spark)
+    assert done.clean and done.after is not None and done.after.differences == 0
+    assert [(r.site, r.partition_id) for r in done.rebootstraps] == [("dr", target.partition_id)]
+    code, out, err = cli(env, "verify", TABLE, "--files")
+    assert code == 0, out + err
+    assert_replicas_equal_leader(env.catalog)
