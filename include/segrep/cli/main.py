@@ -32,6 +32,7 @@ from segrep.cli.format import format_rows
 from segrep.config.definitions import Definitions, config_path, load_definitions
 from segrep.core.errors import SegrepError
 from segrep.data.export import atomic_write_table, check_output, protected_paths
+from segrep.storage.probe import describe
 
 F = TypeVar("F", bound=Callable[..., Any])
 INT64_MAX = 2**63 - 1
@@ -646,6 +647,9 @@ def run() -> None:
         main(standalone_mode=True)
     except SystemExit:
         raise
+    except OSError as exc:  # the machine, not the input: a full disk, a store that went away mid-command
+        click.echo(f"segrep: error: {describe(exc)}", err=True)
+        sys.exit(1)
     except Exception as exc:
         if os.environ.get("SEGREP_DEBUG"):
             raise

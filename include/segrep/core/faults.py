@@ -5,11 +5,13 @@ die at that point, clears the variable and re-runs: the system must converge wit
 duplicated. With the variable unset, :func:`point` costs one dictionary look-up.
 
 ``NAME:hang`` instead stops the process at that point until it is killed (after one line on stderr saying so):
-how the kill -9 tests and ``bench/chaos.py`` catch a round exactly there.
+how the kill -9 tests and ``bench/chaos.py`` catch a round exactly there. ``NAME:enospc`` raises the OSError a
+full disk raises (``disk_full:enospc``: every atomic local write fails as on a full file system).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -25,6 +27,7 @@ POINTS = (
     "split_before_finalize",  # every child acked the copy pass; SPLIT_FINALIZE has not committed
     "split_after_finalize",  # writes go to the children; no parent placement has unloaded yet
     "split_before_parent_files",  # UNLOAD_FINAL committed; the parent's files are still on the sites
+    "disk_full",  # an atomic local write has written its bytes (a full disk says so here); nothing renamed yet
 )
 
 
@@ -45,6 +48,8 @@ def point(name: str) -> None:
     wanted = {x.strip() for x in enabled.split(",")}
     if name in wanted:
         raise InjectedFault(f"injected fault at {name}")
+    if f"{name}:enospc" in wanted:
+        raise OSError(errno.ENOSPC, f"No space left on device (injected at {name})")
     if f"{name}:hang" in wanted:
         print(f"{HANG_MARK}{name}", file=sys.stderr, flush=True)
         while True:  # until killed

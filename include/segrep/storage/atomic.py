@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from segrep.core import faults
 from segrep.core.errors import CorruptSegmentError
 
 CHUNK = 4 * 1024 * 1024
@@ -42,6 +43,7 @@ def atomic_local_write(final: str, write: Callable[[str], None]) -> FileFacts:
     tmp = tmp_name(final)
     try:
         write(tmp)
+        faults.point("disk_full")
         facts = hash_local(tmp, fsync=True)
         os.rename(tmp, final)
         fsync_dir(os.path.dirname(final) or ".")
@@ -113,6 +115,7 @@ def _temporary_beside(final: str) -> Iterator[tuple[str, int]]:
     tmp = tmp_name(final)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
+        faults.point("disk_full")  # where a full disk stops every write: the temporary file is removed
         yield tmp, fd
     except BaseException:
         remove_quietly(tmp)
@@ -294,6 +297,7 @@ def write_json_atomic(path: str | os.PathLike[str], doc: Any) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp-{secrets.token_hex(4)}")
     try:
+        faults.point("disk_full")
         with open(tmp, "w") as f:
             json.dump(doc, f, sort_keys=True)
             f.flush()
