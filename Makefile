@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint format bench bench-rounds bench-maintenance constraints clean spark-zip
+.PHONY: venv demo test lint format bench bench-rounds bench-maintenance bench-chaos constraints clean spark-zip
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	@scripts/check_prereqs.sh $(PYTHON)
@@ -47,6 +47,12 @@ bench-rounds: venv
 
 bench-maintenance: venv
 	$(BIN)/python bench/maintenance.py --scale 1
+
+# Restarts the local PostgreSQL cluster once: run it on a machine nothing else is using.
+bench-chaos: venv
+	@scripts/ensure_postgres.sh
+	$(BIN)/python bench/chaos.py --seed 7 --kills 60 --catalog postgres
+	$(BIN)/python bench/chaos.py --kill-recovery --catalog postgres
 
 # The segrep package as a zip for spark-submit --py-files (Spark clusters whose nodes lack the package):
 # export SEGREP_SPARK_PY_FILES=$$PWD/build/segrep.zip and both `segrep round` and the DAGs pass it on.
