@@ -17,6 +17,8 @@ from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.maintenance.bootstrap import bootstrap
 from segrep.replication.run import run_round
+from tests.support.cli import cli
+from tests.support.damage import copies_at, delete, flip_bit, swap, truncate
 from tests.support.env import Env
 
 pytestmark = pytest.mark.slow
@@ -56,3 +58,26 @@ def test_orders_replicate_and_a_site_joins_while_writes_continue(env: Env, tmp_p
             s.scalars(select(m.Placement.state).where(m.Placement.site_id == 3, m.Placement.removed_us.is_(None)))
         )
     assert states == {"LIVE"}
+
+    # Trust the replicas (issue 12): a file flipped at the leader, one truncated at dr, one deleted at edge
+    # and two swapped at dr are each named by verify --files; repair mends them all (the leader's file from
+    # a replica's copy); verify is clean again and every site still reads the replay.
+    leader, dr, edge = (
+        copies_at(env, "primary", "orders"),
+        copies_at(env, "dr", "orders"),
+        copies_at(env, "edge", "orders"),
+    )
+    flip_bit(leader[0].path, offset=leader[0].path.stat().st_size // 2)
+    truncate(dr[1].path)
+    delete(edge[-1].path)
+    swap(dr[2].path, dr[3].path)
+    code, out, err = cli(env, "verify", "orders", "--files")
+    assert code == 1, out + err
+    for bad in (leader[0], dr[1], edge[-1], dr[2], dr[3]):
+        assert str(bad.path) in out, f"{bad.path} not named:\n{out}"
+    code, out, err = cli(env, "repair", "orders")
+    assert code == 0, out + err
+    code, out, err = cli(env, "verify", "orders", "--files")
+    assert code == 0, out + err
+    for site in (None, "dr", "edge"):
+        assert demo_data.compare(read_table(env.catalog, "orders", site), expected, "o_orderkey") == [], site
