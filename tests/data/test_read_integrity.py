@@ -164,7 +164,7 @@ def test_a_damaged_file_fails_the_read_naming_it(env: Env, path: str, damage: st
         code, out, err = cli(env, "read", "orders")
     assert out == ""
     line = assert_user_error(code, out, err, str(target), "site primary", "leader's copy")
-    assert "restore" in line
+    assert "segrep repair orders --site primary" in line
 
 
 def test_the_fast_path_and_the_merge_path_are_the_ones_taken(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,15 +200,21 @@ def test_a_key_changed_in_the_dictionary_is_caught(env: Env) -> None:
     assert out == ""
 
 
-def test_a_replica_file_names_the_bootstrap_that_restores_it(env: Env) -> None:
+@pytest.mark.parametrize("site", ["dr", "primary"])
+def test_a_damaged_file_names_the_repair_that_restores_it(env: Env, site: str) -> None:
     _load(env, "fast")
     run_round(env.catalog, env.defs, "orders", submit=no_spark)
     assert _read_ok(env, "dr") == _expected("fast")
-    target = _flipped(_files(env, "dr"))
+    target = _flipped(_files(env, site))
     with unchanged(env):
-        code, out, err = cli(env, "read", "orders", "--site", "dr")
-    assert_user_error(code, out, err, str(target), "site dr", "segrep bootstrap orders dr --mode replace")
-    assert _read_ok(env) == _expected("fast")  # the leader's copies are intact
+        code, out, err = cli(env, "read", "orders", "--site", site)
+    whose = "the leader's copy" if site == "primary" else "a replica's copy"
+    assert_user_error(code, out, err, str(target), f"site {site}", whose, f"segrep repair orders --site {site}")
+    other = "primary" if site == "dr" else "dr"
+    assert _read_ok(env, other) == _expected("fast")  # the other site's copies are intact
+    code, out, err = cli(env, "repair", "orders", "--site", site)  # the advice, followed, mends it
+    assert code == 0, out + err
+    assert _read_ok(env, site) == _expected("fast")
 
 
 def test_as_of_reads_check_the_files_too(env: Env) -> None:
@@ -261,7 +267,7 @@ def test_the_spark_reader_checks_every_footer_on_the_driver(sqlite_env: Env, dam
     target = DAMAGE[damage](_files(sqlite_env))
     with pytest.raises(CorruptSegmentError, match="site primary") as caught:
         read_dataframe(_NoSpark(), sqlite_env.catalog, "orders")  # type: ignore[arg-type]
-    assert str(target) in str(caught.value) and "restore" in str(caught.value)
+    assert str(target) in str(caught.value) and "segrep repair orders --site primary" in str(caught.value)
 
 
 def _read_table_job() -> Any:

@@ -181,18 +181,13 @@ def expected_segment(info: q.TableInfo, seg: m.Segment) -> ExpectedSegment:
 
 @contextmanager
 def restore_advice(pf: PlacementFiles) -> Iterator[None]:
-    """A CorruptSegmentError raised inside gets what to do about it: a replica's copy is copied again from the
-    leader by a bootstrap; the leader's own copy has to come back from a replica that holds the segment."""
+    """A CorruptSegmentError raised inside gets what to do about it: ``segrep repair`` fetches the file again
+    from any site whose copy is intact (a replica's copy mends the leader's too)."""
     try:
         yield
     except CorruptSegmentError as exc:
-        if pf.is_leader:
-            advice = (
-                "this is the leader's copy: restore the file from a replica site that holds the segment (the same "
-                "relative path under its root), then read again"
-            )
-        else:
-            advice = f"copy it again from the leader: segrep bootstrap {pf.table} {pf.site.name} --mode replace"
+        whose = "the leader's copy" if pf.is_leader else "a replica's copy"
+        advice = f"{whose}: run `segrep repair {pf.table} --site {pf.site.name}` to fetch it again from an intact copy"
         raise CorruptSegmentError(f"{exc}; {advice}") from None
 
 
