@@ -11,6 +11,7 @@ except in CI (CI=true), where they fail; Spark tests never skip.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,7 @@ def spark() -> Iterator[Any]:
     """One local Spark session for the whole test run (JVM start-up is the expensive part)."""
     from pyspark.sql import SparkSession
 
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Python workers (verify's digests) import segrep
     session = (
         SparkSession.builder.master("local[2]")
         .appName("segrep-tests")

@@ -73,6 +73,8 @@ CASES: list[tuple[str, bytes | Callable[[Doc], None], str | None, tuple[str, ...
     ("schedule-seconds-field", policy(schedule="0 * * * * *"), "orders", ("table orders", "'0 * * * * *'")),
     ("schedule-number", policy(schedule=5), "orders", ("table orders", "schedule 5")),
     ("maintenance-bogus", policy(maintenance_schedule="bogus"), "orders", ("maintenance_schedule", "'bogus'")),
+    ("verify-bogus", policy(verify_schedule="@fortnightly"), "orders", ("verify_schedule", "'@fortnightly'")),
+    ("verify-threshold-zero", policy(verify_spark_threshold_bytes=0), "orders", ("verify_spark_threshold_bytes",)),
     ("retry-delay-huge", policy(retry_delay_s=10**30), "orders", ("retry_delay_s", "out of range")),
     ("retry-delay-2h", policy(retry_delay_s="2h"), "orders", ("retry_delay_s", "out of range")),
     ("retries-huge", policy(retries=10**9), "orders", ("retries", "out of range")),
@@ -271,7 +273,7 @@ def bad_schedules(draw: st.DrawFn) -> object:
 
 
 @CLI_SETTINGS
-@given(value=bad_schedules(), key=st.sampled_from(["schedule", "maintenance_schedule"]))
+@given(value=bad_schedules(), key=st.sampled_from(["schedule", "maintenance_schedule", "verify_schedule"]))
 def test_generated_bad_schedules_are_refused_by_apply(env: Env, value: object, key: str) -> None:
     path = bad_file(env, policy(**{key: value}))
     with unchanged(env):

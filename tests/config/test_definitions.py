@@ -274,6 +274,8 @@ def test_policy_full(tmp_path: Path) -> None:
         "compact_min_bytes": 10,
         "tombstone_grace_s": "14d",
         "max_retention_s": "7d",
+        "verify_schedule": " 15m ",
+        "verify_spark_threshold_bytes": 1,
     }
     p = load(tmp_path, doc).table("orders").policy
     assert p.schedule == "*/5 * * * *"
@@ -282,6 +284,8 @@ def test_policy_full(tmp_path: Path) -> None:
     assert (p.compact_min_segments, p.compact_min_bytes) == (2, 10)
     assert (p.tombstone_grace_s, p.max_retention_s) == (14 * 86400, 7 * 86400)
     assert p.orphan_grace_s == Policy().orphan_grace_s
+    assert (p.verify_schedule, p.verify_spark_threshold_bytes) == ("15m", 1)
+    assert (Policy().verify_schedule, Policy().maintenance_schedule) == ("@daily", "@daily")
 
 
 def test_policy_schedule_null_and_yaml_date(tmp_path: Path) -> None:

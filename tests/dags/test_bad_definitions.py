@@ -12,7 +12,13 @@ import yaml
 
 from tests.support.airflow import DAGS, events_yaml
 
-GOOD_DAGS = {"segrep_bootstrap", "segrep_maintain_orders", "segrep_replicate_orders", "segrep_split_orders"}
+GOOD_DAGS = {
+    "segrep_bootstrap",
+    "segrep_maintain_orders",
+    "segrep_replicate_orders",
+    "segrep_split_orders",
+    "segrep_verify_orders",
+}
 DEFINITIONS_FILE = "segrep_definitions.py"
 
 # (policy of table `events`, what the error must name) as issue 11 saw them break the DAG files or stall them.
@@ -25,6 +31,8 @@ BAD_POLICIES: list[tuple[dict[str, Any], str]] = [
     ({"schedule": "61 * * * *"}, "61 * * * *"),
     ({"schedule": "0 0 31 2 *"}, "0 0 31 2 *"),  # never fires
     ({"maintenance_schedule": "bogus"}, "bogus"),
+    ({"verify_schedule": "0 0 30 2 *"}, "verify_schedule"),  # never fires
+    ({"verify_spark_threshold_bytes": 0}, "verify_spark_threshold_bytes"),
     ({"retry_delay_s": 10**30}, "retry_delay_s"),
     ({"start_date": "2026-11-02", "end_date": "2026-11-01"}, "end_date"),
 ]
@@ -64,12 +72,18 @@ def test_one_bad_table_is_one_import_error_and_the_others_load(
 def test_a_good_file_has_no_import_error_and_every_table_has_its_dags(
     airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _write(tmp_path, events_yaml({"schedule": "10m", "maintenance_schedule": "30 2 * * *"}), monkeypatch)
+    _write(
+        tmp_path,
+        events_yaml({"schedule": "10m", "maintenance_schedule": "30 2 * * *", "verify_schedule": "1d"}),
+        monkeypatch,
+    )
 
     bag = _bag()
 
     assert bag.import_errors == {}
-    assert set(bag.dag_ids) == GOOD_DAGS | {f"segrep_{kind}_events" for kind in ("maintain", "replicate", "split")}
+    assert set(bag.dag_ids) == GOOD_DAGS | {
+        f"segrep_{kind}_events" for kind in ("maintain", "replicate", "split", "verify")
+    }
 
 
 @pytest.mark.parametrize(

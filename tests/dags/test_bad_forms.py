@@ -46,6 +46,12 @@ REFUSED: dict[str, list[tuple[dict[str, Any], str]]] = {
         ({"gc_dry_run": 1}, "gc_dry_run"),
         ({"gc_dry_run": None}, "gc_dry_run"),
     ],
+    "segrep_verify_events": [
+        ({"files": "yes"}, "files"),
+        ({"max_bytes_per_second": -1}, "max_bytes_per_second"),
+        ({"max_bytes_per_second": 2**41}, "max_bytes_per_second"),
+        ({"max_bytes_per_second": "fast"}, "max_bytes_per_second"),
+    ],
     "segrep_bootstrap": [
         ({"table": "nope"}, "table"),
         ({"table": "events", "site": "nowhere"}, "site"),
@@ -79,12 +85,14 @@ REFUSED: dict[str, list[tuple[dict[str, Any], str]]] = {
 UNKNOWN_KEY = {
     "segrep_replicate_events": ("plan", {"reofer": True}, "reofer"),
     "segrep_maintain_events": ("plan_compaction", {"gc_dryrun": True}, "gc_dryrun"),
+    "segrep_verify_events": ("verify", {"file": False}, "file"),
     "segrep_bootstrap": ("bootstrap", {"table": "events", "site": "edge", "sites": "dr"}, "sites"),
     "segrep_split_events": ("start", {"partition": 5, "split_keys": ["a1"], "asynch": True}, "asynch"),
 }
 FORM_KEYS = {
     "segrep_replicate_events": ["reoffer", "target"],
     "segrep_maintain_events": ["force", "gc_dry_run"],
+    "segrep_verify_events": ["files", "max_bytes_per_second"],
     "segrep_bootstrap": ["mode", "site", "table"],
     "segrep_split_events": ["async", "partition", "split_keys"],
 }

@@ -67,6 +67,7 @@ DEFAULT_DAGS = {
     "segrep_maintain_orders": "segrep_maintenance.py",
     "segrep_replicate_orders": "segrep_replication.py",
     "segrep_split_orders": "segrep_split.py",
+    "segrep_verify_orders": "segrep_verify.py",
 }
 
 
@@ -99,6 +100,7 @@ SPARK_STEPS = {
         "copy_step": ("copy_choose", "copy_rewrite", "copy_commit"),
         "unload_step": ("unload_choose", "unload_merge", "unload_commit"),
     },
+    "segrep_verify_orders": {},  # its one task starts the digest application itself (hook_submit)
 }
 
 

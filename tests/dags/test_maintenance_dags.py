@@ -118,3 +118,57 @@ def test_maintenance_dag_continues_an_unfinished_split(segrep_env: Any) -> None:
     assert read_sorted(env).equals(before)
     run_round(env.catalog, env.defs, "events", submit=_no_spark)
     assert read_sorted(env, "dr").equals(before)
+
+
+VERIFY_POLICY = {**POLICY, "verify_schedule": "30 3 * * *", "verify_spark_threshold_bytes": 1}
+
+
+def test_verify_dag_runs_on_the_policys_verify_schedule(segrep_env: Any) -> None:
+    from airflow.sdk import CronDataIntervalTimetable
+
+    segrep_env(VERIFY_POLICY)
+    dag = load_dag("segrep_verify_events")
+    assert dag.task_ids == ["verify"] and dag.catchup is False and dag.max_active_runs == 1
+    assert isinstance(dag.timetable, CronDataIntervalTimetable) and dag.timetable.expression == "30 3 * * *"
+    assert {k: dag.params[k] for k in dag.params} == {"files": True, "max_bytes_per_second": None}
+    assert set(dag.tags) == {"segrep", "verify", "events"}
+
+
+@pytest.mark.spark
+def test_verify_dag_passes_when_clean_and_fails_naming_a_planted_difference(
+    segrep_env: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both runs digest on Spark (the threshold is one byte) through the `spark_default` connection; the
+    outcome is recorded by verify itself, where `segrep status` reads it."""
+    import pendulum
+
+    from segrep.catalog.verifications import last_verifications
+    from tests.support.damage import change_payload, copy_holding, rewrite_segment
+
+    env = segrep_env(VERIFY_POLICY)
+    for keys, tag in ((range(0, 60), "a"), (range(40, 90), "b")):
+        write_batch(env.catalog, "events", events_batch(list(keys), tag))
+    run_round(env.catalog, env.defs, "events", submit=_no_spark)
+    dag = load_dag("segrep_verify_events")
+
+    run = dag.test(logical_date=pendulum.now("UTC"))
+    assert str(run.state) == "success", ti_states(run)
+    with env.catalog.read() as s:
+        states = {v.site: (v.kind, v.outcome) for v in last_verifications(s, "events")}
+    assert states == {"dr": ("rows+files", "equal"), "edge": ("rows+files", "equal"), "primary": ("files", "equal")}
+    assert "digested on Spark, one application" in capsys.readouterr().out
+
+    target = copy_holding(env, "edge", 10)  # written once (the second batch starts at 40)
+    rewrite_segment(env, target, change_payload(10, "tampered"))
+    run = dag.test(logical_date=pendulum.now("UTC"), run_conf={"max_bytes_per_second": 0})
+    assert str(run.state) == "failed" and ti_states(run)[("verify", -1)] == "failed"
+    out = capsys.readouterr()
+    # the key differs, and the scrub sees the copy's catalog row diverge from the leader's row for that segment
+    named = (f"partition {target.partition_id} at edge: different (1 key(s)); divergent ", str(target.path))
+    assert any(
+        "verify of events: 2 difference(s): " in line and all(n in line for n in named)
+        for line in (out.out + out.err).splitlines()
+    )
+    with env.catalog.read() as s:
+        states = {v.site: (v.outcome, v.differences) for v in last_verifications(s, "events")}
+    assert states == {"dr": ("equal", 0), "edge": ("different", 2), "primary": ("equal", 0)}

@@ -81,11 +81,12 @@ def format_report(report: RoundReport, sites: Sequence[str] | None = None) -> st
 
 def invalid_advice(table: str, target: str, invalid: Sequence[InvalidSegment]) -> str:
     """What to run after copies to ``target`` failed verification: copy again at once; a file that fails
-    again is damaged at its site and has to be restored from a good copy."""
-    sources = ", ".join(sorted({bad.site for bad in invalid}))
+    again is damaged at its site, and ``segrep repair`` fetches it again from an intact copy."""
+    sources = sorted({bad.site for bad in invalid})
+    repair = " and ".join(f"`segrep repair {table} --site {site}`" for site in sources)
     return (
         f"run `segrep round {table} --target {target} --reoffer` to copy again now; if a file fails again, "
-        f"it is damaged at {sources}: restore it from a replica's copy"
+        f"it is damaged at {', '.join(sources)}: run {repair}"
     )
 
 
@@ -198,7 +199,9 @@ def format_verify(report: VerifyReport) -> str:
     verdict = f"{report.differences} difference(s)" if report.differences else "all equal"
     lines = [f"verify of {report.table} at {', '.join(report.sites) or 'no replica'}: {verdict}"]
     equal = sum(1 for r in report.rows if r.verdict == Verdict.EQUAL)
-    lines.append(f"  rows: {equal} of {len(report.rows)} replica partition(s) equal to their leader")
+    spark = sum(1 for r in report.rows if r.on_spark)
+    on_spark = f" ({spark} digested on Spark, one application)" if spark else ""
+    lines.append(f"  rows: {equal} of {len(report.rows)} replica partition(s) equal to their leader{on_spark}")
     for r in report.rows:
         lines += format_row_check(r)
     if report.files_checked:

@@ -566,10 +566,13 @@ def verify_(
 
     from segrep.cli.format import format_verify
     from segrep.maintenance.verify import parse_at, verify
+    from segrep.maintenance.verify_spark import SparkDigests
+    from segrep.spark import launch
     from segrep.storage.pacing import scrub_rate
 
     pin, pace = parse_at(at), scrub_rate(rate)
-    report = verify(obj.catalog(), table, site=site, at=pin, files=files, rate=pace)
+    spark = SparkDigests.for_table(obj.defs, table, launch.submit)
+    report = verify(obj.catalog(), table, site=site, at=pin, files=files, rate=pace, spark=spark)
     click.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True) if as_json else format_verify(report))
     if report.differences:
         _fail(f"verify of {table}: {report.differences} difference(s); see above, then `segrep repair {table}`", 1)

@@ -29,6 +29,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": DAY_S, "w": 7 * DAY_S}
 _BOUNDS: dict[str, tuple[int, int, str]] = {
     "max_incoming_segments": (1, 10_000, "segments in flight to one receiver"),
     "spark_copy_threshold_bytes": (1, MAX_BYTES, "bytes"),
+    "verify_spark_threshold_bytes": (1, MAX_BYTES, "bytes"),
     "retries": (0, 100, "retries"),
     "retry_delay_s": (0, BACKOFF_CAP_S, "seconds (the back-off is capped at one hour)"),
     "compact_min_segments": (1, 1_000_000, "segments"),
@@ -47,8 +48,11 @@ class Policy:
     start_date: date | datetime = date(2026, 1, 1)  # a date means midnight UTC
     end_date: date | datetime | None = None  # no scheduled runs after this (backfills still work before it)
     maintenance_schedule: str | None = "@daily"  # compaction and GC (the maintenance DAG)
+    verify_schedule: str | None = "@daily"  # rows and files compared with the leader's (the verify DAG)
     max_incoming_segments: int = 8
     spark_copy_threshold_bytes: int = 256 * 1024 * 1024
+    # a partition whose leader and replica files together reach this many bytes is digested on Spark by verify
+    verify_spark_threshold_bytes: int = 256 * 1024 * 1024
     retries: int = 3
     retry_delay_s: int = 30
     compact_min_segments: int = 10
@@ -62,10 +66,10 @@ def parse_policy(body: dict[str, Any], where: str) -> Policy:
     """The policy from its mapping in the definitions file (unknown keys already refused); ``where`` names it."""
     values: dict[str, Any] = {}
     for key, value in body.items():
-        if key in ("schedule", "maintenance_schedule"):
+        if key in ("schedule", "maintenance_schedule", "verify_schedule"):
             try:
                 parse_schedule(value)
-            except SegrepError as exc:  # "schedule '10x' is not...": maintenance_schedule says which one it is
+            except SegrepError as exc:  # "schedule '10x' is not...": the other schedules say which one it is
                 raise SegrepError(f"{where}{'' if key == 'schedule' else ' ' + key}: {exc}") from None
             values[key] = value.strip() if isinstance(value, str) else None
         elif key in ("start_date", "end_date"):

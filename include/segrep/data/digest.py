@@ -11,7 +11,7 @@ which sum exactly in 64-bit prefix sums for up to 2**32 rows: any key range's di
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,6 +72,13 @@ def digest_of(hashes: np.ndarray) -> Digest:
 
 def table_digest(rows: pa.Table, columns: Sequence[str] | None = None) -> Digest:
     return digest_of(row_hashes(rows, columns))
+
+
+def combine(digests: Iterable[Digest]) -> Digest:
+    """The digest of disjoint row sets taken together: counts and hash sums add. How the Spark job joins the
+    digests of its Arrow batches into the one this module would compute over all the rows at once."""
+    parts = list(digests)
+    return Digest(sum(d.rows for d in parts), sum(d.hash_sum for d in parts) % MOD)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ time by default, so replication in flight is never a difference: both sides keep
 pin, then resolve (last writer wins). Their digests (``data.digest``) are compared; where they differ the key
 ranges are bisected down to the keys only at the leader, only at the replica, and different. A key that has a
 row version past the pin on either side is left out (``changed_since_pin``): as of the pin, a compacted side
-may no longer hold the older row version the other still shows.
+may no longer hold the older row version the other still shows. Small partitions are digested in process,
+large ones by the run's one Spark application (``verify_spark``); only those whose digests differ are then read
+in process, to name the keys.
 Files (``--files``): ``scrub``. Each run leaves one record per site compared, and each file's last check.
 """
 
@@ -31,6 +33,7 @@ from segrep.core.errors import NotFoundError, SegrepError
 from segrep.data.digest import Digest, diff_keys, digest_of, row_hashes
 from segrep.data.reader import PlacementFiles, placement_files, placement_rows, resolve
 from segrep.maintenance.scrub import FileProblem, ScrubResult, scrub
+from segrep.maintenance.verify_spark import Pair, SparkDigests
 from segrep.storage.pacing import Pacer
 
 MAX_KEYS_LISTED = 100  # per partition and kind; the counts are always complete
@@ -60,6 +63,7 @@ class RowCheck:
     differences: int = 0
     changed_since_pin: int = 0
     detail: str | None = None
+    on_spark: bool = False  # digested by the run's Spark application (a large partition)
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -88,11 +92,28 @@ class VerifyReport:
     def differences(self) -> int:
         return sum(_weight(r) for r in self.rows) + len(self.files)
 
+    def problems(self) -> list[str]:
+        """One phrase per difference found, naming the partition and site or the file: why the DAG's verify
+        task fails (the keys themselves are in the report it prints)."""
+        out = [
+            f"partition {r.partition_id} at {r.site}: {r.verdict}"
+            + (f" ({r.differences} key(s))" if r.verdict == Verdict.DIFFERENT else "")
+            for r in self.rows
+            if _weight(r)
+        ]
+        return out + [f"{f.state} {f.path} at {f.site}" for f in self.files]
+
+    @property
+    def spark_apps(self) -> int:
+        """Spark applications the run started: one when any partition was large enough, else none."""
+        return int(any(r.on_spark for r in self.rows))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "table": self.table,
             "sites": self.sites,
             "differences": self.differences,
+            "spark_apps": self.spark_apps,
             "rows": [r.to_dict() for r in self.rows],
             "files": None
             if not self.files_checked
@@ -209,13 +230,49 @@ def compare_placement(
     )
 
 
-def compare_rows(catalog: Catalog, scope: Scope, only_partitions: set[int] | None = None) -> list[RowCheck]:
-    """Every replica placement at the scope's row sites against its leader, partition by partition."""
+def compare_rows(
+    catalog: Catalog, scope: Scope, only_partitions: set[int] | None = None, spark: SparkDigests | None = None
+) -> list[RowCheck]:
+    """Every replica placement at the scope's row sites against its leader, partition by partition; with
+    ``spark``, the large ones are digested there first and read here only if their digests differ."""
+    pairs = _pairs(catalog, scope, only_partitions)
+    on_spark = spark.digest(scope.info, [p for p in pairs if isinstance(p, Pair)]) if spark is not None else {}
+    leader_raw: dict[int, pa.Table | SegrepError] = {}
+    out: list[RowCheck] = []
+    for pair in pairs:
+        if isinstance(pair, RowCheck):
+            out.append(pair)
+            continue
+        known = on_spark.get(pair.key)
+        if known is not None and known.equal:
+            base = RowCheck(pair.replica.partition_id, pair.site, pair.leader.site.name, pair.pin, Verdict.EQUAL)
+            out.append(_replace(base, leader=known.leader, replica=known.replica, on_spark=True))
+        else:
+            out.append(_replace(_in_process(scope.info, pair, leader_raw), on_spark=known is not None))
+    return out
+
+
+def _in_process(info: q.TableInfo, pair: Pair, leader_raw: dict[int, pa.Table | SegrepError]) -> RowCheck:
+    """The pair compared here; the leader's rows read once per partition (``leader_raw``) for every site."""
+    pid = pair.replica.partition_id
+    if pid not in leader_raw:
+        try:
+            leader_raw[pid] = placement_rows(info, pair.leader)
+        except SegrepError as exc:
+            leader_raw[pid] = exc
+    raw = leader_raw[pid]
+    if isinstance(raw, SegrepError):
+        check = RowCheck(pid, pair.site, pair.leader.site.name, pair.pin, Verdict.UNREADABLE)
+        return _replace(check, detail=f"at the leader: {raw}")
+    return compare_placement(info, pair.leader, raw, pair.replica, pair.pin)
+
+
+def _pairs(catalog: Catalog, scope: Scope, only_partitions: set[int] | None) -> list[Pair | RowCheck]:
+    """What to compare, in report order: a pair per replica placement, or its SKIPPED check (why not)."""
     info = scope.info
     _, leaders = placement_files(catalog, info.name)
     by_partition = {pf.partition_id: pf for pf in leaders}
-    leader_raw: dict[int, pa.Table | SegrepError] = {}
-    out: list[RowCheck] = []
+    out: list[Pair | RowCheck] = []
     for site in scope.row_sites:
         pin = scope.pins[site]
         _, replicas = placement_files(catalog, info.name, site)
@@ -226,20 +283,10 @@ def compare_rows(catalog: Catalog, scope: Scope, only_partitions: set[int] | Non
             check = RowCheck(pf.partition_id, site, lead.site.name, pin, Verdict.SKIPPED)
             if pf.placement_id in scope.needs_bootstrap:
                 out.append(_replace(check, detail="the placement needs a bootstrap; rounds do not feed it"))
-                continue
-            if pin is None:
+            elif pin is None:
                 out.append(_replace(check, detail=f"{site} has no safe time for {info.name} yet (joining?)"))
-                continue
-            if pf.partition_id not in leader_raw:
-                try:
-                    leader_raw[pf.partition_id] = placement_rows(info, lead)
-                except SegrepError as exc:
-                    leader_raw[pf.partition_id] = exc
-            raw = leader_raw[pf.partition_id]
-            if isinstance(raw, SegrepError):
-                out.append(_replace(check, verdict=Verdict.UNREADABLE, detail=f"at the leader: {raw}"))
-                continue
-            out.append(compare_placement(info, lead, raw, pf, pin))
+            else:
+                out.append(Pair(site, pin, lead, pf))
     return out
 
 
@@ -252,13 +299,14 @@ def verify(
     files: bool = False,
     rate: int = 0,
     record: bool = True,
+    spark: SparkDigests | None = None,
 ) -> VerifyReport:
     """Compare rows (and with ``files``, every file) of ``table``; record the outcome per site unless
-    ``record`` is False (a dry run)."""
+    ``record`` is False (a dry run). With ``spark``, large partitions are digested there (one application)."""
     started = hlc.now_us()
     scope = scope_of(catalog, table, site, at)
     report = VerifyReport(table, sorted({*scope.row_sites, *(scope.file_sites if files else [])}))
-    report.rows = compare_rows(catalog, scope)
+    report.rows = compare_rows(catalog, scope, spark=spark)
     if files:
         report.files_checked = True
         report.scrub = scrub(catalog, scope.info, set(scope.file_sites), Pacer(rate))

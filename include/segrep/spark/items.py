@@ -2,7 +2,7 @@
 
 Rounds (fork merges and major segments), compaction (majors) and splits (rewrites and merges into children)
 all build their items here, over the same file references, so an item means the same thing to the job
-whichever workflow planned it.
+whichever workflow planned it; so does verify, whose digest items read a placement as the reader would.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from segrep.catalog.queries import TableInfo
 from segrep.catalog.snapshot import PartitionSnapshot, TableSnapshot
 from segrep.catalog.splits import SplitView
 from segrep.core.chain import visible_segments
+from segrep.data.reader import PlacementFiles
+from segrep.spark.digest_manifest import DigestItem
 from segrep.spark.manifest import FileRef, MergeItem, output_segment_id
 
 
@@ -133,4 +135,17 @@ def split_merge_item(
         incoming=incoming,
         output_segment_id=out_id,
         partition_key=view.info.partition_key,
+    )
+
+
+def digest_item(pf: PlacementFiles, as_of_us: int) -> DigestItem:
+    """A placement's rows as of ``as_of_us``, as ``data.reader.placement_files`` resolved what to read: its
+    visible segments (with an unloading split parent's at the same site) and its key range."""
+    files = [
+        FileRef(pf.site.name, pf.site.uri, seg.relpath, seg.segment_id, seg.byte_size, seg.sha256, seg.placement_id)
+        for seg in pf.segments
+    ]
+    item_id = f"{pf.placement_id}@{as_of_us}"
+    return DigestItem(
+        item_id, pf.partition_id, pf.placement_id, pf.site.name, as_of_us, pf.key_begin, pf.key_end, files
     )

@@ -97,7 +97,7 @@ def _paths(refs: list[FileRef]) -> list[str]:
     return [Site(r.site, r.uri).path(r.relpath) for r in refs]
 
 
-def _latest(df: DataFrame, primary_key: list[str]) -> DataFrame:
+def latest_rows(df: DataFrame, primary_key: list[str]) -> DataFrame:
     """One row per primary key: the highest (_version, _origin). A hash aggregate (max_by over the ordering
     struct) rather than a window: no sort of the whole input."""
     from pyspark.sql import functions as F
@@ -114,7 +114,7 @@ def _merge_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
 
     incoming = _in_range(spark.read.parquet(*_paths(item.incoming)), item)
     rows_in = _row_count(item.incoming)
-    incoming = _latest(incoming, item.primary_key)
+    incoming = latest_rows(incoming, item.primary_key)
     if not item.visible:
         return incoming, rows_in
     v, o = sch.VERSION_COL, sch.ORIGIN_COL
@@ -136,7 +136,7 @@ def _major_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
     from pyspark.sql import functions as F
 
     rows = spark.read.parquet(*_paths(item.visible))
-    latest = _latest(rows, item.primary_key)
+    latest = latest_rows(rows, item.primary_key)
     if item.tombstone_cutoff_us is not None:
         expired = F.col(sch.DELETED_COL) & (F.col(sch.VERSION_COL) < F.lit(item.tombstone_cutoff_us))
         latest = latest.where(~expired)
@@ -150,16 +150,22 @@ def _split_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
 
 def _in_range(df: DataFrame, item: MergeItem) -> DataFrame:
     """Rows with ``partition_begin <= key < partition_end`` (None: unbounded); all rows without a key column."""
-    from pyspark.sql import functions as F
-
     if not item.partition_key:
         return df
-    dtype = sch.schema_from_columns(dict(item.columns)).field(item.partition_key).type
-    col = F.col(item.partition_key)
-    if item.partition_begin is not None:
-        df = df.where(col >= F.lit(keys.decode(item.partition_begin, dtype)))
-    if item.partition_end is not None:
-        df = df.where(col < F.lit(keys.decode(item.partition_end, dtype)))
+    schema = sch.schema_from_columns(dict(item.columns))
+    return in_key_range(df, schema, item.partition_key, item.partition_begin, item.partition_end)
+
+
+def in_key_range(df: DataFrame, schema: pa.Schema, partition_key: str, begin: Any, end: Any) -> DataFrame:
+    """Rows with ``begin <= partition_key < end``; bounds in JSON form (``core.keys``), None unbounded."""
+    from pyspark.sql import functions as F
+
+    dtype = schema.field(partition_key).type
+    col = F.col(partition_key)
+    if begin is not None:
+        df = df.where(col >= F.lit(keys.decode(begin, dtype)))
+    if end is not None:
+        df = df.where(col < F.lit(keys.decode(end, dtype)))
     return df
 
 

@@ -1,8 +1,8 @@
 """Every path under the work directory (``<data_dir>/work``), in one place.
 
 The work directory holds what passes between a Python step and its Spark step: manifests, result files and
-copy batches. Each workflow has its own folder per run (a round's interval end, a split, a compaction key),
-so a retried step finds its own files and two runs never share one.
+copy batches. Each workflow has its own folder or files per run (a round's interval end, a split, a
+compaction or verify key), so a retried step finds its own files and two runs never share one.
 """
 
 from __future__ import annotations
@@ -54,3 +54,9 @@ def compaction_paths(defs: Definitions, table: str, key: str) -> tuple[Path, Pat
     """The manifest and result files of one compaction run."""
     folder = compaction_dir(defs, table, key)
     return folder / "manifest.json", folder / "result.json"
+
+
+def verify_paths(defs: Definitions, table: str, key: str) -> tuple[Path, Path]:
+    """The digest manifest and result files of one verify run's Spark job (``key`` names the run)."""
+    folder = work_root(defs) / "verify" / table
+    return folder / f"{key}-manifest.json", folder / f"{key}-result.json"
