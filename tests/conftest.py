@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.support.env import ORDERS_YAML, OUTAGE_YAML, Env, env_fixture, pg_schema_url, sqlite_url
+from tests.support.env import ORDERS_YAML, OUTAGE_YAML, Env, env_fixture, make_env, pg_schema_url, sqlite_url
+from tests.support.s3 import S3Endpoint, s3_events_yaml, start_s3_endpoints
 
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -89,6 +91,26 @@ def outage_env(catalog_url: str, tmp_path: Path) -> Iterator[Env]:
     """`env` with the events policy retrying at once (a test cannot wait out a back-off after an outage)."""
     assert OUTAGE_YAML != ORDERS_YAML
     yield from env_fixture(tmp_path, catalog_url, OUTAGE_YAML)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S3Endpoint, S3Endpoint]]:
+    """Two S3-compatible servers on loopback (moto), two regions with their own keys, for the whole run."""
+    yield from start_s3_endpoints(tmp_path_factory.mktemp("moto"))
+
+
+@pytest.fixture
+def s3_env(
+    s3_endpoints: tuple[S3Endpoint, S3Endpoint], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Env]:
+    """`events` with `primary` local, `dr` on S3 endpoint a and `edge` on endpoint b (SQLite catalog, applied);
+    each site's keys only in its own DR_S3_* / EDGE_S3_* variables, no AWS_* variable set."""
+    a, b = s3_endpoints
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    for name, value in {**a.env("DR_S3"), **b.env("EDGE_S3")}.items():
+        monkeypatch.setenv(name, value)
+    yield make_env(tmp_path, sqlite_url(tmp_path), s3_events_yaml(a, b, uuid.uuid4().hex[:12]))
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.config.definitions import Definitions, SiteDef, TableDef
+from segrep.config.locations import redact_uri
 from segrep.core import hlc, keys
 from segrep.core import schema as sch
 from segrep.core.errors import RefusedError
@@ -93,7 +94,7 @@ def _refuse_if_site_has_segments(s: Session, row: m.Site, sdef: SiteDef) -> None
     )
     if n:
         raise RefusedError(
-            f"site {sdef.name}: cannot move it from {row.uri} to {sdef.uri} while the catalog references "
+            f"site {sdef.name}: cannot move it from {redact_uri(row.uri)} to {sdef.uri} while the catalog references "
             f"{n} segment(s) there; move the files and rebuild, or keep the old uri"
         )
 

@@ -30,6 +30,7 @@ from segrep.catalog.migrate import upgrade
 from segrep.catalog.models import MAX_PARTITION_ID
 from segrep.cli.format import format_rows
 from segrep.config.definitions import Definitions, config_path, load_definitions
+from segrep.config.locations import redact_uri
 from segrep.core.errors import SegrepError
 from segrep.data.export import atomic_write_table, check_output, protected_paths
 from segrep.storage.probe import describe
@@ -231,7 +232,7 @@ def site_list(obj: Context) -> None:
             s.execute(select(m.Placement.site_id, func.count()).join(m.Segment).group_by(m.Placement.site_id)).all()
         )
         rows = [
-            [x.name, x.site_id, x.uri, counts.get(x.site_id, 0), segs.get(x.site_id, 0)]
+            [x.name, x.site_id, redact_uri(x.uri), counts.get(x.site_id, 0), segs.get(x.site_id, 0)]
             for x in s.scalars(select(m.Site).order_by(m.Site.name))
         ]
     click.echo(format_rows(["site", "id", "uri", "placements", "segments"], rows))

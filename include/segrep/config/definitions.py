@@ -19,9 +19,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from segrep.config import locations
+from segrep.config import locations, stores
 from segrep.config.policy import Policy, parse_policy
 from segrep.config.schedule import parse_schedule
+from segrep.config.stores import StoreOptions
 from segrep.config.yamlfile import read_yaml
 from segrep.core import keys
 from segrep.core import schema as sch
@@ -50,6 +51,7 @@ class SiteDef:
     name: str
     site_id: int
     uri: str
+    store: StoreOptions = field(default_factory=StoreOptions)  # endpoint, credentials reference (config/stores.py)
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,7 @@ def _parse(doc: Any, p: Path, isolate_tables: bool) -> Definitions:
     ):
         raise SegrepError(f"catalog_url must be a SQLAlchemy URL (a string), got {catalog_url!r}")
     sites = _parse_sites(doc.get("sites"), data_dir)
+    stores.remember((sdef.name, sdef.uri, sdef.store) for sdef in sites.values())
     tables: dict[str, TableDef] = {}
     table_errors: dict[str, str] = {}
     for name, body in _mapping(_given(doc, "tables", {}), "tables").items():
@@ -156,7 +159,7 @@ def _parse_sites(raw: Any, data_dir: Path) -> dict[str, SiteDef]:
     for name, body in _mapping({} if raw is None else raw, "sites").items():
         check_name("site", name)
         body = _mapping(body, f"site {name}")
-        _no_unknown_keys(body, {"id", "uri"}, f"site {name}")
+        _no_unknown_keys(body, {"id", "uri", "storage_options", "credentials"}, f"site {name}")
         site_id = body.get("id")
         if not isinstance(site_id, int) or isinstance(site_id, bool) or not 1 <= site_id <= 2**31 - 1:
             raise SegrepError(f"site {name}: 'id' must be a positive integer, unique among sites")
@@ -166,7 +169,9 @@ def _parse_sites(raw: Any, data_dir: Path) -> dict[str, SiteDef]:
         uri = body.get("uri")
         if not isinstance(uri, str) or not uri.strip():
             raise SegrepError(f"site {name}: 'uri' must be a path or URI")
-        sites[name] = SiteDef(name=name, site_id=site_id, uri=locations.site_uri(name, uri.strip(), data_dir))
+        resolved = locations.site_uri(name, uri.strip(), data_dir)
+        store = stores.parse_store(name, resolved, body.get("storage_options"), body.get("credentials"))
+        sites[name] = SiteDef(name=name, site_id=site_id, uri=resolved, store=store)
     if not sites:
         raise SegrepError("no sites defined")
     return sites

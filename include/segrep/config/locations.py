@@ -33,9 +33,29 @@ def data_dir(raw: object, base: Path) -> Path:
     return local_dir(raw.strip(), base, "data_dir", must_be_dir=True)
 
 
+def redact_uri(uri: str) -> str:
+    """``uri`` fit to print: credentials embedded in it (``s3://KEY:SECRET@bucket``) and query values
+    (``?secret_key=...``) replaced by ``***``. For URIs from an old catalog: the definitions refuse both."""
+    scheme = _SCHEME_RE.match(uri)
+    if scheme is None or not uri[scheme.end() :].startswith("//"):
+        return uri
+    head, rest = uri[: scheme.end() + 2], uri[scheme.end() + 2 :]
+    authority, sep, tail = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rsplit("@", 1)[1]
+    path, qmark, query = tail.partition("?")
+    if qmark:
+        query = "&".join(f"{p.split('=', 1)[0]}=***" if "=" in p else p for p in query.split("&"))
+    return f"{head}{authority}{sep}{path}{qmark}{query}"
+
+
 def site_uri(name: str, raw: str, data_dir: Path) -> str:
-    """A site's URI as segrep opens it: an absolute local path, or the ``s3://`` URI unchanged."""
-    where = f"site {name} uri {raw!r}"
+    """A site's URI as segrep opens it: an absolute local path, or the ``s3://`` URI unchanged.
+
+    An s3:// URI may not carry credentials or options (``s3://KEY:SECRET@bucket``, ``?secret_key=``): they
+    would be stored in the catalog and printed; endpoint and credentials go under ``storage_options`` and
+    ``credentials``. The error never repeats such a URI whole."""
+    where = f"site {name} uri {redact_uri(raw)!r}"
     scheme = _SCHEME_RE.match(raw)
     if scheme is None:
         return str(local_dir(raw, data_dir, where))
@@ -50,6 +70,13 @@ def site_uri(name: str, raw: str, data_dir: Path) -> str:
         return str(local_dir(path, data_dir, where))
     if kind == "s3":
         bucket = rest[2:].split("/", 1)[0] if rest.startswith("//") else ""
+        if "@" in rest.split("/", 3)[2 if rest.startswith("//") else 0]:
+            raise SegrepError(
+                f"{where}: credentials in a URI are refused (they would be stored and printed); give the site "
+                "credentials: {env_prefix: PREFIX} and set PREFIX_ACCESS_KEY_ID and PREFIX_SECRET_ACCESS_KEY"
+            )
+        if "?" in rest or "#" in rest:
+            raise SegrepError(f"{where}: options in the URI are refused; put them under the site's storage_options")
         if not bucket or "\x00" in raw or any(c.isspace() for c in raw):
             raise SegrepError(f"{where}: write s3://bucket/prefix")
         return raw

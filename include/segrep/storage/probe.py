@@ -21,18 +21,13 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.fs as pafs
 
 from segrep.config.definitions import SiteDef
 from segrep.core.errors import SegrepError
 from segrep.core.settings import seconds_from_env
 from segrep.storage.site import Site
-
-# What a store raises when it cannot be reached, read or written: the OS's errors, and pyarrow's (a URI its
-# file systems cannot open, a path the store refuses). A replication round turns these into its target's
-# failure; here they make the site unusable.
-STORE_ERRORS: tuple[type[Exception], ...] = (OSError, pa.ArrowException)
+from segrep.storage.stores import STORE_ERRORS as STORE_ERRORS  # a round's target failure; here: unusable
 
 DEFAULT_TIMEOUT_S = 20.0
 TIMEOUT_ENV = "SEGREP_PROBE_TIMEOUT_S"

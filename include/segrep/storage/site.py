@@ -16,13 +16,13 @@ import json
 import os
 import re
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from segrep.config.stores import StoreOptions
 from segrep.core.errors import CorruptSegmentError, SegrepError
 from segrep.core.names import NAME_RE, SEGMENT_ID_RE, check_name, check_segment_id
 from segrep.storage.atomic import CHUNK, FileFacts, atomic_local_write_stream, hash_local, remove_quietly, tmp_name
@@ -31,6 +31,7 @@ from segrep.storage.segment_meta import (
     footer_differences,
     rows_differences,
 )
+from segrep.storage.stores import open_store
 
 META_KEY = b"segrep.segment"
 # What pyarrow raises for a damaged file: Arrow errors (OSError for I/O, checksum and thrift failures,
@@ -51,16 +52,15 @@ class Site:
     """One site's storage root. Local paths use the OS directly (for fsync and atomic rename); any other
     URI goes through ``pyarrow.fs`` (hdfs://, s3://, ...), where the final move is the store's own."""
 
-    def __init__(self, name: str, uri: str) -> None:
+    def __init__(self, name: str, uri: str, options: StoreOptions | None = None) -> None:
+        """``options``: the store's endpoint and credentials reference; by default those the loaded
+        definitions give this site (``storage.stores.open_store``)."""
         self.name = check_name("site", name)
         self.uri = uri
-        if "://" in uri and not uri.startswith("file://"):
-            self.fs, self.root = pafs.FileSystem.from_uri(uri)
-            self.local = False
-        else:
-            self.root = str(Path(uri.removeprefix("file://")).resolve())
-            self.fs = pafs.LocalFileSystem()
-            self.local = True
+        store = open_store(self.name, uri, options)
+        self.fs: pafs.FileSystem = store.fs
+        self.root: str = store.root
+        self.local: bool = store.local
 
     def path(self, relpath: str) -> str:
         return f"{self.root.rstrip('/')}/{relpath}"

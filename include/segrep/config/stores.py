@@ -1,0 +1,185 @@
+"""How a site's store is reached: its ``storage_options`` and a *reference* to its credentials (DESIGN 14).
+
+A site on an S3-compatible store may name its endpoint, region, addressing style, timeouts and retries, and
+where its credentials come from: ``{env_prefix: DR_S3}`` (the CLI and any process: ``DR_S3_ACCESS_KEY_ID``,
+``DR_S3_SECRET_ACCESS_KEY`` and optionally ``DR_S3_SESSION_TOKEN``, read when the site is opened) or
+``{airflow_conn_id: ...}`` (accepted here, resolved only by the Airflow glue). The definitions file holds
+references, never secrets, so nothing secret can reach the catalog (which stores the URI only), a manifest or
+output. Without ``credentials`` the store's default chain applies (AWS_* variables, ~/.aws, instance roles).
+
+Every ``Site(name, uri)`` in the package is built from a catalog row (name and URI), so the options loaded with
+the definitions are remembered here per (site, URI): ``load_definitions`` records them, ``storage.stores``
+looks them up. A process that never loaded the definitions (a Spark executor today) opens the URI plainly.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from segrep.core.errors import SegrepError
+
+_PREFIX_RE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+_CONN_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,250}")
+_REGION_RE = re.compile(r"[a-z0-9-]{1,64}")
+_OPTION_KEYS = {"endpoint", "region", "path_style", "connect_timeout_s", "request_timeout_s", "retries"}
+_CREDENTIAL_KEYS = {"env_prefix", "airflow_conn_id"}
+MAX_TIMEOUT_S = 3600.0
+MAX_RETRIES = 20
+
+
+@dataclass(frozen=True)
+class CredentialsRef:
+    """Where a site's secrets are found; exactly one of the two is set."""
+
+    env_prefix: str | None = None
+    airflow_conn_id: str | None = None
+
+    def describe(self) -> str:
+        if self.env_prefix is not None:
+            return f"env_prefix {self.env_prefix}"
+        return f"airflow_conn_id {self.airflow_conn_id}"
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """A site's store options (no secret): the defaults are pyarrow's (AWS endpoint, https, its retries)."""
+
+    endpoint: str | None = None  # scheme://host[:port], e.g. http://127.0.0.1:9000
+    region: str | None = None
+    path_style: bool = True  # bucket in the path (MinIO, Ceph, moto); False: virtual-hosted addressing
+    connect_timeout_s: float | None = None
+    request_timeout_s: float | None = None
+    retries: int | None = None  # attempts per request, pyarrow's AwsStandardS3RetryStrategy
+    credentials: CredentialsRef | None = None
+
+
+def parse_store(site: str, uri: str, options: Any, credentials: Any) -> StoreOptions:
+    """The ``storage_options`` and ``credentials`` of site ``site`` (each may be None), checked strictly:
+    unknown keys, wrong types and out-of-range values are refused, and both apply to s3:// sites only."""
+    if options is None and credentials is None:
+        return StoreOptions()
+    if not uri.lower().startswith("s3://"):
+        raise SegrepError(f"site {site}: storage_options and credentials apply to s3:// sites only")
+    opts = _mapping(options, f"site {site} storage_options")
+    where = f"site {site} storage_options"
+    _known(opts, _OPTION_KEYS, where)
+    return StoreOptions(
+        endpoint=_endpoint(opts.get("endpoint"), where),
+        region=_region(opts.get("region"), where),
+        path_style=_bool(opts.get("path_style", True), f"{where}: path_style"),
+        connect_timeout_s=_seconds(opts.get("connect_timeout_s"), f"{where}: connect_timeout_s"),
+        request_timeout_s=_seconds(opts.get("request_timeout_s"), f"{where}: request_timeout_s"),
+        retries=_retries(opts.get("retries"), f"{where}: retries"),
+        credentials=None if credentials is None else _credentials(credentials, f"site {site} credentials"),
+    )
+
+
+# -- what the loaded definitions said, per (site, URI) ----------------------------------------------------------
+_lock = threading.Lock()
+_known_stores: dict[tuple[str, str], StoreOptions] = {}
+
+
+def remember(sites: Iterable[tuple[str, str, StoreOptions]]) -> None:
+    """Record each (site, URI)'s options; the definitions loaded last win (a test process loads many)."""
+    with _lock:
+        for name, uri, options in sites:
+            _known_stores[(name, uri)] = options
+
+
+def options_for(name: str, uri: str) -> StoreOptions:
+    """The options the loaded definitions give site ``name`` at ``uri``; none known: the defaults."""
+    with _lock:
+        return _known_stores.get((name, uri), StoreOptions())
+
+
+# -- checks ------------------------------------------------------------------------------------------------------
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SegrepError(f"{where}: expected a mapping")
+    return value
+
+
+def _known(body: Mapping[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(body) - known, key=str)
+    if unknown:
+        raise SegrepError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}; known: {', '.join(sorted(known))}")
+
+
+def _endpoint(raw: Any, where: str) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw.strip():
+        raise SegrepError(f"{where}: endpoint must be a URL such as http://127.0.0.1:9000")
+    try:
+        parts = urlsplit(raw.strip())
+        port = parts.port
+    except ValueError:
+        raise SegrepError(f"{where}: endpoint is not a valid URL (write http(s)://host[:port])") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SegrepError(f"{where}: endpoint must be http://host[:port] or https://host[:port]")
+    if parts.username is not None or parts.password is not None:
+        raise SegrepError(f"{where}: endpoint must not hold credentials; name them under credentials")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise SegrepError(f"{where}: endpoint must be scheme://host[:port] only (no path or query)")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
+
+
+def _region(raw: Any, where: str) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not _REGION_RE.fullmatch(raw):
+        raise SegrepError(f"{where}: region must be a region name such as eu-west-1")
+    return raw
+
+
+def _bool(raw: Any, where: str) -> bool:
+    if not isinstance(raw, bool):
+        raise SegrepError(f"{where} must be true or false")
+    return raw
+
+
+def _seconds(raw: Any, where: str) -> float | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+        raise SegrepError(f"{where} must be a number of seconds")
+    if not 0 < raw <= MAX_TIMEOUT_S:
+        raise SegrepError(f"{where} must be more than 0 and at most {MAX_TIMEOUT_S:g} seconds")
+    return float(raw)
+
+
+def _retries(raw: Any, where: str) -> int | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= MAX_RETRIES:
+        raise SegrepError(f"{where} must be an integer from 0 to {MAX_RETRIES}")
+    return raw
+
+
+def _credentials(raw: Any, where: str) -> CredentialsRef:
+    body = _mapping(raw, where)
+    _known(body, _CREDENTIAL_KEYS, where)
+    given = [k for k in sorted(_CREDENTIAL_KEYS) if body.get(k) is not None]
+    if len(given) != 1:
+        raise SegrepError(
+            f"{where}: give exactly one of env_prefix (variables PREFIX_ACCESS_KEY_ID, PREFIX_SECRET_ACCESS_KEY) "
+            "or airflow_conn_id; the secrets themselves never go in this file"
+        )
+    if given == ["env_prefix"]:
+        prefix = body["env_prefix"]
+        if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
+            raise SegrepError(f"{where}: env_prefix must be upper case letters, digits and _ (e.g. DR_S3)")
+        return CredentialsRef(env_prefix=prefix)
+    conn_id = body["airflow_conn_id"]
+    if not isinstance(conn_id, str) or not _CONN_ID_RE.fullmatch(conn_id):
+        raise SegrepError(f"{where}: airflow_conn_id must be an Airflow connection id (letters, digits, _ . -)")
+    return CredentialsRef(airflow_conn_id=conn_id)
