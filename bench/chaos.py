@@ -95,6 +95,7 @@ class Report:
     rows_wrong: int = 0
     duplicates: int = 0
     replica_differences: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)  # how commands that were not killed failed, counted
     seconds: float = 0.0
 
     @property
@@ -122,14 +123,20 @@ class Chaos:
         if faults:
             env["SEGREP_FAULTS"] = faults
         cmd = [self.segrep, "--config", str(self.config), "--catalog", self.url, *args]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            proc.wait(timeout=kill_after if kill_after is not None else 600)
+        with tempfile.TemporaryFile("w+") as err:
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+            try:
+                proc.wait(timeout=kill_after if kill_after is not None else 600)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                return -9, True
+            if proc.returncode != 0:
+                err.seek(0)
+                first = (err.read().strip().splitlines() or ["(no message)"])[-1]
+                why = f"{args[0]}: {first[:160]}"
+                self.report.errors[why] = self.report.errors.get(why, 0) + 1
             return proc.returncode, False
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            return -9, True
 
     def setup(self) -> None:
         self.config.write_text(DEFINITIONS)
@@ -144,7 +151,8 @@ class Chaos:
         batch = Batch(n, keys, delete=self.rng.random() < 0.2)
         path = self.root / "batches" / f"{n:05d}.parquet"
         path.parent.mkdir(exist_ok=True)
-        pq.write_table(pa.table({"k": pa.array(keys, pa.int64()), "v": [f"b{n}"] * len(keys)}), path)
+        columns = {"k": pa.array(keys, pa.int64())} | ({} if batch.delete else {"v": [f"b{n}"] * len(keys)})
+        pq.write_table(pa.table(columns), path)  # a delete names its keys only
         args = ["write", "chaos", str(path), *(["--delete"] if batch.delete else [])]
         code, killed = self.run(*args, faults=faults, kill_after=kill_after)
         batch.outcome = "killed" if killed else ("acked" if code == 0 else "failed")
@@ -294,16 +302,20 @@ def catalog_url(kind: str, root: Path) -> Iterator[str]:
         return
     from sqlalchemy import create_engine, text
 
+    def ddl(statement: str) -> None:  # a new connection each time: the run restarts the server in between
+        engine = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                conn.execute(text(statement))
+        finally:
+            engine.dispose()
+
     schema = f"chaos_{uuid.uuid4().hex[:8]}"
-    engine = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    ddl(f'CREATE SCHEMA "{schema}"')
     try:
         yield f"{PG_URL}?options=-csearch_path%3D{schema}"
     finally:
-        with engine.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        engine.dispose()
+        ddl(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def chaos_run(seed: int, kills: int, kind: str, pg_restart: bool, root: Path) -> Report:
@@ -366,6 +378,8 @@ def format_report(r: Report) -> str:
             f"  leader rows {r.rows_at_leader}: lost {r.rows_lost}, resurrected {r.rows_resurrected}, wrong "
             f"{r.rows_wrong}, duplicates {r.duplicates}",
             f"  replica differences: {r.replica_differences}",
+            "  commands that failed (not killed):",
+            *(f"    {n} x {why}" for why, n in sorted(r.errors.items(), key=lambda e: -e[1])),
         ]
     )
 
