@@ -20,10 +20,9 @@ from typing import Any
 from airflow.sdk import Param, dag, task
 
 from segrep.config.definitions import TableDef
+from segrep.core.settings import MAX_SCRUB_BYTES_PER_S
 from segrep_airflow.common import dag_definitions, hook_submit, segrep_context, timetable, utc
 from segrep_airflow.forms import form
-
-MAX_RATE = 2**40  # the CLI's bound on --max-bytes-per-second
 
 
 def build_verify_dag(table: TableDef):  # type: ignore[no-untyped-def]
@@ -44,7 +43,7 @@ def build_verify_dag(table: TableDef):  # type: ignore[no-untyped-def]
                 None,
                 type=["null", "integer"],
                 minimum=0,
-                maximum=MAX_RATE,
+                maximum=MAX_SCRUB_BYTES_PER_S,
                 description="Pace the file scrub (0: unpaced). Empty: $SEGREP_SCRUB_BYTES_PER_S or 64 MiB/s.",
             ),
         },

@@ -32,6 +32,7 @@ from segrep.cli.format import format_rows
 from segrep.config.definitions import Definitions, config_path, load_definitions
 from segrep.config.locations import redact_uri
 from segrep.core.errors import SegrepError
+from segrep.core.settings import MAX_SCRUB_BYTES_PER_S
 from segrep.data.export import atomic_write_table, check_output, protected_paths
 from segrep.storage.probe import describe
 
@@ -534,7 +535,7 @@ def split_(
         _fail(f"split {report.split_id} of {table} waits: {report.finish.waiting}; re-run to continue", 1)
 
 
-BYTES_PER_SECOND = click.IntRange(min=0, max=2**40)
+BYTES_PER_SECOND = click.IntRange(min=0, max=MAX_SCRUB_BYTES_PER_S)
 
 
 @main.command("verify")

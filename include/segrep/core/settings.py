@@ -8,6 +8,8 @@ import os
 
 from segrep.core.errors import SegrepError
 
+MAX_SCRUB_BYTES_PER_S = 2**40  # the bound of every scrub rate: the CLI option, the DAG Param, the environment
+
 
 def seconds_from_env(name: str, default: float, maximum: float) -> float:
     """``$name`` as seconds (more than 0, at most ``maximum``), else ``default`` when unset or empty."""

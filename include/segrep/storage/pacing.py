@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable
 
 from segrep.core.errors import SegrepError
+from segrep.core.settings import MAX_SCRUB_BYTES_PER_S
 from segrep.storage.atomic import FileFacts
 from segrep.storage.site import Site
 
 SCRUB_RATE_ENV = "SEGREP_SCRUB_BYTES_PER_S"
 DEFAULT_SCRUB_BYTES_PER_S = 64 * 1024 * 1024
-MAX_SCRUB_BYTES_PER_S = 2**40
 _CHUNK = 1024 * 1024
 
 
