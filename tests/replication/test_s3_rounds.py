@@ -108,7 +108,7 @@ def test_wrong_credentials_fail_that_target_only_and_write_nothing_there(
     edge = rep.targets["edge"]
     assert edge.status == TargetStatus.FAILED and edge.segments_copied == 0
     assert edge.error is not None and len(edge.error.splitlines()) == 1
-    assert "site edge: cannot write " in edge.error, edge.error
+    assert "site edge: the store refused to write s3://" in edge.error, edge.error
     _assert_no_secret(secrets_of(a, b), "the target's error", edge.error)
     assert rep.targets["dr"].status == TargetStatus.OK and rep.targets["dr"].segments_copied > 0
     assert _site_keys(b, s3_env, "edge") == []

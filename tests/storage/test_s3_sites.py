@@ -20,7 +20,8 @@ from segrep.config.locations import redact_uri
 from segrep.config.stores import CredentialsRef, StoreOptions
 from segrep.core.errors import ConfigError, CorruptSegmentError, SegrepError
 from segrep.storage.site import Site
-from segrep.storage.transfer import StoreAccessError, copy_verified
+from segrep.storage.store_errors import StoreRefusedError
+from segrep.storage.transfer import copy_verified
 from tests.support.s3 import BUCKETS, S3Endpoint, s3_events_yaml
 
 Endpoints = tuple[S3Endpoint, S3Endpoint]
@@ -148,7 +149,7 @@ def test_a_missing_credentials_variable_is_named(s3_endpoints: Endpoints, monkey
 def test_an_airflow_connection_is_not_resolved_outside_airflow(s3_endpoints: Endpoints) -> None:
     a, _ = s3_endpoints
     opts = StoreOptions(endpoint=a.url, credentials=CredentialsRef(airflow_conn_id="aws_dr"))
-    with pytest.raises(SegrepError, match=r"site dr: .*airflow_conn_id aws_dr.* only inside Airflow"):
+    with pytest.raises(SegrepError, match=r"site dr: .*airflow_conn_id aws_dr.* resolved inside Airflow tasks"):
         Site("dr", "s3://segrep-a/x", opts)
 
 
@@ -217,10 +218,10 @@ def test_wrong_credentials_fail_naming_the_site_and_write_nothing(
     monkeypatch.setenv("BAD_S3_SECRET_ACCESS_KEY", b.secret_key)
     prefix = uuid.uuid4().hex[:12]
     target = Site("dr", f"s3://{BUCKETS[0]}/{prefix}/dr", _options(a, "BAD_S3"))
-    with pytest.raises(StoreAccessError) as err:
+    with pytest.raises(StoreRefusedError) as err:
         copy_verified(source, target, REL, size, sha)
     message = str(err.value)
-    assert message.startswith(f"site dr: cannot write {BUCKETS[0]}/{prefix}/dr/{REL}: "), message
+    assert message.startswith(f"site dr: the store refused to write s3://{BUCKETS[0]}/{prefix}/dr/{REL}: "), message
     assert len(message.splitlines()) == 1 and b.secret_key not in message
     assert a.keys(BUCKETS[0], prefix) == []
 
@@ -232,7 +233,9 @@ def test_a_missing_bucket_fails_naming_the_site_and_writes_nothing(
     source = Site("src", str(tmp_path / "src"))
     size, sha = _put(source, b"x" * 1000)
     target = _s3_site(a, "dr", "DR_S3", monkeypatch, bucket="no-such-bucket")
-    with pytest.raises(StoreAccessError, match=r"site dr: cannot write no-such-bucket/.*NO_SUCH_BUCKET"):
+    with pytest.raises(
+        StoreRefusedError, match=r"site dr: the store refused to write s3://no-such-bucket/.*NoSuchBucket"
+    ):
         copy_verified(source, target, REL, size, sha)
 
 
@@ -242,7 +245,7 @@ def test_a_source_that_cannot_be_read_is_named(
     a, _ = s3_endpoints
     source = _s3_site(a, "dr", "DR_S3", monkeypatch)  # nothing written there
     target = Site("primary", str(tmp_path / "primary"))
-    with pytest.raises(StoreAccessError, match=rf"site dr: cannot read {source.root}/{REL}"):
+    with pytest.raises(FileNotFoundError, match=rf"site dr: cannot read s3://{source.root}/{REL}: it does not exist"):
         copy_verified(source, target, REL, 10, "0" * 64)
     assert not (tmp_path / "primary").exists() or not list((tmp_path / "primary").rglob("*.parquet"))
 

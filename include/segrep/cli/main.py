@@ -447,6 +447,9 @@ def gc_(obj: Context, table: str | None, dry_run: bool) -> None:
     verb = "would delete" if dry_run else "deleted"
     for d in report.deletions:
         click.echo(f"{verb} {d.site}:{d.relpath}  ({d.reason})")
+    for upload in report.uploads_aborted:
+        verb_upload = "would abort" if dry_run else "aborted"
+        click.echo(f"{verb_upload} the incomplete upload {upload}  (left by a killed copy or write)")
     for line in report.held:
         click.echo(f"held: {line}")
     for line in report.needs_bootstrap:

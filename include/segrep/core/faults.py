@@ -27,6 +27,7 @@ POINTS = (
     "split_before_finalize",  # every child acked the copy pass; SPLIT_FINALIZE has not committed
     "split_after_finalize",  # writes go to the children; no parent placement has unloaded yet
     "split_before_parent_files",  # UNLOAD_FINAL committed; the parent's files are still on the sites
+    "mid_upload",  # every part of a multipart upload to an S3 store is sent; the upload is not completed
     "disk_full",  # an atomic local write has written its bytes (a full disk says so here); nothing renamed yet
 )
 

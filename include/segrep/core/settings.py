@@ -23,3 +23,13 @@ def seconds_from_env(name: str, default: float, maximum: float) -> float:
     if not 0 < value <= maximum:  # also refuses nan
         raise SegrepError(f"{name}={text!r} must be more than 0 and at most {maximum:g} seconds")
     return value
+
+
+def bytes_from_env(name: str, default: int, minimum: int, maximum: int) -> int:
+    """``$name`` as a whole number of bytes from ``minimum`` to ``maximum``, else ``default`` when unset."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or not minimum <= int(text) <= maximum:
+        raise SegrepError(f"{name}={text!r} must be a whole number of bytes from {minimum} to {maximum}")
+    return int(text)

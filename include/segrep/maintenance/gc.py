@@ -6,7 +6,8 @@ What may go, per placement of each partition:
 - follower: a segment the leader holds that is no longer strongly referenced here
   (:func:`segrep.core.chain.follower_action`); one the leader lacks is kept (it will be pushed);
 - a REMOVED placement (replaced or re-bootstrapped): every segment the leader holds or acked;
-- orphan files (on storage, unknown to the catalog, temporary names of crashed writes) older than the grace.
+- orphan files (on storage, unknown to the catalog, temporary names of crashed writes) older than the grace;
+  on an S3 site also the incomplete multipart uploads a killed copy or write left, older than the grace.
 An offline replica holds GC for up to the table's ``max_retention_s`` (measured from its last ack); past that
 it is marked ``needs_bootstrap``, stops holding GC, gets no more offers and ``segrep status`` says so.
 
@@ -33,7 +34,9 @@ from segrep.catalog.snapshot import PartitionSnapshot, snapshot
 from segrep.config.definitions import Definitions, Policy
 from segrep.core import hlc
 from segrep.core.chain import LocalAction, follower_action, leader_action
+from segrep.storage.s3 import abort_stale_uploads
 from segrep.storage.site import Site
+from segrep.storage.stores import STORE_ERRORS, first_line
 
 _TMP_RE = re.compile(r"\.[0-9a-f]{32}\.parquet\.tmp-[0-9a-f]+")
 
@@ -53,6 +56,7 @@ class GcReport:
     held: list[str] = field(default_factory=list)  # why something that looks collectable stays
     needs_bootstrap: list[str] = field(default_factory=list)
     files_removed: int = 0
+    uploads_aborted: list[str] = field(default_factory=list)  # site:relpath of incomplete S3 uploads
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -206,8 +210,10 @@ def collect(
     orphan_sites = {site.site_id for site in sites.values()}
     for site_id in sorted(orphan_sites):
         site_row = sites[site_id]
-        orphans = _orphans(catalog, Site(site_row.name, site_row.uri), site_id, names, now, defs, table, report)
+        site = Site(site_row.name, site_row.uri)
+        orphans = _orphans(catalog, site, site_id, names, now, defs, table, report)
         report.deletions.extend(orphans)
+        _stale_uploads(site, names, now, defs, dry_run, report)
         if not dry_run:
             report.files_removed += _remove_files(catalog, orphans, sites, report)
     return report
@@ -276,6 +282,20 @@ def _remove_files(
                 continue
             removed += 1
     return removed
+
+
+def _stale_uploads(site: Site, tables: list[str], now: int, defs: Definitions, dry_run: bool, report: GcReport) -> None:
+    """Abort the incomplete multipart uploads under an S3 site's table prefixes older than the orphan grace."""
+    if site.s3 is None:
+        return
+    for name in tables:
+        cutoff = now - int(defs.policy(name).orphan_grace_s * 1_000_000)
+        try:
+            aborted = abort_stale_uploads(site.s3, name, cutoff, dry_run=dry_run)
+        except STORE_ERRORS as exc:  # the site is down or refuses: its uploads wait for a later run
+            report.held.append(f"incomplete uploads at {site.name} not listed ({first_line(exc)})")
+            continue
+        report.uploads_aborted += [f"{site.name}:{rel}" for rel in aborted]
 
 
 def _orphans(

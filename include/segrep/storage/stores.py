@@ -3,12 +3,18 @@ credentials (DESIGN 14), so two sites may live on two stores with two identities
 
 The credentials are looked up when the store is opened, from the reference the definitions give
 (``config.stores``), never from process-wide AWS variables unless the site names none. The secrets go only
-to ``pyarrow.fs.S3FileSystem``; no error or message built here contains them.
+to the store's clients (``pyarrow.fs.S3FileSystem`` for reads, boto3 for verified writes, ``storage.s3``); no
+error or message built here contains them.
+
+An Airflow connection id is resolved by the resolver the Airflow glue sets in its task processes (through
+the connection's hook); a process Airflow starts without it (a Spark application) finds the same secrets
+by reference in its environment, under ``connection_env_prefix(conn_id)``, which the glue fills for it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,22 +26,13 @@ import pyarrow.fs as pafs
 from segrep.config import stores as config_stores
 from segrep.config.stores import CredentialsRef, StoreOptions
 from segrep.core.errors import SegrepError
+from segrep.storage.s3 import S3Target, Secrets, s3_target
+from segrep.storage.store_errors import StoreRefusedError, first_line
 
 # What a store raises when it cannot be reached, read or written: the OS's errors, and pyarrow's (a URI its
-# file systems cannot open, a path the store refuses).
-STORE_ERRORS: tuple[type[Exception], ...] = (OSError, pa.ArrowException)
-
-
-def first_line(exc: BaseException) -> str:
-    """An error's first line (store errors can be long), or its type's name."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-@dataclass(frozen=True)
-class Secrets:
-    access_key: str
-    secret_key: str
-    session_token: str | None = None
+# file systems cannot open, a path the store refuses), and a store's refusal (credentials, permissions).
+STORE_ERRORS: tuple[type[Exception], ...] = (OSError, pa.ArrowException, StoreRefusedError)
+__all__ = ["STORE_ERRORS", "Secrets", "Store", "first_line", "open_store", "set_connection_resolver"]
 
 
 # How an Airflow connection id becomes secrets: set by the Airflow glue (through its provider's hook) in the
@@ -49,11 +46,18 @@ def set_connection_resolver(resolver: ConnectionResolver | None) -> None:
     _connection_resolver = resolver
 
 
+def connection_env_prefix(conn_id: str) -> str:
+    """The environment-variable prefix under which a process started by Airflow (a Spark application) finds
+    the secrets of Airflow connection ``conn_id``: ``SEGREP_CONN_<ID>`` (upper case, other characters ``_``)."""
+    return "SEGREP_CONN_" + re.sub(r"[^A-Z0-9]", "_", conn_id.upper())
+
+
 @dataclass(frozen=True)
 class Store:
     fs: pafs.FileSystem
     root: str  # a local absolute path, or ``bucket/prefix`` for pyarrow's S3 file system
     local: bool
+    s3: S3Target | None = None  # for S3 sites: verified writes, server-side copies, upload clean-up
 
 
 def open_store(name: str, uri: str, options: StoreOptions | None = None) -> Store:
@@ -66,10 +70,12 @@ def open_store(name: str, uri: str, options: StoreOptions | None = None) -> Stor
         fs, root = pafs.FileSystem.from_uri(uri)
         return Store(fs, root, False)
     opts = options if options is not None else config_stores.options_for(name, uri)
-    return Store(s3_filesystem(name, opts), rest.strip("/"), False)
+    secrets = None if opts.credentials is None else resolve_credentials(name, opts.credentials)
+    root = rest.strip("/")
+    return Store(s3_filesystem(opts, secrets), root, False, s3_target(name, root, opts, secrets))
 
 
-def s3_filesystem(name: str, opts: StoreOptions) -> pafs.S3FileSystem:
+def s3_filesystem(opts: StoreOptions, secrets: Secrets | None) -> pafs.S3FileSystem:
     kwargs: dict[str, Any] = {}
     if opts.endpoint is not None:
         scheme, _, host = opts.endpoint.partition("://")
@@ -83,8 +89,7 @@ def s3_filesystem(name: str, opts: StoreOptions) -> pafs.S3FileSystem:
     if opts.retries is not None:
         kwargs["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=opts.retries)
     kwargs["force_virtual_addressing"] = not opts.path_style
-    if opts.credentials is not None:
-        secrets = resolve_credentials(name, opts.credentials)
+    if secrets is not None:
         kwargs.update(access_key=secrets.access_key, secret_key=secrets.secret_key)
         if secrets.session_token is not None:
             kwargs["session_token"] = secrets.session_token
@@ -93,8 +98,14 @@ def s3_filesystem(name: str, opts: StoreOptions) -> pafs.S3FileSystem:
 
 def resolve_credentials(name: str, ref: CredentialsRef) -> Secrets:
     """The secrets ``ref`` points at; SegrepError naming the site and what is missing (never a value)."""
-    if ref.env_prefix is not None:
-        prefix = ref.env_prefix
+    if ref.env_prefix is not None or _connection_resolver is None:
+        prefix = ref.env_prefix or connection_env_prefix(str(ref.airflow_conn_id))
+        if ref.env_prefix is None and not os.environ.get(f"{prefix}_ACCESS_KEY_ID"):
+            raise SegrepError(
+                f"site {name}: its credentials ({ref.describe()}) are an Airflow connection, resolved inside "
+                f"Airflow tasks (and in the Spark applications they start, through {prefix}_*); outside Airflow "
+                "give the site credentials: {env_prefix: PREFIX}"
+            )
         missing = [v for v in (f"{prefix}_ACCESS_KEY_ID", f"{prefix}_SECRET_ACCESS_KEY") if not os.environ.get(v)]
         if missing:
             raise SegrepError(
@@ -107,9 +118,4 @@ def resolve_credentials(name: str, ref: CredentialsRef) -> Secrets:
             os.environ.get(f"{prefix}_SESSION_TOKEN") or None,
         )
     assert ref.airflow_conn_id is not None
-    if _connection_resolver is None:
-        raise SegrepError(
-            f"site {name}: its credentials ({ref.describe()}) are an Airflow connection, resolved only inside "
-            "Airflow tasks; outside Airflow give the site credentials: {env_prefix: PREFIX}"
-        )
     return _connection_resolver(ref.airflow_conn_id)

@@ -6,20 +6,18 @@ No row is read: a fast-forward is a byte copy (DESIGN section 6). Between local 
 (another file system type, a wrapped file system) the copy goes through the same writer as new segments
 (``storage.atomic_local_write_stream``): a background thread hashes and writes while this one reads.
 
-To an object store (local -> S3, S3 -> S3 on one endpoint or across two with other credentials) the bytes are
-streamed: read from the source's stream, hashed, written to the target's output stream under the final key
-(a multipart upload, completed only by ``close``), with no local copy. Size and sha256 are checked before
-the close, so a mismatch is found without downloading the object again. pyarrow has no way to abort an
-upload from Python (closing, and even dropping, the stream completes it), so on a mismatch or an error the
-stream is closed and the object deleted at once: the catalog never references it; a killed process leaves
-an incomplete multipart upload, which is never visible (aborting those is GC's, not built yet).
+To an object store the bytes go through ``storage.s3``: within one store (same endpoint and credentials) a
+server-side copy, verified by the SHA-256 the store computes; otherwise (local -> S3, S3 -> S3 across
+endpoints) streamed: read from the source, hashed, uploaded in parts in parallel with a SHA-256 per part that
+the store checks, completed only if size and sha256 equal the catalog's (else aborted). No local copy is made
+and the object is not downloaded again. Failures name the site and the object and are classified
+(``storage.store_errors``): refused (credentials, permissions, missing bucket) or unreachable.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 from collections.abc import Iterator
 
@@ -28,8 +26,10 @@ import pyarrow.fs as pafs
 
 from segrep.core.errors import CorruptSegmentError
 from segrep.storage.atomic import FileFacts, HashingFileWriter, atomic_local_copy, atomic_local_write_stream
+from segrep.storage.s3 import put_verified, same_store, server_side_copy
 from segrep.storage.site import Site
-from segrep.storage.stores import STORE_ERRORS, first_line
+from segrep.storage.store_errors import classify_os
+from segrep.storage.stores import STORE_ERRORS
 
 _CHUNK = 4 * 1024 * 1024
 # copy_file_range refuses some pairs of files (older kernels across file systems, some file system types)
@@ -38,10 +38,6 @@ _UNSUPPORTED = {errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS, errno
 
 class _KernelCopyUnsupported(Exception):
     pass
-
-
-class StoreAccessError(OSError):
-    """A store could not be read or written during a copy; the message names the site and the object."""
 
 
 def _kernel_copy(source: str, final: str, expected: FileFacts) -> FileFacts:
@@ -78,38 +74,25 @@ def copy_verified(source: Site, target: Site, relpath: str, byte_size: int, sha2
             return atomic_local_write_stream(target.path(relpath), _copy, expected, sync_every=None)
         except CorruptSegmentError:
             raise CorruptSegmentError(mismatch) from None
-    return _stream_to_store(source, target, relpath, expected, mismatch)
+    try:
+        return _to_store(source, target, relpath, expected)
+    except CorruptSegmentError as exc:
+        raise CorruptSegmentError(f"{mismatch}: {exc}") from None
 
 
-def _stream_to_store(source: Site, target: Site, relpath: str, expected: FileFacts, mismatch: str) -> FileFacts:
-    """Stream ``relpath`` into the target store under its final key, hashing on the way; the upload is
-    completed only if size and sha256 equal ``expected`` (see the module docstring for a failed one)."""
-    digest, size = hashlib.sha256(), 0
+def _to_store(source: Site, target: Site, relpath: str, expected: FileFacts) -> FileFacts:
+    """Into an S3 target: a server-side copy when one client can read the source and write the target, else
+    the source's bytes streamed into a verified upload (``storage.s3.put_verified``)."""
+    assert target.s3 is not None
+    if source.s3 is not None and same_store(source.s3, target.s3):
+        return server_side_copy(source.s3, target.s3, source.path(relpath), target.path(relpath), expected)
     with _reading(source, relpath) as src:
-        final = target.path(relpath)
-        try:
-            out = target.fs.open_output_stream(final)
-        except STORE_ERRORS as exc:
-            raise _access_error(target, relpath, "cannot write", exc) from None
-        try:
-            while chunk := _read(src, source, relpath):
-                digest.update(chunk)
-                size += len(chunk)
-                try:
-                    out.write(chunk)
-                except STORE_ERRORS as exc:
-                    raise _access_error(target, relpath, "cannot write", exc) from None
-            facts = FileFacts(size, digest.hexdigest())
-            if facts != expected:
-                raise CorruptSegmentError(mismatch)
-            try:
-                out.close()
-            except STORE_ERRORS as exc:
-                raise _access_error(target, relpath, "cannot complete the upload of", exc) from None
-        except BaseException:
-            _discard(target, final, out)
-            raise
-    return facts
+        return put_verified(target.s3, target.path(relpath), _chunks(src, source, relpath), expected)
+
+
+def _chunks(src: pa.NativeFile, source: Site, relpath: str) -> Iterator[bytes]:
+    while chunk := _read(src, source, relpath):
+        yield chunk
 
 
 @contextlib.contextmanager
@@ -117,7 +100,7 @@ def _reading(source: Site, relpath: str) -> Iterator[pa.NativeFile]:
     try:
         src = source.fs.open_input_stream(source.path(relpath))
     except STORE_ERRORS as exc:
-        raise _access_error(source, relpath, "cannot read", exc) from None
+        raise _access_error(source, relpath, "read", exc) from None
     with src:
         yield src
 
@@ -126,17 +109,11 @@ def _read(src: pa.NativeFile, source: Site, relpath: str) -> bytes:
     try:
         chunk: bytes = src.read(_CHUNK)
     except STORE_ERRORS as exc:
-        raise _access_error(source, relpath, "cannot read", exc) from None
+        raise _access_error(source, relpath, "read", exc) from None
     return chunk
 
 
-def _discard(target: Site, final: str, out: pa.NativeFile) -> None:
-    """Get rid of a failed upload: close the stream (pyarrow offers no abort) and delete what it made."""
-    with contextlib.suppress(*STORE_ERRORS):
-        out.close()
-    with contextlib.suppress(*STORE_ERRORS):
-        target.fs.delete_file(final)
-
-
-def _access_error(site: Site, relpath: str, what: str, exc: BaseException) -> StoreAccessError:
-    return StoreAccessError(f"site {site.name}: {what} {site.path(relpath)}: {first_line(exc)}")
+def _access_error(site: Site, relpath: str, what: str, exc: BaseException) -> Exception:
+    """The store's failure, naming the site and the object, classified (refused, unreachable, or other)."""
+    where = site.path(relpath) if site.local else f"s3://{site.path(relpath)}"
+    return classify_os(exc, site.name, where, what)

@@ -1,0 +1,95 @@
+"""What a store's failure means for the caller: *refused* or *unreachable* (DESIGN 14).
+
+A store that refuses (wrong or missing credentials, no permission, no such bucket) will refuse again: the
+error names the site, the object and what to fix, and a round does not back off and retry it in a loop.
+A store that cannot be reached (connection refused or reset, a timeout, a 5xx, throttling) may answer on the
+next attempt: the round backs off and tries again. Both are raised with the first line of the store's own
+message only; no credential is ever part of it (the stores never echo secrets, and URIs are printed redacted).
+"""
+
+from __future__ import annotations
+
+import re
+
+import botocore.exceptions
+
+from segrep.core.errors import SegrepError
+
+# S3 error codes that will not clear by retrying (boto3's ClientError codes)
+_REFUSED_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AllAccessDisabled",
+        "AccountProblem",
+        "ExpiredToken",
+        "InvalidAccessKeyId",
+        "InvalidBucketName",
+        "InvalidToken",
+        "NoSuchBucket",
+        "SignatureDoesNotMatch",
+        "UnauthorizedAccess",
+        "403",
+    }
+)
+# The same, as pyarrow's S3 file system words them (its OSError messages carry the AWS SDK's error names)
+_REFUSED_PYARROW = re.compile(
+    r"ACCESS_DENIED|INVALID_ACCESS_KEY_ID|SIGNATURE_DOES_NOT_MATCH|NO_SUCH_BUCKET|EXPIRED_TOKEN|"
+    r"AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|NoSuchBucket|HTTP status 403|"
+    r"Bucket '[^']*' not found|bucket does not exist",
+)
+_UNREACHABLE_PYARROW = re.compile(
+    r"NETWORK_CONNECTION|Couldn't connect|curlCode: (6|7|28|52|56)|Connection refused|timed out|"
+    r"Timeout was reached|SLOW_DOWN|SERVICE_UNAVAILABLE|INTERNAL_FAILURE|HTTP status 5\d\d",
+)
+
+
+class StoreRefusedError(SegrepError):
+    """The store refused the request (credentials, permissions, missing bucket): fix the site, then retry."""
+
+
+class StoreUnreachableError(OSError):
+    """The store could not be reached or did not answer in time: retried after a back-off."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line (store errors can be long), or its type's name."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _refused_message(site: str, where: str, what: str, detail: str) -> str:
+    return (
+        f"site {site}: the store refused to {what} {where}: {detail} (check the site's credentials, its "
+        "permissions and that its bucket exists)"
+    )
+
+
+def classify_boto(exc: BaseException, site: str, where: str, what: str) -> Exception:
+    """A boto3 failure as StoreRefusedError, FileNotFoundError (no such key) or StoreUnreachableError."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        detail = f"{code}: {error.get('Message') or first_line(exc)}"
+        if code in _REFUSED_CODES:
+            return StoreRefusedError(_refused_message(site, where, what, detail))
+        if code in ("NoSuchKey", "404", "NotFound"):
+            return FileNotFoundError(f"site {site}: {where} does not exist")
+        return StoreUnreachableError(f"site {site}: cannot {what} {where}: {detail}")
+    if isinstance(exc, botocore.exceptions.NoCredentialsError | botocore.exceptions.PartialCredentialsError):
+        return StoreRefusedError(_refused_message(site, where, what, first_line(exc)))
+    return StoreUnreachableError(f"site {site}: cannot {what} {where}: the store is unreachable ({first_line(exc)})")
+
+
+def classify_os(exc: BaseException, site: str, where: str, what: str) -> Exception:
+    """A pyarrow (or OS) failure on a store, classified the same way (a missing object stays FileNotFoundError)."""
+    if isinstance(exc, StoreRefusedError | StoreUnreachableError):
+        return exc
+    if isinstance(exc, FileNotFoundError):
+        return FileNotFoundError(f"site {site}: cannot {what} {where}: it does not exist")
+    text = str(exc)
+    if _REFUSED_PYARROW.search(text):
+        return StoreRefusedError(_refused_message(site, where, what, first_line(exc)))
+    if _UNREACHABLE_PYARROW.search(text):
+        return StoreUnreachableError(
+            f"site {site}: cannot {what} {where}: the store is unreachable ({first_line(exc)})"
+        )
+    return OSError(f"site {site}: cannot {what} {where}: {first_line(exc)}")
