@@ -98,6 +98,15 @@ def test_an_s3_leader_replicates_to_a_local_site_and_across_endpoints(s3_env: En
     assert_replicas_equal_leader(s3_env.catalog, ("primary", "edge"))
 
 
+def _backoffs(env: Env) -> list[tuple[int, int]]:
+    from sqlalchemy import select
+
+    from segrep.catalog import models as m
+
+    with env.catalog.read() as s:
+        return [(b.site_id, b.failures) for b in s.scalars(select(m.Backoff))]
+
+
 def test_wrong_credentials_fail_that_target_only_and_write_nothing_there(
     s3_env: Env, s3_endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -109,6 +118,8 @@ def test_wrong_credentials_fail_that_target_only_and_write_nothing_there(
     assert edge.status == TargetStatus.FAILED and edge.segments_copied == 0
     assert edge.error is not None and len(edge.error.splitlines()) == 1
     assert "site edge: the store refused to write s3://" in edge.error, edge.error
+    assert edge.refused  # a refusal does not back off: the next round names it again, or replicates once fixed
+    assert [site for site, _ in _backoffs(s3_env)] == []
     _assert_no_secret(secrets_of(a, b), "the target's error", edge.error)
     assert rep.targets["dr"].status == TargetStatus.OK and rep.targets["dr"].segments_copied > 0
     assert _site_keys(b, s3_env, "edge") == []

@@ -52,6 +52,8 @@ def point(name: str) -> None:
     if f"{name}:enospc" in wanted:
         raise OSError(errno.ENOSPC, f"No space left on device (injected at {name})")
     if f"{name}:hang" in wanted:
-        print(f"{HANG_MARK}{name}", file=sys.stderr, flush=True)
+        # one write of the whole line: two threads reaching the point at once must not interleave their lines
+        sys.stderr.flush()
+        os.write(sys.stderr.fileno(), f"{HANG_MARK}{name}\n".encode())
         while True:  # until killed
             time.sleep(3600)

@@ -4,7 +4,9 @@ A failed attempt, or one declined for a reason that does not clear by itself (IN
 before the next one (``retry_delay_s * 2^(failures-1)``, capped at an hour); a successful one clears it. One
 attempt counts once, however many partitions declined. A decline that only waits for leases (INFLIGHT,
 OVERLOADED) neither backs off nor clears: a live round frees them when it ends, a dead one's lapse within a
-lease TTL, and backing off on them would turn one crashed round into a growing delay.
+lease TTL, and backing off on them would turn one crashed round into a growing delay. A target whose store
+refused (credentials, permissions, a missing bucket) fails with a clear error and does not back off either:
+each round names the problem until the site is fixed, and the first round after the fix replicates.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def record_target(
     """Keep the target's report with the round, and move its back-off by the outcome, in one transaction."""
     with catalog.write() as s:
         now = hlc.now_us()
-        if report.status == TargetStatus.FAILED:
+        if report.status == TargetStatus.FAILED and not report.refused:
             bump_backoff(s, table_id, site_id, f"unreachable: {report.error}", policy)
         elif report.status == TargetStatus.DECLINED and report.backs_off:
             bump_backoff(s, table_id, site_id, report.decline_reason or "declined", policy)

@@ -119,6 +119,9 @@ class TargetReport:
     # A decline that does not clear by itself (INVALID): the target backs off. INFLIGHT and OVERLOADED only
     # wait for leases, which a live round releases and a dead one's lapse within a lease TTL: no back-off.
     backs_off: bool = False
+    # FAILED because the store refused (credentials, permissions, a missing bucket): retrying will not help
+    # until the site is fixed, so the target does not back off and retry in a loop; the error says what to fix.
+    refused: bool = False
 
     def absorb(self, other: TargetReport) -> None:
         """Fold one partition's report into the target's: sums, and the worst status with its reason."""
@@ -133,6 +136,7 @@ class TargetReport:
             self.status, self.error = other.status, other.error or self.error
         self.decline_reason = self.decline_reason or other.decline_reason
         self.backs_off = self.backs_off or other.backs_off
+        self.refused = (self.refused or other.refused) and self.status == TargetStatus.FAILED
 
     def count(self, outcome: Outcome) -> None:
         self.outcomes[str(outcome)] = self.outcomes.get(str(outcome), 0) + 1
