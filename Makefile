@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint format bench bench-rounds bench-maintenance bench-chaos constraints clean spark-zip
+.PHONY: venv demo test lint format bench bench-rounds bench-maintenance bench-object-store bench-chaos constraints clean spark-zip
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	@scripts/check_prereqs.sh $(PYTHON)
@@ -47,6 +47,10 @@ bench-rounds: venv
 
 bench-maintenance: venv
 	$(BIN)/python bench/maintenance.py --scale 1
+
+# Two moto servers on loopback stand for two object stores (tests/support/s3.py).
+bench-object-store: venv
+	$(BIN)/python bench/object_store.py --scale 1 --json bench/results/object-store.json
 
 # Restarts the local PostgreSQL cluster once: run it on a machine nothing else is using.
 bench-chaos: venv

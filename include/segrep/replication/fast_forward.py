@@ -5,7 +5,13 @@ twice, or twice at once, commits each segment once per target:
 - an offer is leased (the unique lease row is the INFLIGHT lock), copied and verified, then registered with a
   conditional root move; a lost race shows up as SEGMENT_EXISTS on the next offer and becomes an ack;
 - the receiver's commit and the sender's ack are separate transactions (as two servers would do them); a
-  crash in between is repaired by the next offer, which the receiver answers SEGMENT_EXISTS.
+  crash in between is repaired by the next offer, which the receiver answers SEGMENT_EXISTS. When the
+  partition goes on, the sender's ack shares the transaction of its next offer.
+
+A batch is made durable before it is committed: each file is fsynced as it is copied (the copies of a batch
+run side by side), each target directory once for the batch (``storage.atomic.batched_directory_syncs``), then
+the receiver registers the whole batch in one transaction. Partitions go side by side; on SQLite their
+transactions take turns in this process rather than in SQLite's busy handler.
 
 A store that cannot be used (its root became a plain file, a permission error, a URI its file system cannot
 open, a copier that gives up) fails that target only: the partition releases the round's leases it holds
@@ -16,13 +22,19 @@ of the file and the verification error.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from sqlalchemy import delete, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
@@ -41,10 +53,11 @@ from segrep.replication.heartbeat import heartbeat
 from segrep.replication.offers import offers_to
 from segrep.replication.reports import InvalidSegment, TargetReport, TargetStatus
 from segrep.replication.round import TargetUnreachable, clamp_end, ensure_round, lease_ttl_us, round_key
-from segrep.storage.atomic import FileFacts
+from segrep.storage.atomic import FileFacts, batched_directory_syncs
 from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.segment_meta import SegmentEntry
 from segrep.storage.site import Site
+from segrep.storage.store_errors import StoreRefusedError
 from segrep.storage.transfer import copy_verified
 
 PARTITIONS_AT_ONCE = 4
@@ -69,6 +82,7 @@ class CopyOutcome:
     ok: bool
     invalid: str | None = None  # the verification failure (INVALID)
     error: str | None = None  # the target or source could not be reached
+    refused: bool = False  # the error is the store's refusal (credentials, permissions, missing bucket)
 
 
 Copier = Callable[[list[CopyItem]], list[CopyOutcome]]
@@ -81,16 +95,23 @@ def copy_one(item: CopyItem) -> CopyOutcome:
     except CorruptSegmentError as exc:
         return CopyOutcome(item.relpath, False, invalid=str(exc))
     except _COPY_ERRORS as exc:  # a site that cannot be opened, read or written
-        return CopyOutcome(item.relpath, False, error=describe(exc))
+        return CopyOutcome(item.relpath, False, error=describe(exc), refused=isinstance(exc, StoreRefusedError))
     return CopyOutcome(item.relpath, True)
 
 
 def local_copier(items: list[CopyItem]) -> list[CopyOutcome]:
-    """Copy in threads (hashing and file I/O release the GIL)."""
-    if len(items) <= 1:
-        return [copy_one(i) for i in items]
-    with ThreadPoolExecutor(max_workers=min(4, len(items))) as pool:
-        return list(pool.map(copy_one, items))
+    """Copy in threads (hashing and file I/O release the GIL). Each file is fsynced as it is copied; the
+    directories of local targets are fsynced once for the whole batch, before the outcomes are returned
+    (so before any is committed): a failed directory sync fails every copy of the batch."""
+    try:
+        with batched_directory_syncs():
+            if len(items) <= 1:
+                return [copy_one(i) for i in items]
+            contexts = [contextvars.copy_context() for _ in items]  # each copy joins the batch's directory syncs
+            with ThreadPoolExecutor(max_workers=min(4, len(items))) as pool:
+                return list(pool.map(lambda ctx, item: ctx.run(copy_one, item), contexts, items))
+    except OSError as exc:
+        return [CopyOutcome(i.relpath, False, error=describe(exc)) for i in items]
 
 
 def fast_forward_target(
@@ -125,7 +146,8 @@ def fast_forward_target(
         report.error = f"backing off after {backoff.failures} failure(s) ({backoff.last_reason}); next attempt later"
     else:
         key, ttl = round_key(table, end), lease_ttl_us()
-        context = _Context(catalog, table, site, end, key, ttl, policy, copier or local_copier, big_copier)
+        turns = threading.Lock() if catalog.dialect == "sqlite" else contextlib.nullcontext()
+        context = _Context(catalog, table, site, end, key, ttl, policy, copier or local_copier, big_copier, turns)
         work = [
             _PartitionRun(context, part.partition.partition_id, replica.placement_id, reoffer)
             for part in snap.partitions
@@ -158,6 +180,15 @@ class _Context:
     policy: Policy
     copier: Copier
     big_copier: Copier | None
+    turns: contextlib.AbstractContextManager[Any] = field(default_factory=contextlib.nullcontext)
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[Session]:
+        """A catalog write transaction. On SQLite the partitions take turns here: SQLite has one writer at a
+        time, and a thread that waits for it in SQLite's busy handler sleeps in steps of up to 100 ms, long
+        after the lock is free (the partitions' short transactions spent more time waiting than copying)."""
+        with self.turns, self.catalog.write() as s:
+            yield s
 
 
 @dataclass(frozen=True)
@@ -196,6 +227,9 @@ class _PartitionRun:
     partition_id: int
     replica_id: int
     reoffer: bool
+    # Committed by the receiver, not yet acked by the sender: when the partition goes on, the sender acks
+    # them in the transaction of its next offer (one transaction fewer per batch on the partition's path)
+    unacked: list[_Leased] = field(default_factory=list)
 
     def run(self) -> TargetReport:
         report = TargetReport(self.ctx.site)  # one partition's share, folded into the target's report
@@ -205,8 +239,9 @@ class _PartitionRun:
             report.status, report.error = TargetStatus.FAILED, str(exc)
         except STORE_ERRORS as exc:  # any store error of this target is its failure, never the round's
             report.status, report.error = TargetStatus.FAILED, describe(exc)
+            report.refused = isinstance(exc, StoreRefusedError)
         if report.status == TargetStatus.FAILED:
-            _release_replica(self.ctx.catalog, self.replica_id, self.ctx.key)
+            _release_replica(self.ctx, self.replica_id)
         return report
 
     def _offer_all(self, report: TargetReport) -> None:
@@ -218,16 +253,18 @@ class _PartitionRun:
                 restarted = True
                 continue
             if decision.batch:
-                self._copy_and_commit(decision.batch, report)
+                self._copy_and_commit(decision.batch, report, more=decision.next is _Next.CONTINUE)
             if decision.next is _Next.STOP or not decision.batch:
                 return
 
     def _decide(self, reoffer: bool, restarted: bool, report: TargetReport) -> _Decision:
-        """In one write transaction: re-read the partition, decide the next offers in order, ack what the
-        replica already holds and lease what it will fast-forward."""
+        """In one write transaction: ack the previous batch, re-read the partition, decide the next offers in
+        order, ack what the replica already holds and lease what it will fast-forward."""
         ctx, pid, replica_id = self.ctx, self.partition_id, self.replica_id
-        with ctx.catalog.write() as s:
+        unacked, self.unacked = self.unacked, []
+        with ctx.write() as s:
             s.get(m.Partition, pid, with_for_update=True)  # serialises deciders of this partition
+            _record_acks(s, [(b.leader_id, b.segment.segment_id, b.replica_id) for b in unacked], hlc.now_us())
             snap = snapshot(s, ctx.table, [pid])
             part = next((p for p in snap.partitions if p.partition.partition_id == pid), None)
             replica = next((r for r in part.replicas if r.placement_id == replica_id), None) if part else None
@@ -303,7 +340,10 @@ class _PartitionRun:
                 root = seg.segment_id
             return _Decision(batch, _Next.STOP)
 
-    def _copy_and_commit(self, batch: list[_Leased], report: TargetReport) -> None:
+    def _copy_and_commit(self, batch: list[_Leased], report: TargetReport, *, more: bool) -> None:
+        """Copy a decided batch, commit it at the receiver, then ack it at the sender: at once, or with the
+        next offer if the partition goes on (``more``). A crash before the ack is repaired by the next offer
+        either way (the receiver answers SEGMENT_EXISTS)."""
         ctx = self.ctx
         faults.point("before_copy")
         items = [b.item for b in batch]
@@ -312,7 +352,7 @@ class _PartitionRun:
         try:
             outcomes = big(items) if use_spark and big is not None else ctx.copier(items)
         except _COPY_ERRORS as exc:  # the copier gave up (a Spark copy that failed, a store)
-            _release_all(ctx.catalog, batch, ctx.key)
+            _release_all(ctx, batch)
             raise TargetUnreachable(f"copy failed: {describe(exc)}") from None
         report.spark_apps += int(use_spark)
         faults.point("after_copy_before_commit")
@@ -323,23 +363,26 @@ class _PartitionRun:
                 failed = (n, copied)
                 break
             copied_ok.append(leased)
-        committed = _receiver_commit(ctx.catalog, copied_ok, ctx.key) if copied_ok else []
+        committed = _receiver_commit(ctx, copied_ok) if copied_ok else []
         if committed:
             faults.point("after_commit_before_ack")
-            with ctx.catalog.write() as s:  # the sender's side: one transaction for the batch
-                for leased in committed:
-                    record_ack(s, leased.leader_id, leased.segment.segment_id, leased.replica_id, hlc.now_us())
+            if more and failed is None and len(committed) == len(batch):
+                self.unacked = committed
+            else:
+                with ctx.write() as s:  # the sender's side: one transaction for the batch
+                    acks = [(b.leader_id, b.segment.segment_id, b.replica_id) for b in committed]
+                    _record_acks(s, acks, hlc.now_us())
         for leased in committed:
             report.count(Outcome.FAST_FORWARD)
             report.segments_copied += 1
             report.bytes_copied += leased.segment.byte_size
         if len(committed) < len(copied_ok):
             report.count(Outcome.INFLIGHT)  # a concurrent execution of this round got there first
-            _release_all(ctx.catalog, batch[len(committed) :], ctx.key)
+            _release_all(ctx, batch[len(committed) :])
             return
         if failed is not None:
             n, copied = failed
-            _release_all(ctx.catalog, batch[n:], ctx.key)
+            _release_all(ctx, batch[n:])
             if copied.invalid:
                 report.decline(Outcome.INVALID)
                 bad = batch[n]
@@ -353,17 +396,19 @@ class _PartitionRun:
                     )
                 )
                 return
+            if copied.refused:
+                raise StoreRefusedError(copied.error or "the store refused the copy")
             raise TargetUnreachable(copied.error or "copy failed")
 
 
-def _receiver_commit(catalog: Catalog, batch: list[_Leased], key: str) -> list[_Leased]:
+def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> list[_Leased]:
     """The receiver registers the copied segments in order, moving its root conditionally, notes that the
     sender holds each, and drops the leases: one transaction for the batch (all of one partition). Returns
     what it committed: nothing if leadership changed since the decision (the offer is stale) or the chain
     moved under us (a concurrent execution of this round won; its next offer is answered SEGMENT_EXISTS)."""
     first = batch[0]
     try:
-        with catalog.write() as s:
+        with ctx.write() as s:
             part = s.get(m.Partition, first.partition_id, with_for_update=True)
             replica = s.get(m.Placement, first.replica_id)
             if part is None or replica is None or replica.removed_us is not None:
@@ -386,24 +431,51 @@ def _receiver_commit(catalog: Catalog, batch: list[_Leased], key: str) -> list[_
                     register_segment(
                         s, replica, leased.entry, seg.relpath, facts, now, expected_root=leased.expected_root
                     )
-                record_ack(s, leased.replica_id, seg.segment_id, leased.leader_id, now)
-                ls.release(s, leased.replica_id, seg.segment_id, key)
+            _record_acks(s, [(b.replica_id, b.segment.segment_id, b.leader_id) for b in batch], now)
+            _release_leases(s, first.replica_id, [b.segment.segment_id for b in batch], ctx.key)
     except ConflictError:
         return []
     return batch
 
 
-def _release_replica(catalog: Catalog, replica_id: int, key: str) -> None:
+def _record_acks(s: Session, acks: list[tuple[int, str, int]], now_us: int) -> None:
+    """``record_ack`` for a whole batch of (holder, segment, target): one INSERT ... ON CONFLICT DO NOTHING
+    executed for every row at once, instead of one statement per segment."""
+    if not acks:
+        return
+    insert = postgresql.insert if s.get_bind().dialect.name == "postgresql" else sqlite.insert
+    rows = [
+        {"holder_placement_id": holder, "segment_id": seg, "target_placement_id": target, "acked_us": now_us}
+        for holder, seg, target in acks
+    ]
+    s.execute(insert(m.Ack).on_conflict_do_nothing(), rows)
+
+
+def _release_leases(s: Session, replica_id: int, segment_ids: list[str], key: str) -> None:
+    """Drop this round's leases on these segments of one replica (``leases.release`` for a batch)."""
+    s.execute(
+        delete(m.Lease)
+        .where(
+            m.Lease.target_placement_id == replica_id,
+            m.Lease.segment_id.in_(segment_ids),
+            m.Lease.holder == key,
+        )
+        .execution_options(synchronize_session=False)
+    )
+
+
+def _release_replica(ctx: _Context, replica_id: int) -> None:
     """Drop every lease this round holds on a replica placement (its target failed: a retry leases anew)."""
-    with catalog.write() as s:
+    with ctx.write() as s:
         s.execute(
             delete(m.Lease)
-            .where(m.Lease.target_placement_id == replica_id, m.Lease.holder == key)
+            .where(m.Lease.target_placement_id == replica_id, m.Lease.holder == ctx.key)
             .execution_options(synchronize_session=False)
         )
 
 
-def _release_all(catalog: Catalog, batch: list[_Leased], key: str) -> None:
-    with catalog.write() as s:
-        for b in batch:
-            ls.release(s, b.replica_id, b.segment.segment_id, key)
+def _release_all(ctx: _Context, batch: list[_Leased]) -> None:
+    with ctx.write() as s:
+        for replica_id in {b.replica_id for b in batch}:
+            ids = [b.segment.segment_id for b in batch if b.replica_id == replica_id]
+            _release_leases(s, replica_id, ids, ctx.key)

@@ -2,7 +2,7 @@
 
 A file visible under its final name is complete and its sha256 is known before anything references it; on
 any error the temporary file is removed and the final name never appears. The directory is fsynced after the
-rename so the name survives a crash too.
+rename so the name survives a crash too (or once for a batch of files, ``batched_directory_syncs``).
 
 Local segment files are hashed as their bytes go out (``HashingFileWriter``), not by reading the file back: see
 ``atomic_local_write_stream`` for why that verifies as much as a re-read would.
@@ -11,8 +11,10 @@ Local segment files are hashed as their bytes go out (``HashingFileWriter``), no
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
+import mmap
 import os
 import queue
 import secrets
@@ -34,6 +36,30 @@ _SYNC_EVERY = 8 * 1024 * 1024  # start written bytes on their way to disk every 
 class FileFacts:
     byte_size: int
     sha256: str
+
+
+# Directories whose fsync is owed by an open ``batched_directory_syncs`` block (None: sync each one at once)
+_owed_dir_syncs: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("segrep_owed_dir_syncs", default=None)
+
+
+@contextlib.contextmanager
+def batched_directory_syncs() -> Iterator[None]:
+    """Within this block, an atomic write or copy that renames its file into place leaves the directory's
+    fsync to the end of the block, which syncs each directory once: a batch of N files in one directory
+    costs one directory sync instead of N (each one a journal commit to wait for).
+
+    Until the block has exited without error, the new names are not durable, so nothing may reference them
+    (no catalog commit) before then; the files' own bytes are fsynced as always. Threads the block's
+    caller starts take part if they run in a copy of its context (``contextvars.copy_context``). An error
+    from a directory's fsync is raised at the end of the block."""
+    owed: set[str] = set()
+    token = _owed_dir_syncs.set(owed)
+    try:
+        yield
+    finally:
+        _owed_dir_syncs.reset(token)
+    for directory in sorted(owed):
+        fsync_dir(directory)
 
 
 def atomic_local_write(final: str, write: Callable[[str], None]) -> FileFacts:
@@ -99,7 +125,7 @@ def atomic_local_copy(source: str, final: str, expected: FileFacts) -> FileFacts
         flusher = threading.Thread(target=lambda: synced.append(_call(os.fsync, out)), name="segrep-copy-fsync")
         flusher.start()  # write-back runs while this thread hashes the same bytes from the page cache
         try:
-            facts = hash_local(tmp, fsync=False)
+            facts = _hash_mapped(tmp)
         finally:
             flusher.join()
         if synced[0] is not None:
@@ -133,7 +159,12 @@ def _publish(tmp: str, final: str, facts: FileFacts, expected: FileFacts | None,
             f"({expected.byte_size} bytes, sha256 {expected.sha256[:12]}...)"
         )
     os.rename(tmp, final)
-    fsync_dir(os.path.dirname(final) or ".")
+    directory = os.path.dirname(final) or "."
+    owed = _owed_dir_syncs.get()
+    if owed is None:
+        fsync_dir(directory)
+    else:
+        owed.add(directory)  # synced once, when the caller's batched_directory_syncs block ends
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> BaseException | None:
@@ -276,6 +307,18 @@ def hash_local(path: str, *, fsync: bool) -> FileFacts:
         if fsync:
             os.fsync(f.fileno())
     return FileFacts(size, digest.hexdigest())
+
+
+def _hash_mapped(path: str) -> FileFacts:
+    """Size and sha256 of a file hashed through a read-only mapping: the page cache is hashed where it is,
+    without first copying it into a buffer (about a tenth less CPU than reading it). Only for a temporary file
+    of our own: a file truncated under a mapping faults (SIGBUS) instead of raising."""
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return FileFacts(0, hashlib.sha256().hexdigest())
+        with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as view:
+            return FileFacts(size, hashlib.sha256(view).hexdigest())
 
 
 def fsync_dir(path: str) -> None:
