@@ -1,6 +1,8 @@
 """Spark job: read a segrep table at a site (last writer wins) and write it as Parquet, or print its count.
 
-Thin entry point for spark-submit; the logic is segrep.data.spark_reader.read_dataframe.
+Thin entry point for spark-submit; the logic is segrep.data.spark_reader.read_dataframe. The definitions file is
+loaded (if there is one) for the sites' store options: a site on an object store is read with its endpoint and
+credentials reference, the secrets from this application's environment.
     spark-submit spark_jobs/read_table.py --catalog sqlite:///data/catalog.db orders --site dr --output /tmp/dr
 """
 
@@ -11,35 +13,48 @@ import re
 import sys
 
 from segrep.catalog import Catalog
+from segrep.config.definitions import config_path, load_definitions
 from segrep.core.errors import SegrepError
 from segrep.data.spark_reader import read_dataframe
 from segrep.spark.lifecycle import die_with_parent
 
-_FAILED_FILE = re.compile(r"Encountered error while reading file (\S+?)\.?\s")
+# A file an executor found damaged: the reader's own error, raised in the Python worker (data.spark_files)
+_EXECUTOR_CORRUPT = re.compile(r"CorruptSegmentError: (site \S+: segment file (\S+) is not [^\n]*)")
+_ADVICE = (
+    "restore it from a healthy site (a replica's copy: segrep bootstrap TABLE SITE --mode replace; the leader's: "
+    "copy it back from a replica that holds the segment)"
+)
 
 
 def damaged_page_message(exc: BaseException) -> str | None:
-    """One line naming the file, for a Spark failure that is a page whose checksum does not match (the driver
-    checked every footer before; the pages are checked where they are read, on the executors); else None."""
-    text = str(exc)
-    if "checksum verification failed" not in text:
+    """One line naming the file, for a Spark failure that is a damaged file (the driver checked every footer
+    before; pages, row counts and ranges are checked where they are read, on the executors); else None."""
+    found = _EXECUTOR_CORRUPT.search(str(exc))
+    if found is None:
         return None
-    found = _FAILED_FILE.search(text)
-    where = found.group(1).removeprefix("file://") if found else "a segment file"
-    return (
-        f"segment file {where} has a damaged page (its CRC checksum does not match): restore it from a healthy "
-        "site (a replica's copy: segrep bootstrap TABLE SITE --mode replace; the leader's: copy it back from a "
-        "replica that holds the segment)"
-    )
+    return f"{found.group(1).strip()}; {_ADVICE}"
+
+
+def load_sites(explicit: str | None) -> None:
+    """Load the definitions (``--config``, else SEGREP_CONFIG or the default path if that file exists), so each
+    site is opened with its store options; a catalog of local sites needs none."""
+    if explicit is not None or config_path().exists():
+        load_definitions(explicit, isolate_tables=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--catalog", required=True, help="catalog SQLAlchemy URL")
+    ap.add_argument("--config", default=None, help=f"definitions file (default: {config_path()}, if it exists)")
     ap.add_argument("table")
     ap.add_argument("--site", default=None, help="site to read (default: each partition's leader)")
     ap.add_argument("--output", default=None, help="Parquet directory to write (overwritten); default: print count")
     args = ap.parse_args(argv)
+    try:
+        load_sites(args.config)
+    except SegrepError as exc:
+        print(f"segrep: error: {exc}", file=sys.stderr)
+        return 2
 
     from pyspark.sql import SparkSession
 
@@ -56,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     except SegrepError as exc:
         print(f"segrep: error: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # a Spark failure: a damaged page is the user's to repair, anything else is not
+    except Exception as exc:  # a Spark failure: a damaged file is the user's to repair, anything else is not
         message = damaged_page_message(exc)
         if message is None:
             raise

@@ -9,7 +9,8 @@ output. Without ``credentials`` the store's default chain applies (AWS_* variabl
 
 Every ``Site(name, uri)`` in the package is built from a catalog row (name and URI), so the options loaded with
 the definitions are remembered here per (site, URI): ``load_definitions`` records them, ``storage.stores``
-looks them up. A process that never loaded the definitions (a Spark executor today) opens the URI plainly.
+looks them up. A process that never loaded the definitions (a Spark job) gets them from its manifest, where the
+plan step wrote them as a JSON document (``StoreOptions.to_doc``, read back as strictly by ``from_doc``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _PREFIX_RE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 _CONN_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,250}")
 _REGION_RE = re.compile(r"[a-z0-9-]{1,64}")
 _OPTION_KEYS = {"endpoint", "region", "path_style", "connect_timeout_s", "request_timeout_s", "retries"}
+_DOC_KEYS = _OPTION_KEYS | {"credentials"}
 _CREDENTIAL_KEYS = {"env_prefix", "airflow_conn_id"}
 MAX_TIMEOUT_S = 3600.0
 MAX_RETRIES = 20
@@ -45,6 +47,10 @@ class CredentialsRef:
             return f"env_prefix {self.env_prefix}"
         return f"airflow_conn_id {self.airflow_conn_id}"
 
+    def to_doc(self) -> dict[str, str | None]:
+        """JSON form (equal to ``dataclasses.asdict``): a reference, never a secret."""
+        return {"env_prefix": self.env_prefix, "airflow_conn_id": self.airflow_conn_id}
+
 
 @dataclass(frozen=True)
 class StoreOptions:
@@ -57,6 +63,36 @@ class StoreOptions:
     request_timeout_s: float | None = None
     retries: int | None = None  # attempts per request, pyarrow's AwsStandardS3RetryStrategy
     credentials: CredentialsRef | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        """JSON form for a manifest (equal to ``dataclasses.asdict``, so a manifest's ``asdict`` carries it):
+        the options and the credentials reference, no secret."""
+        return {
+            "endpoint": self.endpoint,
+            "region": self.region,
+            "path_style": self.path_style,
+            "connect_timeout_s": self.connect_timeout_s,
+            "request_timeout_s": self.request_timeout_s,
+            "retries": self.retries,
+            "credentials": None if self.credentials is None else self.credentials.to_doc(),
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Any, where: str = "store options") -> StoreOptions:
+        """Options from ``to_doc``'s form, checked as strictly as the definitions file (a manifest is a file a
+        job trusts: a bad value is refused here, not passed to the store)."""
+        body = _mapping(doc, where)
+        _known(body, _DOC_KEYS, where)
+        creds = body.get("credentials")
+        return cls(
+            endpoint=_endpoint(body.get("endpoint"), where),
+            region=_region(body.get("region"), where),
+            path_style=_bool(body.get("path_style", True), f"{where}: path_style"),
+            connect_timeout_s=_seconds(body.get("connect_timeout_s"), f"{where}: connect_timeout_s"),
+            request_timeout_s=_seconds(body.get("request_timeout_s"), f"{where}: request_timeout_s"),
+            retries=_retries(body.get("retries"), f"{where}: retries"),
+            credentials=None if creds is None else _credentials(creds, f"{where}: credentials"),
+        )
 
 
 def parse_store(site: str, uri: str, options: Any, credentials: Any) -> StoreOptions:

@@ -2,7 +2,8 @@
 
 Every file is first checked (size and sha256, on the executors) against the catalog's row: an item with a bad
 or unreachable file gets an error instead of a digest, and verify reads it in process, where the reader names
-the problem. The other items are read as one DataFrame tagged by item id, kept to versions <= each item's pin
+the problem. The other items are read (on the executors, through each site's file system and the manifest's
+store options: ``spark.jobs.file_frame``) as one DataFrame tagged by item id, kept to versions <= each item's pin
 and its key range, resolved per key by :func:`segrep.spark.jobs.latest_rows` (the rule of
 ``data.reader.resolve``), tombstones hidden; each Arrow batch is then digested by ``data.digest`` itself, cast
 to the table's schema first, so a row hashes to the same bits here as in process, and the batch digests add
@@ -21,11 +22,9 @@ import pyarrow.compute as pc
 from segrep.core import schema as sch
 from segrep.core.errors import CorruptSegmentError
 from segrep.data.digest import Digest, combine, table_digest
-from segrep.data.spark_reader import VERIFY_PAGE_CHECKSUMS
 from segrep.spark.digest_manifest import DigestItem, DigestManifest, DigestOutcome
-from segrep.spark.jobs import in_key_range, latest_rows
+from segrep.spark.jobs import file_frame, in_key_range, latest_rows
 from segrep.spark.manifest import FileRef
-from segrep.storage.site import Site
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -50,7 +49,7 @@ def run_digests(spark: SparkSession, manifest: DigestManifest) -> list[DigestOut
 def check_file(ref: FileRef) -> str | None:
     """None if the file is the catalog's (size and sha256), else the problem in one line."""
     try:
-        Site(ref.site, ref.uri).verify(ref.relpath, ref.byte_size, ref.sha256)
+        ref.open_site().verify(ref.relpath, ref.byte_size, ref.sha256)
     except (CorruptSegmentError, OSError) as exc:
         return str(exc)
     return None
@@ -75,8 +74,7 @@ def _item_rows(spark: SparkSession, manifest: DigestManifest, schema: pa.Schema,
     """The item's unresolved rows up to its pin and in its key range, tagged with its id."""
     from pyspark.sql import functions as F
 
-    paths = [Site(r.site, r.uri).path(r.relpath) for r in item.files]
-    df = spark.read.option(VERIFY_PAGE_CHECKSUMS, "true").parquet(*paths)
+    df = file_frame(spark, item.files, schema)
     df = in_key_range(df, schema, manifest.partition_key, item.key_begin, item.key_end)
     return df.where(F.col(sch.VERSION_COL) <= F.lit(item.as_of_us)).withColumn(ITEM_COL, F.lit(item.item_id))
 

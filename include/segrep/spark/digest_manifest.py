@@ -4,6 +4,7 @@ An item is one placement's rows as of a pinned version: its visible segment file
 sha256, checked by the job before it reads them), its key range, and the pin. The job digests each item's
 resolved rows exactly as ``data.digest`` does in process, so the two digests of the same rows are equal, and
 writes one outcome per item: the digest, or why the item could not be read. Verify compares the digests.
+Each file names its site's store options (``FileRef.options``: no secret), with which the job opens it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from segrep.data.digest import Digest
 from segrep.spark.manifest import FileRef
 from segrep.storage.atomic import write_json_atomic
 
-DIGEST_FORMAT = 1
+DIGEST_FORMAT = 2  # 2: store options with every file
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class DigestManifest:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> DigestManifest:
         doc = _read(path, "digest manifest")
-        items = [DigestItem(**{**raw, "files": [FileRef(**f) for f in raw["files"]]}) for raw in doc["items"]]
+        items = [DigestItem(**{**raw, "files": [FileRef.from_doc(f) for f in raw["files"]]}) for raw in doc["items"]]
         columns = [(name, kind) for name, kind in doc["columns"]]
         return cls(doc["key"], doc["table"], columns, doc["primary_key"], doc["partition_key"], items)
 

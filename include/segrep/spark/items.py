@@ -3,6 +3,8 @@
 Rounds (fork merges and major segments), compaction (majors) and splits (rewrites and merges into children)
 all build their items here, over the same file references, so an item means the same thing to the job
 whichever workflow planned it; so does verify, whose digest items read a placement as the reader would.
+Every site an item names carries the store options the loaded definitions give it (``config.stores.options_for``):
+the job opens the site with them, whatever store it is on.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from segrep.catalog import models as m
 from segrep.catalog.queries import TableInfo
 from segrep.catalog.snapshot import PartitionSnapshot, TableSnapshot
 from segrep.catalog.splits import SplitView
+from segrep.config.stores import options_for
 from segrep.core.chain import visible_segments
 from segrep.data.reader import PlacementFiles
 from segrep.spark.digest_manifest import DigestItem
@@ -21,7 +24,16 @@ from segrep.spark.manifest import FileRef, MergeItem, output_segment_id
 
 def file_ref(site: m.Site, placement: m.Placement, seg: m.Segment) -> FileRef:
     """A segment file as a job reads it: where it is, and the size and sha256 it must have."""
-    return FileRef(site.name, site.uri, seg.relpath, seg.segment_id, seg.byte_size, seg.sha256, placement.placement_id)
+    return FileRef(
+        site.name,
+        site.uri,
+        seg.relpath,
+        seg.segment_id,
+        seg.byte_size,
+        seg.sha256,
+        placement.placement_id,
+        options_for(site.name, site.uri),
+    )
 
 
 def leader_item(
@@ -49,6 +61,7 @@ def leader_item(
         schema_fingerprint=info.row.schema_fingerprint,
         leader_site=site.name,
         leader_uri=site.uri,
+        leader_options=options_for(site.name, site.uri),
         leader_placement_id=leader.placement_id,
         leader_site_id=site.site_id,
         epoch=partition.epoch,
@@ -141,8 +154,11 @@ def split_merge_item(
 def digest_item(pf: PlacementFiles, as_of_us: int) -> DigestItem:
     """A placement's rows as of ``as_of_us``, as ``data.reader.placement_files`` resolved what to read: its
     visible segments (with an unloading split parent's at the same site) and its key range."""
+    options = options_for(pf.site.name, pf.site.uri)
     files = [
-        FileRef(pf.site.name, pf.site.uri, seg.relpath, seg.segment_id, seg.byte_size, seg.sha256, seg.placement_id)
+        FileRef(
+            pf.site.name, pf.site.uri, seg.relpath, seg.segment_id, seg.byte_size, seg.sha256, seg.placement_id, options
+        )
         for seg in pf.segments
     ]
     item_id = f"{pf.placement_id}@{as_of_us}"

@@ -12,7 +12,10 @@ Three kinds of item, each for one partition's leader:
 
 Output paths are deterministic (the plan fixes each output's segment id), so a retried job overwrites its
 own files and never duplicates; the catalog commit is done afterwards by a Python task from the result file.
-PySpark is imported lazily: the package works without it.
+Inputs are read on the executors through the sites' own file systems with the manifest's store options
+(``data.spark_files``), and the output is written by the driver through ``Site.write_segment`` at the leader:
+any site the package can reach, local or on an object store. PySpark is imported lazily: the package works
+without it.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ from segrep.core import faults, keys
 from segrep.core import schema as sch
 from segrep.core.chain import MAX_SEGMENT_HISTORY
 from segrep.core.errors import CorruptSegmentError
+from segrep.data.spark_files import SegmentFile, segment_frame
 from segrep.spark.manifest import MANIFEST_FORMAT, FileRef, Manifest, MergeItem
 from segrep.storage.segment_meta import SegmentEntry, entry_stats
-from segrep.storage.site import Site
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -50,7 +53,7 @@ def _run_item(spark: SparkSession, item: MergeItem) -> dict[str, Any]:
     base = {"item_id": item.item_id, "kind": item.kind, "partition_id": item.partition_id}
     try:
         for ref in (*item.incoming, *item.visible):
-            Site(ref.site, ref.uri).verify(ref.relpath, ref.byte_size, ref.sha256)
+            ref.open_site().verify(ref.relpath, ref.byte_size, ref.sha256)
     except (CorruptSegmentError, OSError) as exc:  # a corrupt file, or a site that is down: this item only
         return {**base, "status": "invalid", "error": str(exc), "output": None, "rows_in": 0, "rows_out": 0}
     schema = sch.schema_from_columns(dict(item.columns))
@@ -77,7 +80,7 @@ def _run_item(spark: SparkSession, item: MergeItem) -> dict[str, Any]:
         included_segment_ids=included,
         **entry_stats(rows, item.primary_key),
     )
-    facts = Site(item.leader_site, item.leader_uri).write_segment(item.output_relpath, rows, entry.to_meta())
+    facts = item.leader().write_segment(item.output_relpath, rows, entry.to_meta())
     output = {"entry": entry.to_meta(), "relpath": item.output_relpath, **asdict(facts)}
     return {**base, "status": "ok", "output": output, "rows_in": rows_in, "rows_out": rows.num_rows}
 
@@ -88,13 +91,17 @@ def _row_count(refs: list[FileRef]) -> int:
 
     total = 0
     for r in refs:
-        site = Site(r.site, r.uri)
+        site = r.open_site()
         total += pq.read_metadata(site.path(r.relpath), filesystem=site.fs).num_rows
     return total
 
 
-def _paths(refs: list[FileRef]) -> list[str]:
-    return [Site(r.site, r.uri).path(r.relpath) for r in refs]
+def file_frame(
+    spark: SparkSession, refs: list[FileRef], schema: pa.Schema, columns: list[str] | None = None
+) -> DataFrame:
+    """The files' unresolved rows, read on the executors from each file's site with the manifest's options."""
+    files = [SegmentFile(r.site, r.uri, r.options, r.relpath) for r in refs]
+    return segment_frame(spark, files, schema, columns)
 
 
 def latest_rows(df: DataFrame, primary_key: list[str]) -> DataFrame:
@@ -112,15 +119,15 @@ def _merge_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
     """Incoming rows that beat the partition's current winner for their key (or whose key it lacks)."""
     from pyspark.sql import functions as F
 
-    incoming = _in_range(spark.read.parquet(*_paths(item.incoming)), item)
+    schema = sch.schema_from_columns(dict(item.columns))
+    incoming = _in_range(file_frame(spark, item.incoming, schema), item)
     rows_in = _row_count(item.incoming)
     incoming = latest_rows(incoming, item.primary_key)
     if not item.visible:
         return incoming, rows_in
     v, o = sch.VERSION_COL, sch.ORIGIN_COL
     best = (
-        spark.read.parquet(*_paths(item.visible))
-        .select(*item.primary_key, v, o)
+        file_frame(spark, item.visible, schema, [*item.primary_key, v, o])
         .groupBy(*item.primary_key)
         .agg(F.max(F.struct(F.col(v), F.col(o))).alias("__best"))
     )
@@ -135,7 +142,7 @@ def _major_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
     merge must not resurrect the row) unless older than the item's cutoff, the table's tombstone grace."""
     from pyspark.sql import functions as F
 
-    rows = spark.read.parquet(*_paths(item.visible))
+    rows = file_frame(spark, item.visible, sch.schema_from_columns(dict(item.columns)))
     latest = latest_rows(rows, item.primary_key)
     if item.tombstone_cutoff_us is not None:
         expired = F.col(sch.DELETED_COL) & (F.col(sch.VERSION_COL) < F.lit(item.tombstone_cutoff_us))
@@ -145,7 +152,8 @@ def _major_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
 
 def _split_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
     """The source segment's rows inside the child's key range, as they are (each key occurs once)."""
-    return _in_range(spark.read.parquet(*_paths(item.incoming)), item), _row_count(item.incoming)
+    rows = file_frame(spark, item.incoming, sch.schema_from_columns(dict(item.columns)))
+    return _in_range(rows, item), _row_count(item.incoming)
 
 
 def _in_range(df: DataFrame, item: MergeItem) -> DataFrame:

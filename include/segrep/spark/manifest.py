@@ -2,7 +2,9 @@
 
 A manifest is written atomically by the plan step and read by the job; it names files by site, path, size and
 sha256 (the job verifies each before reading it) and fixes every output's segment id, so a retried job writes
-the same files again instead of new ones.
+the same files again instead of new ones. Each site comes with its store options (endpoint, timeouts, the
+credentials *reference*; ``config.stores.StoreOptions``), which the job cannot look up itself: it never loads
+the definitions. No secret is ever in a manifest; the job's processes read the variables the reference names.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from segrep.config.stores import StoreOptions
 from segrep.core.errors import SegrepError
 from segrep.storage.atomic import write_json_atomic
-from segrep.storage.site import segment_relpath
+from segrep.storage.site import Site, segment_relpath
 
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # 2: store options with every site
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,15 @@ class FileRef:
     byte_size: int
     sha256: str
     holder_placement_id: int
+    options: StoreOptions  # how the site's store is reached (no secret): the job opens it with these
+
+    def open_site(self) -> Site:
+        return Site(self.site, self.uri, self.options)
+
+    @classmethod
+    def from_doc(cls, raw: dict[str, Any]) -> FileRef:
+        where = f"file reference {raw.get('relpath')!r} at site {raw.get('site')!r}: options"
+        return cls(**{**raw, "options": StoreOptions.from_doc(raw.get("options"), where)})
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,7 @@ class MergeItem:
     schema_fingerprint: str
     leader_site: str
     leader_uri: str
+    leader_options: StoreOptions  # the leader site's store, where the job writes the output
     leader_placement_id: int
     leader_site_id: int
     epoch: int
@@ -63,6 +76,10 @@ class MergeItem:
     @property
     def output_relpath(self) -> str:
         return segment_relpath(self.table, self.partition_id, self.output_segment_id)
+
+    def leader(self) -> Site:
+        """The leader's site, where the output is written."""
+        return Site(self.leader_site, self.leader_uri, self.leader_options)
 
 
 @dataclass(frozen=True)
@@ -87,8 +104,10 @@ class Manifest:
         items = []
         for raw in doc["items"]:
             raw = dict(raw)
-            raw["visible"] = [FileRef(**f) for f in raw["visible"]]
-            raw["incoming"] = [FileRef(**f) for f in raw["incoming"]]
+            raw["visible"] = [FileRef.from_doc(f) for f in raw["visible"]]
+            raw["incoming"] = [FileRef.from_doc(f) for f in raw["incoming"]]
+            where = f"item {raw.get('item_id')!r}: leader_options"
+            raw["leader_options"] = StoreOptions.from_doc(raw.get("leader_options"), where)
             items.append(MergeItem(**raw))
         return cls(doc["round_key"], items)
 
