@@ -133,8 +133,9 @@ def put_verified(target: S3Target, path: str, chunks: Iterator[bytes], expected:
     reader = _PartReader(chunks, part_bytes())
     first = reader.next_part()
     if reader.done:
-        facts = FileFacts(len(first), hashlib.sha256(first).hexdigest())
+        facts = FileFacts(reader.size, reader.digest.hexdigest())  # the reader hashed the bytes on the way
         _check(facts, expected, target, path)
+        checksum = _b64(reader.digest.digest())
         answer = _call(
             target,
             path,
@@ -143,9 +144,9 @@ def put_verified(target: S3Target, path: str, chunks: Iterator[bytes], expected:
             Bucket=target.bucket,
             Key=key,
             Body=first,
-            ChecksumSHA256=_b64(bytes.fromhex(facts.sha256)),
+            ChecksumSHA256=checksum,
         )
-        _check_store_sum(answer.get("ChecksumSHA256"), _b64(bytes.fromhex(facts.sha256)), target, path)
+        _check_store_sum(answer.get("ChecksumSHA256"), checksum, target, path)
         return facts
     return _multipart(target, path, key, first, reader, expected)
 

@@ -32,6 +32,7 @@ from segrep.storage.segment_meta import (
     footer_differences,
     rows_differences,
 )
+from segrep.storage.store_errors import first_line
 from segrep.storage.stores import open_store
 
 META_KEY = b"segrep.segment"
@@ -147,7 +148,7 @@ class Site:
                     num_rows = metadata.num_rows
                     schema = metadata.schema.to_arrow_schema()
                 except DECODE_ERRORS as exc:
-                    problems = [f"its footer cannot be read ({_first_line(exc)})"]
+                    problems = [f"its footer cannot be read ({first_line(exc)})"]
                     if size != expected.byte_size:
                         problems.insert(0, f"size {size} bytes (the catalog says {expected.byte_size})")
                     raise self.corrupt(relpath, expected, problems) from None
@@ -156,7 +157,7 @@ class Site:
                 f"site {self.name}: segment file {path} ({expected.describe()}) is missing"
             ) from None
         except OSError as exc:
-            raise SegrepError(f"site {self.name}: cannot open segment file {path}: {_first_line(exc)}") from None
+            raise SegrepError(f"site {self.name}: cannot open segment file {path}: {first_line(exc)}") from None
         try:
             entry = json.loads(raw) if raw is not None else None
         except ValueError:
@@ -179,7 +180,7 @@ class Site:
         try:
             rows = pq.read_table(path, columns=columns, filesystem=self.fs, page_checksum_verification=True)
         except DECODE_ERRORS as exc:
-            raise self.corrupt(relpath, expected, [f"its pages cannot be read ({_first_line(exc)})"]) from None
+            raise self.corrupt(relpath, expected, [f"its pages cannot be read ({first_line(exc)})"]) from None
         problems = rows_differences(expected, rows, primary_key)
         if problems:
             raise self.corrupt(relpath, expected, problems)
@@ -221,7 +222,3 @@ class Site:
             if _SEGMENT_PATH_RE.fullmatch(rel):
                 rels.append(rel)
         return iter(sorted(rels))
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
