@@ -117,9 +117,12 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
 
         def commit(p: dict[str, Any]) -> dict[str, Any]:
             from segrep.replication.commit import commit_round
+            from segrep.split.run import finish_unloaded
 
             with segrep_context() as (defs, catalog):
-                return commit_round(catalog, defs, name, p["end_us"], merge_ran=bool(p["manifest"])).to_dict()
+                report = commit_round(catalog, defs, name, p["end_us"], merge_ran=bool(p["manifest"]))
+                finish_unloaded(catalog, defs, name)  # a split parent goes once every replica holds its children
+                return report.to_dict()
 
         @task(trigger_rule="all_done", retries=0)
         def report(ti: Any = None) -> dict[str, Any]:

@@ -18,8 +18,10 @@ replica that was down).
 4. **unload_plan → unload_choose → unload_merge → unload_commit**: every parent replica pushes what the
    children still lack (writes that arrived during the copy, forks of a replica that was away); the children
    merge them, last writer wins, so rows updated after the split keep their newer values.
-5. **finish** (UNLOAD_FINAL): the parent is retired and its files removed. If a parent replica could not push
-   (its site is down) the run fails here saying so; trigger it again (without keys) when the site is back.
+5. **finish** (UNLOAD_FINAL): the parent is retired and its files removed, once the children's replicas hold
+   the parent's rows; until then each replica site reads them from its parent placement, and the commit task
+   of the next replication run retires the parent. If a parent replica could not push (its site is down)
+   the run fails here saying so; trigger it again (without keys) when the site is back.
 
 Each task calls one step of `segrep.split.run` / `segrep.split.workflow`, the steps `segrep split` runs.
 Scheduled replication rounds then carry the children to every replica site. `segrep status` shows each

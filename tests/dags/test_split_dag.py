@@ -12,7 +12,16 @@ from sqlalchemy import select
 from segrep.catalog import models as m
 from segrep.data.writer import write_batch
 from segrep.replication.run import run_round
-from tests.support.airflow import Batches, events_batch, load_dag, read_sorted, replay_rows, rows_of, ti_states
+from tests.support.airflow import (
+    EVENTS_DAG,
+    Batches,
+    events_batch,
+    load_dag,
+    read_sorted,
+    replay_rows,
+    rows_of,
+    ti_states,
+)
 
 POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 0}
 PARENT = 5  # events [-inf, m): tenants a0, a1, a2
@@ -79,8 +88,13 @@ def test_split_dag_sync_then_async(segrep_env: Any) -> None:
     states = ti_states(run)
     assert str(run.state) == "success", states
     assert states[("copy_rewrite", -1)] == "success" and states[("unload_merge", -1)] == "skipped"
-    parts = _partition_states(env)
-    assert parts[PARENT] == "UNLOAD_FINAL" and sorted(parts)[-2:] == [7, 8] and parts[7] == parts[8] == "LIVE"
+    parts = _partition_states(env)  # the parent stays until a round carried the children to dr and edge
+    assert parts[PARENT] == "UNLOAD" and sorted(parts)[-2:] == [7, 8] and parts[7] == parts[8] == "LIVE"
+    for site in (None, "dr", "edge"):  # meanwhile they read it from their parent placements
+        assert read_sorted(env, site).equals(before), site
+    replication = load_dag(EVENTS_DAG).test(logical_date=pendulum.now("UTC"))  # its commit task retires it
+    assert str(replication.state) == "success", ti_states(replication)
+    assert _partition_states(env)[PARENT] == "UNLOAD_FINAL"
     assert read_sorted(env).equals(before)
     assert rows_of(read_sorted(env)) == replay_rows(written)
 

@@ -38,7 +38,7 @@ from segrep.maintenance.verify_spark import SparkDigests
 from segrep.replication.run import run_round
 from segrep.spark import launch
 from segrep.spark.manifest import Manifest
-from segrep.split.run import run_split
+from segrep.split.run import finish_unloaded, run_split
 from tests.support.checks import assert_replicas_equal_leader, partitions, triples
 from tests.support.env import Env, make_env, sqlite_url
 from tests.support.models import Model
@@ -169,10 +169,11 @@ def test_spark_jobs_read_and_write_segments_on_s3_sites(
     model.upsert(env, range(100, 120), "s")
     parent, before = partitions(env.catalog)[0], len(manifests)
     split = run_split(env.catalog, env.defs, TABLE, parent, ["b"], submit=submit)
-    assert split.state == SplitState.DONE
+    assert split.state == SplitState.UNLOAD and split.finish.replicas_only  # till the children reach replicas
     rewrites = [it for mf in manifests[before:] for it in mf.items if it.kind == "split"]
     assert rewrites and {(it.leader_site, f.site) for it in rewrites for f in it.incoming} == {("dr", "dr")}
     rounds(env, no_spark)
+    assert finish_unloaded(env.catalog, env.defs, TABLE)[0].state == SplitState.DONE
     all_sites_read(env, model)
 
     # the Spark reader at the S3 sites, and the read job through spark-submit at edge (endpoint b)

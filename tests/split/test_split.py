@@ -24,10 +24,10 @@ from segrep.replication.run import run_round
 from segrep.spark.jobs import run_manifest
 from segrep.spark.manifest import Manifest
 from segrep.split.progress import split_progress
-from segrep.split.run import run_split
-from segrep.split.workflow import commit_pass, finalize, finish, plan_pass, start_split
+from segrep.split.run import finish_unloaded, run_split
+from segrep.split.workflow import FinishReport, commit_pass, finalize, finish, plan_pass, start_split
 from segrep.storage.atomic import write_json_atomic
-from tests.support.checks import assert_replicas_equal_leader, assert_safe_time_honest, triples
+from tests.support.checks import assert_replicas_equal_leader, assert_safe_time_honest, safe_times, triples
 from tests.support.cli import cli
 from tests.support.env import Env
 from tests.support.models import Model
@@ -57,10 +57,22 @@ def partition_states(env: Env) -> dict[int, str]:
 
 
 def converge(env: Env) -> None:
-    """Rounds until the children are at every replica site; then every site reads the leader's rows."""
+    """Rounds until the children are at every replica site (the round's commit step then retires a parent in
+    UNLOAD, as the replication DAG and `segrep round` do); then every site reads the leader's rows."""
     for _ in range(2):
         run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+        finish_unloaded(env.catalog, env.defs, TABLE)
     assert_replicas_equal_leader(env.catalog)
+
+
+def assert_unloaded(env: Env, finished: FinishReport) -> None:
+    """The children hold everything at their leaders, but the parent stays until the replicas hold them too:
+    meanwhile each replica site reads the parent's rows from its parent placement, so no site loses a row its
+    safe time vouches for (retiring the parent at once did exactly that, until the next round)."""
+    assert finished.state == SplitState.UNLOAD and finished.replicas_only, finished
+    assert partition_states(env)[PARENT] == "UNLOAD"
+    for site, safe in safe_times(env.catalog).items():
+        assert_safe_time_honest(env.catalog, TABLE, site, safe)
 
 
 def assert_parent_retired(env: Env, parent: int = PARENT) -> None:
@@ -122,11 +134,12 @@ def test_split_while_writes_continue(env: Env, spark: Any) -> None:
     assert unload.phase == "unload" and unload.rewrites == 0 and unload.merges == 2  # after_cut, per child
     inprocess(spark, manifests)("merge", ["--manifest", str(unload.manifest), "--result", str(unload.result)], name="t")
     commit_pass(env.catalog, unload)
-    done = finish(env.catalog, env.defs, ref.split_id)
-    assert done.state == SplitState.DONE and done.files_removed > 0
-    assert_parent_retired(env)
+    assert_unloaded(env, finish(env.catalog, env.defs, ref.split_id))
     assert triples(env.catalog) == model.snapshot()  # after_finalize rows kept over the older after_cut ones
     converge(env)
+    done = finish(env.catalog, env.defs, ref.split_id)
+    assert done.state == SplitState.DONE
+    assert_parent_retired(env)
     assert split_progress(env.catalog, TABLE) == []
 
 
@@ -157,8 +170,10 @@ def test_finalize_waits_for_every_segment_up_to_the_cut(sqlite_env: Env, spark: 
 
     path.write_bytes(good)  # repaired (in real life: a re-bootstrap from a replica's copy)
     report = run_split(env.catalog, env.defs, TABLE, PARENT, submit=submit)
-    assert report.state == SplitState.DONE and report.passes[0].plan.rewrites == 2 * 2
+    assert_unloaded(env, report.finish)
+    assert report.passes[0].plan.rewrites == 2 * 2
     assert triples(env.catalog) == model.snapshot()
+    converge(env)
     assert_parent_retired(env)
 
 
@@ -179,11 +194,11 @@ def test_async_split_finalizes_at_once_and_converges(env: Env, spark: Any) -> No
         assert late == [p for _t, k, p in model.snapshot() if 60 <= k < 70 and _t in ("x", "y")], site
     manifests: list[Manifest] = []
     report = run_split(env.catalog, env.defs, TABLE, PARENT, submit=inprocess(spark, manifests))
-    assert report.state == SplitState.DONE and len(manifests) == 1
-    assert rewritten(manifests) == []  # async: everything reached the children as merges
+    assert_unloaded(env, report.finish)
+    assert len(manifests) == 1 and rewritten(manifests) == []  # async: everything reached the children as merges
     assert triples(env.catalog) == model.snapshot()
-    assert_parent_retired(env)
     converge(env)
+    assert_parent_retired(env)
 
 
 def test_bad_split_requests_name_the_problem_and_change_nothing(env: Env) -> None:
@@ -218,16 +233,20 @@ def test_a_crash_at_each_step_then_a_rerun_converges(
     monkeypatch.setenv(faults.FAULTS_ENV, point)
     with pytest.raises(faults.InjectedFault):
         run_split(env.catalog, env.defs, TABLE, PARENT, ["b"], submit=submit)
+        converge(env)  # the parent goes (split_before_parent_files) after a round carried the children
     monkeypatch.delenv(faults.FAULTS_ENV)
     model.upsert(env, range(0, 10), "between")
     report = run_split(env.catalog, env.defs, TABLE, PARENT, ["b"], submit=submit)
-    assert report.state == SplitState.DONE
+    if point == "split_before_parent_files":  # the parent was retired; the re-run removes its files
+        assert report.state == SplitState.DONE and report.finish.files_removed > 0
+    else:
+        assert_unloaded(env, report.finish)
     done = rewritten(manifests)
     if point != "in_merge_job":  # a job that died before its result file is re-run; nothing else is
         assert len(done) == len(set(done)) >= 2 * 3
     assert triples(env.catalog) == model.snapshot()
-    assert_parent_retired(env)
     converge(env)
+    assert_parent_retired(env)
 
 
 def test_a_leader_change_mid_split_resumes_from_the_acks(env: Env, spark: Any) -> None:
@@ -247,12 +266,12 @@ def test_a_leader_change_mid_split_resumes_from_the_acks(env: Env, spark: Any) -
     set_leader(env.catalog, "dr", partition_ids=[PARENT])  # the parent's leader fails over to dr
     model.upsert(env, range(90, 100), "new_leader")
     report = run_split(env.catalog, env.defs, TABLE, PARENT, submit=submit)
-    assert report.state == SplitState.DONE
+    assert_unloaded(env, report.finish)
     done = rewritten(manifests)
     assert len(done) == len(set(done)) == 2 * 4  # the two acked segments were never rewritten again
     assert triples(env.catalog) == model.snapshot()
-    assert_parent_retired(env)
     converge(env)
+    assert_parent_retired(env)
 
 
 def test_a_replica_offline_during_the_split_pushes_when_back(outage_env: Env, spark: Any) -> None:
@@ -279,11 +298,11 @@ def test_a_replica_offline_during_the_split_pushes_when_back(outage_env: Env, sp
 
     bring_up(env, "edge", aside)
     report = run_split(env.catalog, env.defs, TABLE, PARENT, submit=submit)
-    assert report.state == SplitState.DONE
+    assert_unloaded(env, report.finish)
     assert triples(env.catalog) == model.snapshot()  # edge's fork merged; after_split rows kept
     assert {p for _t, k, p in triples(env.catalog) if 50 <= k < 60} == {f"after_split{k}" for k in range(50, 60)}
-    assert_parent_retired(env)
     converge(env)
+    assert_parent_retired(env)
 
 
 def test_split_through_the_cli_with_spark_submit_and_status(sqlite_env: Env) -> None:
@@ -295,8 +314,11 @@ def test_split_through_the_cli_with_spark_submit_and_status(sqlite_env: Env) -> 
     assert code == 2 and "not inside" in err and "Traceback" not in err
     code, out, err = cli(env, "split", TABLE, str(PARENT), "--at", "b", "--async")
     assert code == 0, err
-    assert "unload pass: 0 rewrite(s), 2 merge(s)" in out and ": DONE, parent UNLOAD_FINAL" in out
-    converge(env)
+    assert "unload pass: 0 rewrite(s), 2 merge(s)" in out and ": UNLOAD, parent UNLOAD," in out
+    assert "the parent is retired once rounds carry the children to their replicas (" in out
+    code, out, err = cli(env, "round", TABLE)
+    assert code == 0 and "every replica holds the children; parent retired" in out, out + err
+    assert_parent_retired(env)
     assert triples(env.catalog, "dr") == model.snapshot()
     code, out, err = cli(env, "status")
     assert code == 0 and "split" not in out  # a finished split leaves the status

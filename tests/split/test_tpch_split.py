@@ -25,7 +25,7 @@ from segrep.data import demo as demo_data
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.replication.run import run_round
-from segrep.split.run import run_split
+from segrep.split.run import finish_unloaded, run_split
 from tests.support.env import Env, make_env, pg_schema_url
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.postgres]
@@ -125,8 +125,11 @@ def test_split_lineitem_partitions_in_three_sync_and_async_while_writes_continue
         started = s.scalar(select(m.Split.created_us).where(m.Split.parent_partition_id == ASYNC_PARENT))
     late = [parts for at, parts in zip(writer.started_us, writer.partitions, strict=True) if at > started]
     assert late and not any(ASYNC_PARENT in parts for parts in late)
-    for report in (sync, async_):
-        assert report.state == SplitState.DONE and len(report.children) == 3
+    for report in (sync, async_):  # the children hold everything; dr and edge read the parents till a round
+        assert report.state == SplitState.UNLOAD and report.finish.replicas_only and len(report.children) == 3
+    for _ in range(2):
+        run_round(env.catalog, env.defs, "lineitem")  # the children reach dr and edge
+        finish_unloaded(env.catalog, env.defs, "lineitem")  # then the parents go (the DAG's commit step)
     children = set(sync.children)
     assert any(PARENT in p for p in writer.partitions[:written_sync]), "no write reached the splitting parent"
     assert any(p & children for p in writer.partitions), "no write reached the children after finalize"
@@ -138,8 +141,6 @@ def test_split_lineitem_partitions_in_three_sync_and_async_while_writes_continue
         assert states[parent] == "UNLOAD_FINAL" and {states[c] for c in report.children} == {"LIVE"}
         assert not list((env.site_dir("primary") / "lineitem" / str(parent)).glob("*.parquet"))
 
-    for _ in range(2):
-        run_round(env.catalog, env.defs, "lineitem")  # the children reach dr and edge
     expected = replay(source, writer.batches)
     for site in (None, "dr", "edge"):
         got = read_table(env.catalog, "lineitem", site).sort_by([(k, "ascending") for k in PK])

@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.sql import must_get
-from segrep.core.chain import Chain, is_reference_weak, is_referenced, offer_order
-from segrep.core.states import SplitState
+from segrep.core.chain import Chain, is_reference_weak, is_referenced, offer_order, visible_segments
+from segrep.core.states import PlacementState, SplitState
 
 
 def children_of(s: Session, parent_id: int) -> list[m.Partition]:
@@ -127,3 +127,35 @@ def unload_safe_bound(s: Session, table_id: int) -> int | None:
             low = min(seg.min_version for seg in segs) - 1
             bound = low if bound is None else min(bound, low)
     return bound
+
+
+def replicas_behind(s: Session, view: SplitView) -> dict[str, int]:
+    """Per child replica ("<child>@<site>"): the child leader's visible segments that may hold parent rows
+    (oldest version at or below the parent's newest) which that replica does not reference yet.
+
+    Until every readable replica of the children references them, its site reads those rows from its parent
+    placement: retiring the parent earlier would serve that site a table with rows missing (and let its safe
+    time vouch for them). A replica that needs a bootstrap or is still joining is not readable, so it waits
+    for nothing here."""
+    parent_ids = {pl.placement_id for pl in q.active_placements(s, [view.parent.partition_id])}
+    newest = max(
+        [view.parent.last_version, *(seg.max_version for pid in parent_ids for seg in view.segments.get(pid, []))]
+    )
+    leaders = {pl.placement_id for pl in view.child_leaders.values()}
+    followers = [
+        pl
+        for pl in q.active_placements(s, [c.partition_id for c in view.children])
+        if pl.placement_id not in leaders and pl.state == PlacementState.LIVE and not pl.needs_bootstrap
+    ]
+    lists = q.segments_of(s, [pl.placement_id for pl in followers])
+    out: dict[str, int] = {}
+    for follower in followers:
+        leader = view.child_leaders[follower.partition_id]
+        held = view.by_id(leader)
+        visible = visible_segments(view.chain(leader))
+        needed = [ref.segment_id for ref in visible if held[ref.segment_id].min_version <= newest]
+        chain = q.chain_of(follower, lists.get(follower.placement_id, []))
+        missing = sum(1 for seg_id in needed if not is_referenced(chain, seg_id))
+        if missing:
+            out[f"{follower.partition_id}@{view.sites[follower.site_id].name}"] = missing
+    return out

@@ -166,6 +166,9 @@ def format_progress(rows: Sequence[SplitProgress]) -> str:
                 f"  child {c.partition_id} [{'-inf' if lo is None else lo}, {'+inf' if hi is None else hi}) "
                 f"{c.state} at {c.site}: {c.acked} segment(s) acked, {c.lacking} lacking"
             )
+        if r.replicas_behind:
+            waits = ", ".join(f"{where} lacks {n}" for where, n in sorted(r.replicas_behind.items()))
+            lines.append(f"  the parent is retired once rounds carry the children to their replicas ({waits})")
     return "\n".join(lines)
 
 

@@ -491,12 +491,17 @@ def round_(obj: Context, table: str, until: str | None, target: str | None, reof
     import json
 
     from segrep.cli.format import format_report
+    from segrep.core.states import SplitState
     from segrep.replication.run import run_round
+    from segrep.split.run import finish_unloaded
 
     obj.defs.table(table)
     report = run_round(obj.catalog(), obj.defs, table, _parse_until(until), target=target, reoffer=reoffer)
     text = json.dumps(report.to_dict(), indent=2, sort_keys=True, default=str) if as_json else format_report(report)
     click.echo(text)
+    for done in finish_unloaded(obj.catalog(), obj.defs, table):
+        if done.state == SplitState.DONE and not as_json:
+            click.echo(f"split {done.split_id} of {table}: every replica holds the children; parent retired")
     if report.has_problems:
         _fail(f"round of {table}: {'; '.join(report.problems())}", 1)
 
@@ -534,7 +539,7 @@ def split_(
             held = f"{plan.exists} already held"
             click.echo(f"{plan.phase} pass: {plan.rewrites} rewrite(s), {plan.merges} merge(s), {held}")
         click.echo(format_progress(split_progress(obj.catalog(), table, include_done=True)[-1:]))
-    if report.state != SplitState.DONE:
+    if report.state != SplitState.DONE and not report.finish.replicas_only:
         _fail(f"split {report.split_id} of {table} waits: {report.finish.waiting}; re-run to continue", 1)
 
 

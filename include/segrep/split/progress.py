@@ -10,7 +10,7 @@ from sqlalchemy import select
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.catalog.splits import lacking_counts, split_view
+from segrep.catalog.splits import lacking_counts, replicas_behind, split_view
 from segrep.core.states import SplitState
 
 
@@ -38,6 +38,7 @@ class SplitProgress:
     children: list[ChildProgress]
     started_us: int
     finished_us: int | None
+    replicas_behind: dict[str, int]  # "<child>@<site>" -> parent-derived segments that replica still lacks
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +56,7 @@ def split_progress(catalog: Catalog, table: str | None = None, *, include_done: 
                 continue
             view = split_view(s, split.split_id)
             lacking = lacking_counts(view, None) if split.state != SplitState.DONE else {}
+            behind = replicas_behind(s, view) if split.state == SplitState.UNLOAD else {}
             children = []
             for child in view.children:
                 target = view.child_leaders[child.partition_id]
@@ -82,6 +84,7 @@ def split_progress(catalog: Catalog, table: str | None = None, *, include_done: 
                     children=children,
                     started_us=split.created_us,
                     finished_us=split.finished_us,
+                    replicas_behind=behind,
                 )
             )
     return out

@@ -8,7 +8,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sqlalchemy import select
+
 from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
 from segrep.catalog.models import MAX_PARTITION_ID
 from segrep.config.definitions import Definitions
 from segrep.core import faults
@@ -89,8 +93,9 @@ def finalize_split(catalog: Catalog, split_id: int, copy: sp.PassPlan | dict[str
 
 
 def require_done(finished: sp.FinishReport, table: str) -> sp.FinishReport:
-    """``finished`` if the split is DONE; else SplitIncompleteError saying what it waits for."""
-    if finished.state != SplitState.DONE:
+    """``finished`` if the split is DONE, or waits only for rounds to carry the children to replica sites
+    (those rounds finish it); else SplitIncompleteError saying what it waits for."""
+    if finished.state != SplitState.DONE and not finished.replicas_only:
         raise SplitIncompleteError(
             f"split {finished.split_id} of {table} waits for {finished.waiting}: a parent replica could not push "
             "yet (its site is down?); run the split again without split keys to resume it"
@@ -137,6 +142,16 @@ def run_split(
         one_pass()
     finished = sp.finish(catalog, defs, ref.split_id)
     return SplitRunReport(ref.split_id, table, ref.children, passes, finished)
+
+
+def finish_unloaded(catalog: Catalog, defs: Definitions, table: str) -> list[sp.FinishReport]:
+    """UNLOAD_FINAL for every split of ``table`` in UNLOAD that no longer waits (after a round carried the
+    children to the replica sites); returns what each finished or still awaits. No split in UNLOAD: no work."""
+    with catalog.read() as s:
+        table_id = q.table_info(s, table).table_id
+        query = select(m.Split.split_id).where(m.Split.table_id == table_id, m.Split.state == SplitState.UNLOAD)
+        split_ids = list(s.scalars(query.order_by(m.Split.split_id)))
+    return [sp.finish(catalog, defs, split_id) for split_id in split_ids]
 
 
 def resume_splits(

@@ -16,8 +16,10 @@ The life of a split, each step a function a DAG task (or ``segrep split``) calls
    LIVE with the parent's clock (their new writes win over every parent row). Async splits do this in step 1.
 4. phase ``unload``: every parent placement (leader or not) pushes what the children lack: segments written
    after the cut, forks of a replica that was away. The children answer as leaders: SEGMENT_EXISTS or MERGE.
-5. :func:`finish` (UNLOAD_FINAL): once every parent placement's segments are acked by every child, the parent
-   is retired in one transaction (its catalog rows first) and then its files go.
+5. :func:`finish` (UNLOAD_FINAL): once every parent placement's segments are acked by every child, and every
+   replica of the children holds what its leader took from the parent (until then its site reads the rows
+   from its parent placement; rounds carry the children there and then finish the split), the parent is
+   retired in one transaction (its catalog rows first) and then its files go.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from sqlalchemy.orm import Session
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.catalog.splits import SplitView, candidates, children_of, lacking_counts, split_view
+from segrep.catalog.splits import SplitView, candidates, children_of, lacking_counts, replicas_behind, split_view
 from segrep.catalog.sql import must_get, record_ack
 from segrep.config.definitions import Definitions
 from segrep.core import faults, hlc, keys
@@ -320,13 +322,15 @@ def _finalize_in(s: Session, split: m.Split, parent: m.Partition) -> None:
 
 @dataclass(frozen=True)
 class FinishReport:
-    """What UNLOAD_FINAL did, or what it waits for (``waiting``: a reason, or child partition -> lacking)."""
+    """What UNLOAD_FINAL did, or what it waits for (``waiting``: a reason, or child partition -> lacking, or
+    ``<child>@<site>`` -> segments that replica lacks: then ``replicas_only``, and the next rounds finish it)."""
 
     split_id: int
     state: SplitState
     waiting: str | dict[str, int] | None = None
     files_removed: int = 0
     files_kept: list[str] = field(default_factory=list)
+    replicas_only: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -348,6 +352,9 @@ def finish(catalog: Catalog, defs: Definitions, split_id: int) -> FinishReport:
             if lacking:
                 waiting = {str(c): n for c, n in sorted(lacking.items())}
                 return FinishReport(split_id, SplitState(split.state), waiting=waiting)
+            behind = replicas_behind(s, view)
+            if behind:
+                return FinishReport(split_id, SplitState(split.state), waiting=behind, replicas_only=True)
             _retire_parent(s, split, view)
         sites = {pl.site_id for pl in s.scalars(select(m.Placement).where(m.Placement.partition_id == parent_id))}
         site_rows = [must_get(s, m.Site, sid) for sid in sorted(sites)]
