@@ -26,6 +26,7 @@ from segrep.config.schedule import parse_schedule
 from segrep.core.errors import SegrepError
 from segrep.replication.heartbeat import heartbeat
 from segrep.spark import launch
+from segrep_airflow.credentials import connection_env, connection_ids, use_airflow_connections
 
 if TYPE_CHECKING:
     from segrep.catalog import Catalog
@@ -53,6 +54,7 @@ def segrep_context() -> Iterator[tuple[Definitions, Catalog]]:
         with segrep_context() as (defs, catalog):
             return plan_round(catalog, defs, ...).to_dict()
     """
+    use_airflow_connections()  # sites' ``airflow_conn_id`` credentials resolve through Airflow in this task
     defs = load_definitions(isolate_tables=True)
     catalog = catalog_for(defs)
     try:
@@ -135,16 +137,24 @@ def spark_env() -> dict[str, str]:
     return {k: env[k] for k in ("SPARK_HOME", "PYSPARK_PYTHON", "PATH") if k in env}
 
 
+def spark_env_with_credentials(defs: Definitions) -> dict[str, str]:
+    """:func:`spark_env` plus the secrets of the Airflow connections the sites name, resolved in this task and
+    handed to the Spark application by reference (its environment: ``SEGREP_CONN_<ID>_*``), never in its
+    command line, its configuration or a manifest. Called when the task runs, never at parse time."""
+    return {**spark_env(), **connection_env(connection_ids(defs))}
+
+
 def hook_submit(app: str, args: list[str], *, name: str, master: str | None = None) -> None:
     """Run a Spark job from inside a task through the Airflow connection (the distributed copy)."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
+    use_airflow_connections()
     hook = SparkSubmitHook(
         conn_id=SPARK_CONN_ID,
         conf=spark_conf(),
         name=name,
         application_args=args,
-        env_vars=spark_env(),
+        env_vars=spark_env_with_credentials(load_definitions(isolate_tables=True)),
         spark_binary=launch.spark_submit_binary(),
     )
     hook.submit(application=str(launch.application(app)))
@@ -164,10 +174,13 @@ class LeasedSparkSubmitOperator(SparkSubmitOperator):
         self.lease_holder = lease_holder
 
     def execute(self, context: Any) -> None:
-        if not self.lease_holder:
-            return super().execute(context)
-        with segrep_context() as (_defs, catalog), heartbeat(catalog, self.lease_holder):
-            return super().execute(context)
+        with segrep_context() as (defs, catalog):
+            # After rendering: the secrets never reach the rendered fields Airflow keeps.
+            self.env_vars = {**(self.env_vars or {}), **spark_env_with_credentials(defs)}
+            if not self.lease_holder:
+                return super().execute(context)
+            with heartbeat(catalog, self.lease_holder):
+                return super().execute(context)
 
 
 def merge_job(task_id: str, upstream_task: str, name: str, policy: Policy) -> SparkSubmitOperator:
