@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", required=True, help="where to write the outcomes")
     args = parser.parse_args(argv)
     with open(args.items) as f:
-        items = [CopyItem(**raw) for raw in json.load(f)]
+        items = [CopyItem.from_doc(raw) for raw in json.load(f)]
 
     from pyspark.sql import SparkSession
 

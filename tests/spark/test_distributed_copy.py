@@ -3,6 +3,7 @@ spark-submit of spark_jobs/distributed_copy.py per batch, with the same verifica
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,6 +14,7 @@ from segrep.data.writer import write_batch
 from segrep.replication.run import run_round
 from segrep.spark import launch
 from tests.support.env import ORDERS_YAML, make_env
+from tests.support.s3 import S3Endpoint, s3_events_yaml, secrets_of
 
 pytestmark = pytest.mark.spark
 
@@ -54,4 +56,36 @@ def test_batches_above_the_threshold_are_copied_by_spark(tmp_path: Path) -> None
     assert leader.num_rows == 300
     for site in ("dr", "edge"):
         assert read_table(env.catalog, "events", site).sort_by(key).equals(leader)
+    env.catalog.dispose()
+
+
+def test_the_distributed_copy_reaches_s3_sites_with_their_own_options(
+    s3_endpoints: tuple[S3Endpoint, S3Endpoint], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The executors have not loaded the definitions: each item carries both sites' store options (endpoint,
+    region, credentials reference; no secret), and the secrets come from the application's environment."""
+    a, b = s3_endpoints
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    for name, value in {**a.env("DR_S3"), **b.env("EDGE_S3")}.items():
+        monkeypatch.setenv(name, value)
+    yaml = s3_events_yaml(a, b, uuid.uuid4().hex[:12]).replace(
+        "policy: {retry_delay_s: 0}", "policy: {retry_delay_s: 0, spark_copy_threshold_bytes: 1}"
+    )
+    env = make_env(tmp_path, f"sqlite:///{tmp_path}/catalog.db", yaml)
+    write_batch(env.catalog, "events", _rows(range(0, 200), "a"))
+    calls: list[str] = []
+
+    def counting_submit(app: str, args: list[str], *, name: str, master: str | None = None) -> None:
+        calls.append(app)
+        items = Path(args[args.index("--items") + 1]).read_text()
+        assert not [s for s in secrets_of(a, b) if s in items], "a secret in the copy items"
+        launch.submit(app, args, name=name, master="local[2]")
+
+    report = run_round(env.catalog, env.defs, "events", submit=counting_submit)
+    assert calls == ["distributed_copy", "distributed_copy"] and report.status == "ok", report
+    key = [("tenant", "ascending"), ("seq", "ascending")]
+    leader = read_table(env.catalog, "events").sort_by(key)
+    for site in ("dr", "edge"):
+        assert read_table(env.catalog, "events", site).sort_by(key).equals(leader), site
     env.catalog.dispose()

@@ -44,6 +44,7 @@ from segrep.catalog.segments import entry_of, register_segment
 from segrep.catalog.snapshot import snapshot
 from segrep.catalog.sql import record_ack
 from segrep.config.definitions import Definitions, Policy
+from segrep.config.stores import StoreOptions, options_for
 from segrep.core import faults, hlc
 from segrep.core.errors import ConflictError, CorruptSegmentError, SegrepError
 from segrep.core.protocol import sender_reaction
@@ -67,6 +68,9 @@ _COPY_ERRORS: tuple[type[Exception], ...] = (*STORE_ERRORS, SegrepError)
 
 @dataclass(frozen=True)
 class CopyItem:
+    """One verified copy; the store options (no secret) let a Spark executor open both sites as this process
+    does, since it has not loaded the definitions."""
+
     source: str
     source_uri: str
     target: str
@@ -74,6 +78,20 @@ class CopyItem:
     relpath: str
     byte_size: int
     sha256: str
+    source_options: StoreOptions = field(default_factory=StoreOptions)
+    target_options: StoreOptions = field(default_factory=StoreOptions)
+
+    @classmethod
+    def from_doc(cls, raw: dict[str, Any]) -> CopyItem:
+        """Back from ``asdict`` (the distributed copy's items file), options checked strictly."""
+        where = f"copy item {raw.get('relpath')!r}"
+        return cls(
+            **{
+                **raw,
+                "source_options": StoreOptions.from_doc(raw.get("source_options"), f"{where}: source options"),
+                "target_options": StoreOptions.from_doc(raw.get("target_options"), f"{where}: target options"),
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -90,7 +108,8 @@ Copier = Callable[[list[CopyItem]], list[CopyOutcome]]
 
 def copy_one(item: CopyItem) -> CopyOutcome:
     try:
-        source, target = Site(item.source, item.source_uri), Site(item.target, item.target_uri)
+        source = Site(item.source, item.source_uri, item.source_options)
+        target = Site(item.target, item.target_uri, item.target_options)
         copy_verified(source, target, item.relpath, item.byte_size, item.sha256)
     except CorruptSegmentError as exc:
         return CopyOutcome(item.relpath, False, invalid=str(exc))
@@ -331,6 +350,8 @@ class _PartitionRun:
                     seg.relpath,
                     seg.byte_size,
                     seg.sha256,
+                    options_for(leader_site.name, leader_site.uri),
+                    options_for(target_site.name, target_site.uri),
                 )
                 entry = entry_of(seg, ctx.table, part.partition)
                 leased = _Leased(
