@@ -153,6 +153,14 @@ def test_an_airflow_connection_is_not_resolved_outside_airflow(s3_endpoints: End
         Site("dr", "s3://segrep-a/x", opts)
 
 
+def test_an_s3_site_without_its_definitions_is_refused_not_opened_with_defaults() -> None:
+    """A process that never loaded the definitions (a CLI run given only --catalog) must not reach the
+    provider's default endpoint under whatever identity the environment holds: the site is refused by name."""
+    uri = f"s3://segrep-a/{uuid.uuid4().hex}/unknown"
+    with pytest.raises(SegrepError, match=r"site lost .*storage options and credentials are not known"):
+        Site("lost", uri)
+
+
 def test_each_site_uses_its_own_endpoint_and_keys(s3_endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = s3_endpoints
     dr = _s3_site(a, "dr", "DR_S3", monkeypatch)

@@ -68,6 +68,10 @@ class Context:
     def catalog(self, *, initialized: bool = True) -> Catalog:
         if self._catalog is None:
             url = self._catalog_url or os.environ.get("SEGREP_CATALOG_URL")
+            # The definitions, when there is a file, also say how to reach each site's store (endpoint,
+            # credentials reference): a command given --catalog opens sites too. Without a file, local
+            # sites work and an object-store site is refused by name when opened (config.stores.options_for).
+            self.defs_if_any()
             if url is None:
                 url = resolve_url(None, self.defs.catalog_url, self.defs.data_dir)
             self._catalog = Catalog(url)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from segrep.config.locations import redact_uri
 from segrep.core.errors import SegrepError
 
 _PREFIX_RE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
@@ -129,9 +130,21 @@ def remember(sites: Iterable[tuple[str, str, StoreOptions]]) -> None:
 
 
 def options_for(name: str, uri: str) -> StoreOptions:
-    """The options the loaded definitions give site ``name`` at ``uri``; none known: the defaults."""
+    """The options the loaded definitions give site ``name`` at ``uri`` (defaults for a site off object storage).
+
+    An object-store site this process has no definitions for is refused, naming it: opening it with the
+    defaults would send its requests to the provider's default endpoint under whatever identity the
+    environment holds, not the site's own store and credentials."""
     with _lock:
-        return _known_stores.get((name, uri), StoreOptions())
+        known = _known_stores.get((name, uri))
+    if known is not None:
+        return known
+    if uri.lower().startswith("s3://"):
+        raise SegrepError(
+            f"site {name} ({redact_uri(uri)}): its storage options and credentials are not known in this process; "
+            "load the definitions file that defines it (--config or SEGREP_CONFIG)"
+        )
+    return StoreOptions()
 
 
 # -- checks ------------------------------------------------------------------------------------------------------
