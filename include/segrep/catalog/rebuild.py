@@ -150,6 +150,10 @@ def rebuild_site(
                 s.add(segment_row(it.entry, pl.placement_id, it.relpath, it.facts, it.mtime_us))
             s.flush()
             pl.root_segment_id = root
+            # The rows were inserted again with new entry ids, which may be at or below the old settled
+            # watermarks (SQLite reuses freed rowids): planning reads only entries above them, so a pending
+            # segment would be skipped for good and safe time would pass it. Plan the partition afresh.
+            q.reset_watermarks(s, pl.partition_id)
     return report
 
 
