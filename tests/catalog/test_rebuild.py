@@ -10,36 +10,15 @@ from segrep.catalog import models as m
 from segrep.catalog.rebuild import rebuild_site
 from segrep.core.errors import RefusedError
 from segrep.data.writer import write_batch
+from tests.support.checks import segment_facts
 from tests.support.env import Env
 from tests.support.tables import orders
-
-COMPARED = [
-    "placement_id",
-    "segment_id",
-    "partition_id",
-    "base_segment_id",
-    "included_segment_ids",
-    "is_major",
-    "row_count",
-    "deleted_rows",
-    "byte_size",
-    "sha256",
-    "min_version",
-    "max_version",
-    "key_min",
-    "key_max",
-    "origin_site_id",
-    "epoch",
-    "schema_fingerprint",
-    "relpath",
-]
 
 
 def snapshot(env: Env) -> tuple[list[tuple], dict[int, str | None]]:
     with env.catalog.read() as s:
         segs = [
-            tuple(getattr(x, c) for c in COMPARED)
-            for x in s.scalars(select(m.Segment).order_by(m.Segment.placement_id, m.Segment.entry_id))
+            segment_facts(x) for x in s.scalars(select(m.Segment).order_by(m.Segment.placement_id, m.Segment.entry_id))
         ]
         roots = {p.placement_id: p.root_segment_id for p in s.scalars(select(m.Placement))}
     return segs, roots

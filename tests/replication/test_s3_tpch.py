@@ -15,49 +15,28 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from segrep.data import demo as demo_data
 from segrep.data.writer import write_batch
 from tests.support.airflow import set_leader
 from tests.support.cli import cli
-from tests.support.env import Env, make_env, sqlite_url
-from tests.support.s3 import BUCKETS, S3Endpoint, secrets_of
+from tests.support.env import ORDERS_YAML, Env, make_env, sqlite_url
+from tests.support.s3 import BUCKETS, S3Endpoint, s3_events_yaml, secrets_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 KEY = "o_orderkey"
-YAML = """
-data_dir: data
-sites:
-  primary: {{id: 1, uri: sites/primary}}
-  dr:
-    id: 2
-    uri: s3://{bucket_a}/{prefix}/dr
-    storage_options: {{endpoint: '{url_a}', region: {region_a}, connect_timeout_s: 5, retries: 2}}
-    credentials: {{env_prefix: DR_S3}}
-  edge:
-    id: 3
-    uri: s3://{bucket_b}/{prefix}/edge
-    storage_options: {{endpoint: '{url_b}', region: {region_b}, connect_timeout_s: 5, retries: 2}}
-    credentials: {{env_prefix: EDGE_S3}}
-tables:
-  orders:
-    columns:
-      o_orderkey: int64
-      o_custkey: int64
-      o_orderstatus: string
-      o_totalprice: decimal(15,2)
-      o_orderdate: date
-      o_orderpriority: string
-      o_clerk: string
-      o_shippriority: int32
-      o_comment: string
-    primary_key: [o_orderkey]
-    split_points: [30000]
-    leader: primary
-    replicas: [dr, edge]
-    policy: {{retry_delay_s: 0, orphan_grace_s: 0}}
-"""
+
+
+def _definitions(a: S3Endpoint, b: S3Endpoint, prefix: str) -> str:
+    """The S3 sites of ``s3_events_yaml`` (dr on endpoint a, edge on b, each with its env prefix) and TPC-H
+    `orders` as ORDERS_YAML defines it, in two partitions, replicated to both."""
+    doc = yaml.safe_load(s3_events_yaml(a, b, prefix))
+    orders = yaml.safe_load(ORDERS_YAML)["tables"]["orders"]
+    orders.update(split_points=[30000], replicas=["dr", "edge"], policy={"retry_delay_s": 0, "orphan_grace_s": 0})
+    doc["tables"] = {"orders": orders}
+    return yaml.safe_dump(doc, sort_keys=False)
 
 
 def _run(env: Env, outputs: list[str], *args: str) -> str:
@@ -85,11 +64,7 @@ def test_orders_replicate_between_two_object_stores(
     for name, value in {**a.env("DR_S3"), **b.env("EDGE_S3")}.items():
         monkeypatch.setenv(name, value)
     prefix = uuid.uuid4().hex[:12]
-    yaml = YAML.format(
-        bucket_a=BUCKETS[0], bucket_b=BUCKETS[1], prefix=prefix, url_a=a.url, url_b=b.url,
-        region_a=a.region, region_b=b.region,
-    )  # fmt: skip
-    env = make_env(tmp_path, sqlite_url(tmp_path), yaml)
+    env = make_env(tmp_path, sqlite_url(tmp_path), _definitions(a, b, prefix))
     outputs: list[str] = []
 
     source = pq.read_table(demo_data.generate_tpch("orders", 0.01, tmp_path_factory.mktemp("tpch") / "sf0.01"))

@@ -47,6 +47,7 @@ from tests.support.checks import (
     lease_count,
     partitions,
     safe_times,
+    segment_facts,
     triples,
 )
 from tests.support.env import Env, make_env, sqlite_url
@@ -506,33 +507,12 @@ def test_gc_removes_the_folded_segments_files_at_every_site_and_orphans_after_th
 
 # -- catalog rebuild ------------------------------------------------------------------------------------------
 
-COMPARED = (
-    "placement_id",
-    "segment_id",
-    "partition_id",
-    "base_segment_id",
-    "included_segment_ids",
-    "is_major",
-    "row_count",
-    "deleted_rows",
-    "byte_size",
-    "sha256",
-    "min_version",
-    "max_version",
-    "key_min",
-    "key_max",
-    "origin_site_id",
-    "epoch",
-    "schema_fingerprint",
-    "relpath",
-)
-
 
 def segment_lists(env: Env) -> tuple[list[tuple[Any, ...]], dict[int, str | None]]:
     """Every placement's list entries (sorted: a rebuild lists a replica's major whose base the replica never
     held before the minors it took earlier, a valid chain order of the same entries) and every root."""
     with env.catalog.read() as s:
-        segs = sorted(tuple(getattr(x, c) for c in COMPARED) for x in s.scalars(select(m.Segment)))
+        segs = sorted(segment_facts(x) for x in s.scalars(select(m.Segment)))
         placement_roots = {p.placement_id: p.root_segment_id for p in s.scalars(select(m.Placement))}
     return segs, placement_roots
 

@@ -17,6 +17,32 @@ from segrep.data.reader import read_table
 from tests.support.env import Env
 from tests.support.tables import REPLICAS, TABLE
 
+# What a catalog rebuild must restore of each list entry: everything but the entry id and commit time.
+SEGMENT_FIELDS = (
+    "placement_id",
+    "segment_id",
+    "partition_id",
+    "base_segment_id",
+    "included_segment_ids",
+    "is_major",
+    "row_count",
+    "deleted_rows",
+    "byte_size",
+    "sha256",
+    "min_version",
+    "max_version",
+    "key_min",
+    "key_max",
+    "origin_site_id",
+    "epoch",
+    "schema_fingerprint",
+    "relpath",
+)
+
+
+def segment_facts(seg: m.Segment) -> tuple[Any, ...]:
+    return tuple(getattr(seg, f) for f in SEGMENT_FIELDS)
+
 
 def sorted_table(catalog: Catalog, site: str | None = None, *, as_of: int | None = None) -> pa.Table:
     return read_table(catalog, TABLE, site, as_of=as_of).sort_by([("tenant", "ascending"), ("seq", "ascending")])
