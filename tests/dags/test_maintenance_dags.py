@@ -104,6 +104,7 @@ def test_maintenance_dag_continues_an_unfinished_split(segrep_env: Any) -> None:
     import pendulum
 
     from segrep.split.progress import split_progress
+    from segrep.split.run import finish_unloaded
     from segrep.split.workflow import start_split
 
     env = segrep_env(POLICY)
@@ -114,9 +115,12 @@ def test_maintenance_dag_continues_an_unfinished_split(segrep_env: Any) -> None:
     assert [r.state for r in split_progress(env.catalog, "events")] == ["UNLOAD"]
     run = load_dag("segrep_maintain_events").test(logical_date=pendulum.now("UTC"))
     assert str(run.state) == "success" and ti_states(run)[("continue_splits", -1)] == "success"
-    assert split_progress(env.catalog, "events") == []  # finished: UNLOAD_FINAL
-    assert read_sorted(env).equals(before)
+    (progress,) = split_progress(env.catalog, "events")  # unloaded: only the replicas lack the children
+    assert progress.state == "UNLOAD" and all(c.lacking == 0 for c in progress.children) and progress.replicas_behind
+    assert read_sorted(env).equals(before) and read_sorted(env, "dr").equals(before)
     run_round(env.catalog, env.defs, "events", submit=_no_spark)
+    finish_unloaded(env.catalog, env.defs, "events")  # as the replication DAG's commit task does
+    assert split_progress(env.catalog, "events") == []  # finished: UNLOAD_FINAL
     assert read_sorted(env, "dr").equals(before)
 
 
