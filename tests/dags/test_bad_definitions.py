@@ -14,6 +14,7 @@ from tests.support.airflow import DAGS, events_yaml
 
 GOOD_DAGS = {
     "segrep_bootstrap",
+    "segrep_failover",
     "segrep_maintain_orders",
     "segrep_replicate_orders",
     "segrep_split_orders",

@@ -64,6 +64,7 @@ def test_default_definitions_parse_fast_and_clean(default_definitions: Path) -> 
 # import makes no DAG, so the list is spelled out: a missing id fails here even if nothing else notices.
 DEFAULT_DAGS = {
     "segrep_bootstrap": "segrep_bootstrap.py",
+    "segrep_failover": "segrep_failover.py",
     "segrep_maintain_orders": "segrep_maintenance.py",
     "segrep_replicate_orders": "segrep_replication.py",
     "segrep_split_orders": "segrep_split.py",
@@ -94,6 +95,7 @@ def test_default_definitions_make_every_expected_dag(default_definitions: Path) 
 # The "branch -> SparkSubmitOperator -> commit" task groups (segrep_airflow.common.spark_step) of each DAG.
 SPARK_STEPS = {
     "segrep_bootstrap": {},
+    "segrep_failover": {},  # its switchover and verify tasks start rounds, whose Spark work goes by hook_submit
     "segrep_replicate_orders": {"merge_step": ("choose", "merge", "commit")},
     "segrep_maintain_orders": {"compact_step": ("choose", "compact", "commit_compaction")},
     "segrep_split_orders": {

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +22,7 @@ from segrep.cli.format import format_report
 from segrep.core import faults, hlc
 from segrep.core.errors import SegrepError
 from segrep.replication.run import run_round
-from segrep.spark.jobs import run_manifest
 from segrep.spark.manifest import Manifest
-from segrep.storage.atomic import write_json_atomic
 from segrep.storage.workdir import manifest_path, result_path
 from tests.support.checks import (
     assert_acks_are_prefixes,
@@ -41,7 +38,7 @@ from tests.support.checks import (
 )
 from tests.support.env import Env
 from tests.support.models import Model
-from tests.support.rounds import no_spark, set_leader
+from tests.support.rounds import inprocess_submit, no_spark, set_leader
 from tests.support.tables import REPLICAS, TABLE
 
 pytestmark = pytest.mark.spark
@@ -121,18 +118,6 @@ def test_fork_merged_by_spark_submit_with_a_crash_in_the_job(sqlite_env: Env, mo
         assert leader_ids.count(seg) == 1  # the merged segment is registered once, crash or not
     listed = {rel for _p, _s, _h, rel in segment_rows(env.catalog, "primary")}
     assert set(leader_files(env)) == listed  # no second copy of any merge output on disk
-
-
-def inprocess_submit(spark: Any, calls: list[str]) -> Any:
-    """A ``submit`` that runs the merge job in this process's SparkSession (no spark-submit start-up)."""
-
-    def submit(app: str, args: Sequence[str], *, name: str, master: str | None = None) -> None:
-        assert app == "merge", app
-        calls.append(name)
-        manifest, result = args[args.index("--manifest") + 1], args[args.index("--result") + 1]
-        write_json_atomic(result, run_manifest(spark, Manifest.load(manifest)))
-
-    return submit
 
 
 def test_a_repeated_merge_keeps_nothing_new(sqlite_env: Env, spark: Any) -> None:

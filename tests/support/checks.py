@@ -206,3 +206,16 @@ def assert_acks_are_prefixes(catalog: Catalog, table: str) -> None:
                 flags = [holds(seg) for seg in order]
                 where = f"partition {part.partition.partition_id}, replica {replica.placement_id}"
                 assert flags == sorted(flags, reverse=True), f"{where} holds {flags} of the leader's {order}"
+
+
+def leaders(catalog: Catalog, table: str = TABLE) -> dict[int, tuple[str, int]]:
+    """Partition id -> (leader site, epoch) of the table's partitions that have a leader."""
+    with catalog.read() as s:
+        rows = s.execute(
+            select(m.Partition.partition_id, m.Site.name, m.Partition.epoch)
+            .join(m.Placement, m.Placement.placement_id == m.Partition.leader_placement_id)
+            .join(m.Site, m.Site.site_id == m.Placement.site_id)
+            .join(m.Table, m.Table.table_id == m.Partition.table_id)
+            .where(m.Table.name == table)
+        )
+        return {pid: (site, epoch) for pid, site, epoch in rows}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -17,3 +18,9 @@ def cli(env: Env, *args: str, config: Path | None = None) -> tuple[int, str, str
     if result.exception and not isinstance(result.exception, SystemExit):
         raise result.exception
     return result.exit_code, result.stdout, result.stderr
+
+
+def cli_command(env: Env, *args: str) -> list[str]:
+    """The argv of ``segrep`` (this venv's) against the environment, for a test that runs it as a process."""
+    segrep = str(Path(sys.executable).with_name("segrep"))
+    return [segrep, "--config", str(env.config), "--catalog", env.url, *args]

@@ -3,7 +3,7 @@ directly in the catalog, a site taken down and brought back, and a copier that c
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,9 @@ from segrep.catalog import models as m
 from segrep.cli.format import format_report
 from segrep.replication.fast_forward import CopyItem, CopyOutcome
 from segrep.replication.run import run_round
+from segrep.spark.jobs import run_manifest
+from segrep.spark.manifest import Manifest
+from segrep.storage.atomic import write_json_atomic
 from segrep.storage.site import Site
 from segrep.storage.transfer import copy_verified
 from tests.support.env import Env
@@ -119,3 +122,15 @@ def corrupting_copier(items: list[CopyItem]) -> list[CopyOutcome]:
         else:
             out.append(CopyOutcome(item.relpath, True))
     return out
+
+
+def inprocess_submit(spark: Any, calls: list[str]) -> Any:
+    """A ``submit`` that runs the merge job in this process's SparkSession (no spark-submit start-up)."""
+
+    def submit(app: str, args: Sequence[str], *, name: str, master: str | None = None) -> None:
+        assert app == "merge", app
+        calls.append(name)
+        manifest, result = args[args.index("--manifest") + 1], args[args.index("--result") + 1]
+        write_json_atomic(result, run_manifest(spark, Manifest.load(manifest)))
+
+    return submit

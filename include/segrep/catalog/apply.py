@@ -143,7 +143,11 @@ def _shape_differences(s: Session, info: q.TableInfo, tdef: TableDef) -> list[st
     }
     leader_site = s.scalars(select(m.Site.site_id).where(m.Site.name == tdef.leader)).one()
     if leaders and leaders != {leader_site}:
-        out.append("leader site (a leader change is a failover, not a definition change)")
+        # After `segrep failover`/`switchover` the catalog owns the leader: the definitions keep naming the
+        # site the table started at, and stay valid while the leaders are among the table's sites.
+        sites = set(s.scalars(select(m.Site.site_id).where(m.Site.name.in_(list(tdef.sites)))))
+        if q.last_failover(s, info.table_id) is None or not leaders <= sites:
+            out.append("leader site (a leader change is a failover, not a definition change: segrep failover)")
     return out
 
 
@@ -202,7 +206,7 @@ def _sync_placements(s: Session, info: q.TableInfo, tdef: TableDef, has_data: bo
     parts = q.partitions_of(s, info, q.WRITABLE_STATES)
     placements = q.active_placements(s, [p.partition_id for p in parts])
     sites = q.sites_by_id(s)
-    wanted = set(tdef.replicas)
+    wanted = set(tdef.sites)  # after a failover the leader may be a listed replica and `leader:` a follower
     for part in parts:
         here = {sites[pl.site_id].name: pl for pl in placements if pl.partition_id == part.partition_id}
         for site_name in sorted(wanted - set(here)):
@@ -216,7 +220,7 @@ def _sync_placements(s: Session, info: q.TableInfo, tdef: TableDef, has_data: bo
     for site_name in sorted(wanted - present):
         state = f"JOINING: run `segrep bootstrap {tdef.name} {site_name}`" if has_data else "LIVE"
         changes.append(Change("add", f"replica {site_name} of table {tdef.name} ({state})"))
-    for site_name in sorted(present - wanted - {tdef.leader}):
+    for site_name in sorted(present - wanted):
         changes.append(Change("remove", f"replica {site_name} of table {tdef.name} (its files stay on the site)"))
 
 

@@ -59,6 +59,9 @@ class Partition(Base):
     last_version: Mapped[int] = mapped_column(BigInteger, default=0)  # the leader's hybrid logical clock
     parent_partition_id: Mapped[int | None] = mapped_column(ForeignKey("partitions.partition_id"), nullable=True)
     created_us: Mapped[int] = mapped_column(BigInteger)
+    # Writes paused since (a planned switchover drains the replicas): a writer's conditional commit requires
+    # None, so a write prepared before the pause cannot commit during it.
+    paused_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class Placement(Base):
@@ -243,3 +246,26 @@ class Verification(Base):
     finished_us: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (Index("ix_verifications_table_site", "table_id", "site_id", "finished_us"),)
+
+
+class Failover(Base):
+    """One leader move of a table made by ``segrep failover`` or ``segrep switchover`` (DESIGN section 11):
+    from where to where, the cut, and exactly what the new leader lacked (``loss``: per partition, segments,
+    rows, bytes and row-version range; what a failover gave up, or set aside in a rollback area)."""
+
+    __tablename__ = "failovers"
+
+    failover_id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    table_id: Mapped[int] = mapped_column(ForeignKey("tables.table_id"))
+    kind: Mapped[str] = mapped_column(String(16))  # failover | switchover
+    from_site_id: Mapped[int] = mapped_column(ForeignKey("sites.site_id"))
+    to_site_id: Mapped[int] = mapped_column(ForeignKey("sites.site_id"))
+    cut: Mapped[str] = mapped_column(String(16))  # latest | safe-time
+    cut_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # the table's policy when it moved: "rollback" sets the old leader's lost segments aside when its site
+    # returns (they are never pushed), "merge" lets rounds push and merge them (EventQL)
+    on_return: Mapped[str] = mapped_column(String(16))
+    loss: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    done_us: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_failovers_table", "table_id", "done_us"),)

@@ -162,3 +162,10 @@ def reset_watermarks(s: Session, partition_id: int) -> None:
         .values(settled_entry_id=0)
         .execution_options(synchronize_session=False)
     )
+
+
+def last_failover(s: Session, table_id: int) -> m.Failover | None:
+    """The table's latest leader move (``segrep failover`` / ``switchover``), or None."""
+    return s.scalars(
+        select(m.Failover).where(m.Failover.table_id == table_id).order_by(m.Failover.done_us.desc()).limit(1)
+    ).one_or_none()

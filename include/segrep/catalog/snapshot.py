@@ -31,9 +31,16 @@ class PartitionSnapshot:
     replicas: list[m.Placement]
     segments: dict[int, list[m.Segment]]
     acks: dict[tuple[int, str], set[int]]
+    # segments a failover with ``on_return: rollback`` gave up: never pushed to a leader again (the old
+    # leader's return sets their rows aside; replication.rollback)
+    set_aside: frozenset[str] = frozenset()
 
     def chain(self, placement: m.Placement) -> Chain:
-        return q.chain_of(placement, self.segments.get(placement.placement_id, []))
+        """The placement's chain; a follower's as it will be once set-aside segments are rolled back."""
+        chain = q.chain_of(placement, self.segments.get(placement.placement_id, []))
+        if self.set_aside and placement.placement_id != self.leader.placement_id:
+            return chain.without(self.set_aside)
+        return chain
 
     def segment(self, placement_id: int, segment_id: str) -> m.Segment:
         return next(x for x in self.segments.get(placement_id, []) if x.segment_id == segment_id)
@@ -154,6 +161,7 @@ def snapshot(
         segments, acks = _unsettled_entries(s, placements, {p.partition_id: p.epoch for p in parts})
     else:
         segments, acks = q.segments_of(s, ids), q.acks_of(s, ids)
+    set_aside = set_aside_segments(s, info.table_id)
     out = []
     for part in parts:
         pls = by_partition.get(part.partition_id, [])
@@ -165,7 +173,7 @@ def snapshot(
             for pl in pls
             if pl is not leader and pl.state in RECEIVING_STATES and (include_stalled or not pl.needs_bootstrap)
         ]
-        out.append(PartitionSnapshot(part, leader, replicas, segments, acks))
+        out.append(PartitionSnapshot(part, leader, replicas, segments, acks, set_aside))
     replica_rows = s.execute(
         select(m.Placement.site_id, m.Placement.state, m.Placement.needs_bootstrap)
         .join(m.Partition, m.Partition.partition_id == m.Placement.partition_id)
@@ -186,3 +194,11 @@ def snapshot(
         {site_id for site_id, state, _ in replica_rows if state != PlacementState.LIVE},
         {site_id for site_id, _, stalled in replica_rows if stalled},
     )
+
+
+def set_aside_segments(s: Session, table_id: int) -> frozenset[str]:
+    """Ids of the segments the table's failovers with ``on_return: rollback`` gave up."""
+    losses = s.scalars(
+        select(m.Failover.loss).where(m.Failover.table_id == table_id, m.Failover.on_return == "rollback")
+    ).all()
+    return frozenset(sid for loss in losses for x in loss for sid in x["segment_ids"])

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from segrep.core import hlc
+from segrep.failover.assess import PartitionLoss
+from segrep.failover.promote import FailoverReport
 from segrep.maintenance.repair import RepairReport
 from segrep.maintenance.verify import RowCheck, Verdict, VerifyReport
 from segrep.replication.reports import InvalidSegment, RoundReport
@@ -250,4 +252,44 @@ def format_repair(report: RepairReport) -> str:
         lines.append("  nothing to repair")
     if report.after is not None:
         lines.append(format_verify(report.after))
+    return "\n".join(lines)
+
+
+def _versions(lo: int | None, hi: int | None) -> str:
+    return "-" if lo is None or hi is None else f"versions {hlc.iso(lo)} .. {hlc.iso(hi)}"
+
+
+def _loss_line(x: PartitionLoss) -> str:
+    return f"{x.segments} segment(s), {x.rows:,} rows, {x.bytes:,} bytes, {_versions(x.min_version, x.max_version)}"
+
+
+def format_failover(report: FailoverReport) -> str:
+    """What a failover or switchover did (or, dry run, would do): per table the site chosen and why, every
+    candidate, and the loss (the RPO) partition by partition, exact from the catalog."""
+    lines = []
+    for move in report.moves:
+        a = move.assessment
+        head = f"{report.kind} of {a.table}: {a.from_site} -> {a.to_site}, at {report.cut}"
+        if report.dry_run:
+            head += " (dry run: nothing changed)"
+        else:
+            head += f": {move.partitions_moved} partition(s) moved, epochs raised (failover id {move.failover_id})"
+        lines.append(head)
+        lines.append(f"  why {a.to_site}: {a.reason}")
+        for c in a.candidates:
+            verdict = "can lead" if c.eligible else f"cannot lead: {c.why_not}"
+            lines.append(f"  candidate {c.site}: holds {c.rows_held:,} rows, lacks {c.rows_lacking:,} ({verdict})")
+        if not a.loss:
+            lines.append(f"  loss: none ({a.to_site} holds every segment of the leaders' chains)")
+            continue
+        total = PartitionLoss(
+            0,
+            a.segments_lost,
+            a.rows_lost,
+            a.bytes_lost,
+            min(x.min_version for x in a.loss if x.min_version is not None),
+            max(x.max_version for x in a.loss if x.max_version is not None),
+        )
+        lines.append(f"  loss ({'would be ' if report.dry_run else ''}given up): {_loss_line(total)}")
+        lines += [f"    partition {x.partition_id}: {_loss_line(x)}" for x in a.loss]
     return "\n".join(lines)

@@ -31,6 +31,7 @@ from segrep.catalog.models import MAX_PARTITION_ID
 from segrep.cli.format import format_rows
 from segrep.config.definitions import Definitions, config_path, load_definitions
 from segrep.config.locations import redact_uri
+from segrep.core import hlc
 from segrep.core.errors import SegrepError
 from segrep.core.settings import MAX_SCRUB_BYTES_PER_S
 from segrep.data.export import atomic_write_table, check_output, protected_paths
@@ -434,6 +435,121 @@ def compact_(obj: Context, table: str, partitions: tuple[int, ...], force: bool)
     if report.commit.invalid:
         failed = "; ".join(f"{p.item}: {p.reason}" for p in report.commit.invalid)
         _fail(f"compaction of {table} could not fold {len(report.commit.invalid)} partition(s): {failed}", 1)
+
+
+@main.command("failover")
+@click.argument("tables", nargs=-1, required=True)
+@click.option("--to", "to", default=None, help="The site to promote. Default: the most advanced live replica.")
+@click.option(
+    "--at",
+    "cut",
+    type=click.Choice(["latest"]),
+    default="latest",
+    show_default=True,
+    help="Which rows the new leader keeps: latest = everything it holds.",
+)
+@click.option("--dry-run", is_flag=True, help="Print what would be lost, per partition; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_obj
+@_user_errors
+def failover_(obj: Context, tables: tuple[str, ...], to: str | None, cut: str, dry_run: bool, as_json: bool) -> None:
+    """Move the leadership of TABLES to another site (unplanned: the leader's site may be down).
+
+    Per table, one transaction moves every partition's leader and raises its epoch, so a writer or round of
+    the old leader can no longer commit. The loss (segments the new leader lacks) is printed first, exactly."""
+    import json
+
+    from segrep.cli.format import format_failover
+    from segrep.failover.promote import Cut, failover
+
+    report = failover(obj.catalog(), obj.defs, list(tables), to=to, cut=Cut(cut), dry_run=dry_run)
+    click.echo(json.dumps(report.to_dict(), indent=2, default=str) if as_json else format_failover(report))
+
+
+@main.command("switchover")
+@click.argument("tables", nargs=-1, required=True)
+@click.option("--to", "to", required=True, help="The site that takes the lead.")
+@click.option("--timeout", default="10m", show_default=True, help="Give up (and resume writes) after this long.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_obj
+@_user_errors
+def switchover_(obj: Context, tables: tuple[str, ...], to: str, timeout: str, as_json: bool) -> None:
+    """Planned move of TABLES' leadership to --to with nothing lost (RPO 0).
+
+    Writes pause (writers get a clear, retryable error), rounds drain until the new leader holds every
+    segment, the leaders move with an epoch bump, writes resume there; the old leader follows by
+    fast-forward. On timeout or error writes resume at the old leader and nothing else changes."""
+    import json
+
+    from segrep.cli.format import format_failover
+    from segrep.config.policy import parse_duration_s
+    from segrep.failover.switchover import switchover
+
+    seconds = parse_duration_s(timeout, "--timeout")
+    report, drained = switchover(obj.catalog(), obj.defs, list(tables), to, timeout_s=seconds)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2, default=str))
+        return
+    for d in drained:
+        click.echo(f"drain {d.table}: copied {d.segments_copied} segment(s) to {to}, {d.lacking} still lacking")
+    click.echo(format_failover(report))
+
+
+@main.group("rollback")
+def rollback_group() -> None:
+    """Rows a failed-over leader held that its successor lacked, set aside at its site when it returned."""
+
+
+@rollback_group.command("list")
+@click.argument("table", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the files and their manifests as JSON.")
+@click.pass_obj
+@_user_errors
+def rollback_list(obj: Context, table: str | None, as_json: bool) -> None:
+    """List the rollback files at every site (of TABLE): rows, epochs, version range, path.
+
+    Re-apply rows on purpose with `segrep write TABLE FILE` (the file is Parquet with the table's columns)."""
+    import json
+
+    from segrep.replication.rollback import list_rollbacks
+
+    files = list_rollbacks(obj.catalog(), table)
+    if as_json:
+        click.echo(json.dumps([f.to_dict() for f in files], indent=2))
+        return
+    if not files:
+        click.echo("no rollback files")
+        return
+    rows = [
+        [
+            f.table,
+            f.partition_id,
+            f.site,
+            f.failover_id,
+            f.rows,
+            ",".join(map(str, f.epochs)),
+            "-" if f.min_version is None else hlc.iso(f.min_version),
+            "-" if f.max_version is None else hlc.iso(f.max_version),
+            f.relpath,
+        ]
+        for f in files
+    ]
+    headers = ["table", "partition", "site", "failover", "rows", "epochs", "oldest", "newest", "file"]
+    click.echo(format_rows(headers, rows))
+
+
+@rollback_group.command("drop")
+@click.argument("table")
+@click.option("--site", required=True, help="The site whose rollback files go.")
+@click.option("--failover", "failover_id", type=int, default=None, help="Only the files of this failover.")
+@click.pass_obj
+@_user_errors
+def rollback_drop(obj: Context, table: str, site: str, failover_id: int | None) -> None:
+    """Delete TABLE's rollback files at SITE: the set-aside rows are gone for good."""
+    from segrep.replication.rollback import drop_rollbacks
+
+    gone = drop_rollbacks(obj.catalog(), table, site, failover_id)
+    click.echo("\n".join(f"dropped {path}" for path in gone) or "no rollback file matched")
 
 
 @main.command("gc")

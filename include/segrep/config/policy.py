@@ -40,6 +40,9 @@ _BOUNDS: dict[str, tuple[int, int, str]] = {
 }
 
 
+ON_RETURN = ("rollback", "merge")
+
+
 @dataclass(frozen=True)
 class Policy:
     """How a table replicates: schedule and the thresholds rounds, compaction and GC obey."""
@@ -60,6 +63,9 @@ class Policy:
     tombstone_grace_s: int = 7 * DAY_S
     max_retention_s: int = 7 * DAY_S
     orphan_grace_s: int = DAY_S
+    # What a failed-over leader's un-replicated segments become when its site returns (DESIGN section 11):
+    # "rollback" sets their rows aside in a rollback area at that site, "merge" pushes them to the new leader.
+    on_return: str = "rollback"
 
 
 def parse_policy(body: dict[str, Any], where: str) -> Policy:
@@ -72,6 +78,10 @@ def parse_policy(body: dict[str, Any], where: str) -> Policy:
             except SegrepError as exc:  # "schedule '10x' is not...": the other schedules say which one it is
                 raise SegrepError(f"{where}{'' if key == 'schedule' else ' ' + key}: {exc}") from None
             values[key] = value.strip() if isinstance(value, str) else None
+        elif key == "on_return":
+            if value not in ON_RETURN:
+                raise SegrepError(f"{where} on_return: expected one of {', '.join(ON_RETURN)}; got {value!r}")
+            values[key] = value
         elif key in ("start_date", "end_date"):
             values[key] = None if value is None and key == "end_date" else _date(value, f"{where} {key}")
         else:
@@ -130,3 +140,17 @@ def _date(value: Any, where: str) -> date | datetime:
     if not in_range:
         raise SegrepError(f"{where}: {value!r} is out of range: {EARLIEST_DATE} to {LATEST_DATE}")
     return when
+
+
+def parse_duration_s(value: str, where: str, high: int = MAX_DURATION_S) -> int:
+    """Seconds from ``30``, ``30s``, ``15m``, ``12h``, ``7d`` or ``2w`` (0 to ``high``); SegrepError naming
+    ``where`` otherwise (the policy's durations read the same way)."""
+    text = value.strip()
+    number = int(text) if text.isdigit() and len(text) <= 12 else None
+    if number is None and (m := _DURATION_RE.fullmatch(text)):
+        number = int(m.group(1)) * _UNITS[m.group(2)]
+    if number is None:
+        raise SegrepError(f"{where}: expected seconds or a duration like 30s, 15m, 12h, 7d, 2w; got {value!r}")
+    if not 0 <= number <= high:
+        raise SegrepError(f"{where}: {value!r} is out of range: 0 to {high} seconds")
+    return number

@@ -45,6 +45,15 @@ class Chain:
     def __contains__(self, segment_id: object) -> bool:
         return segment_id in self._by_id
 
+    def without(self, removed: Iterable[str]) -> Chain:
+        """This chain rewound past ``removed``: those segments gone, the root at the newest segment of the
+        walk that is not removed (a returned old leader's chain once its lost segments are set aside)."""
+        gone = set(removed) & set(self._by_id)
+        if not gone:
+            return self
+        root = next((ref.segment_id for ref in self.walk() if ref.segment_id not in gone), None)
+        return Chain.of((ref for ref in self.segments if ref.segment_id not in gone), root)
+
     def walk(self) -> list[SegmentRef]:
         """Segments from the root back through ``base_segment_id`` (newest first)."""
         out: list[SegmentRef] = []

@@ -33,3 +33,7 @@ class CorruptSegmentError(SegrepError):
 
 class SplitIncompleteError(SegrepError):
     """SPLIT_FINALIZE refused: some child still lacks segments of the parent up to the pass's cut."""
+
+
+class WritesPausedError(SegrepError):
+    """Writes to a table are paused while its leadership moves (a planned switchover): retry shortly."""

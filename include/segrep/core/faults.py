@@ -29,6 +29,9 @@ POINTS = (
     "split_before_parent_files",  # UNLOAD_FINAL committed; the parent's files are still on the sites
     "mid_upload",  # every part of a multipart upload to an S3 store is sent; the upload is not completed
     "disk_full",  # an atomic local write has written its bytes (a full disk says so here); nothing renamed yet
+    "failover_before_commit",  # a table's leaders are moved in the transaction; it has not committed
+    "failover_between_tables",  # one table of a multi-table failover committed; the next has not started
+    "switchover_before_promote",  # writes paused and the new leader drained; nothing promoted yet
 )
 
 

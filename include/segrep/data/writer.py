@@ -27,7 +27,7 @@ from segrep.catalog.segments import register_segment
 from segrep.catalog.sql import rowcount
 from segrep.core import hlc
 from segrep.core import schema as sch
-from segrep.core.errors import ConflictError, SegrepError
+from segrep.core.errors import ConflictError, SegrepError, WritesPausedError
 from segrep.core.ids import new_segment_id
 from segrep.storage.atomic import FileFacts
 from segrep.storage.segment_meta import SegmentEntry, entry_stats, stamp_rows
@@ -124,6 +124,7 @@ def _attempt(
                         m.Partition.epoch == target.partition.epoch,
                         m.Partition.leader_placement_id == target.placement.placement_id,
                         m.Partition.state.in_([str(x) for x in q.WRITABLE_STATES]),
+                        m.Partition.paused_us.is_(None),  # a switchover's pause fences writes prepared before it
                     )
                     .values(last_version=entry.max_version)
                     .execution_options(synchronize_session=False)
@@ -157,6 +158,12 @@ def _targets(catalog: Catalog, info: q.TableInfo) -> list[_Target]:
             raise SegrepError(f"table {info.name} has no writable partition")
         placements = {p.placement_id: p for p in q.active_placements(s, [p.partition_id for p in parts])}
         sites = q.sites_by_id(s)
+    paused = [p.paused_us for p in parts if p.paused_us is not None]
+    if paused:
+        raise WritesPausedError(
+            f"table {info.name} is switching over: writes are paused since {hlc.iso(min(paused))} "
+            "until its new leader holds everything; nothing was written, write again in a moment"
+        )
     out = []
     for part in parts:
         leader = placements.get(part.leader_placement_id or -1)

@@ -91,7 +91,10 @@ def pushes_from(part: PartitionSnapshot, follower: m.Placement, end_us: int) -> 
     return [
         seg
         for seg in part.segments.get(follower.placement_id, [])
-        if seg.segment_id not in leader_has and seg.segment_id not in acked and seg.committed_us < end_us
+        if seg.segment_id not in leader_has
+        and seg.segment_id not in acked
+        and seg.committed_us < end_us
+        and seg.segment_id not in part.set_aside  # a failed-over leader's loss, rolled back on its return
     ]
 
 

@@ -4,25 +4,32 @@ manifest. Every later step re-decides in its own transaction; the plan is advice
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
+from segrep.catalog import models as m
 from segrep.catalog.snapshot import TableSnapshot, snapshot
 from segrep.catalog.sql import record_ack
 from segrep.config.definitions import Definitions, Policy
 from segrep.core import hlc
-from segrep.core.errors import NotFoundError
+from segrep.core.errors import NotFoundError, SegrepError
 from segrep.core.names import check_name
 from segrep.core.states import Outcome
 from segrep.replication.offers import leader_decision, offers_to, pushes_from
 from segrep.replication.reports import PlanSummary, RoundPlan, TargetForecast
+from segrep.replication.rollback import roll_back_returned
 from segrep.replication.round import clamp_end, ensure_round, lease_ttl_us, round_key
 from segrep.spark.items import file_ref, round_item
 from segrep.spark.manifest import FileRef, Manifest, MergeItem
+from segrep.storage.probe import STORE_ERRORS, describe
+from segrep.storage.site import Site
 from segrep.storage.workdir import manifest_path
+
+log = logging.getLogger(__name__)
 
 
 def plan_round(
@@ -35,7 +42,11 @@ def plan_round(
     target: str | None = None,
     reoffer: bool = False,
 ) -> RoundPlan:
-    """Create (or find) the round, predict every offer, lease and write the merge manifest."""
+    """Create (or find) the round, predict every offer, lease and write the merge manifest. First, an old
+    leader back after a failover with ``on_return: rollback`` sets its lost rows aside and rewinds its chain
+    (``replication.rollback``), so this round fast-forwards it from the new leader."""
+    for done in roll_back_returned(catalog, table):
+        log.info("rollback of %s partition %s at %s: %s", table, done.partition_id, done.site, done)
     end = clamp_end(end_us)
     policy = defs.policy(table)
     key = round_key(table, end)
@@ -123,13 +134,18 @@ def _plan_merges(
     ls.expire(s, leader_ids, now)
     leases = ls.in_flight_many(s, leader_ids, now)
     pushes: Counter[str] = Counter()
+    readable: dict[int, bool] = {}
     for part in snap.partitions:
         leader = part.leader
         held = leases.get(leader.placement_id, {})
         others = frozenset(seg for seg, holder in held.items() if holder != key)
         incoming: list[FileRef] = []
         for follower in part.replicas:
-            for seg in pushes_from(part, follower, end):
+            offered = pushes_from(part, follower, end)
+            if offered and not _can_read(snap, follower, offered[0], readable):
+                pushes["SITE_DOWN"] += len(offered)  # its pushes wait; the merge would fail on its files
+                continue
+            for seg in offered:
                 outcome = leader_decision(part, follower, seg, others, policy.max_incoming_segments)
                 pushes[str(outcome)] += 1
                 if outcome == Outcome.SEGMENT_EXISTS:
@@ -143,3 +159,19 @@ def _plan_merges(
             summary.merges.append(part.partition.partition_id)
     summary.pushes = dict(pushes)
     return items
+
+
+_UNREADABLE: tuple[type[Exception], ...] = (*STORE_ERRORS, SegrepError)
+
+
+def _can_read(snap: TableSnapshot, follower: m.Placement, seg: m.Segment, seen: dict[int, bool]) -> bool:
+    """Whether the follower's site answers for one of its pushed files (asked once per site and plan): a
+    follower that is down (an old leader after a failover, say) must not fail the whole round's merge."""
+    if follower.site_id not in seen:
+        row = snap.sites[follower.site_id]
+        try:
+            seen[follower.site_id] = Site(row.name, row.uri).exists(seg.relpath)
+        except _UNREADABLE as exc:
+            log.info("pushes from %s wait: %s", row.name, describe(exc))
+            seen[follower.site_id] = False
+    return seen[follower.site_id]

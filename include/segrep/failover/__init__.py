@@ -1,0 +1,1 @@
+"""Leader moves: unplanned failover, planned switchover, and the old leader's return (DESIGN section 11)."""

@@ -1,0 +1,180 @@
+"""What a leader move would cost, from the catalog alone (DESIGN section 11; TokuMX chooses the most advanced
+replica): which site to promote, and exactly what it lacks of the current leader's rows.
+
+The segment chain makes the loss exact: per partition, the segments on the leader's visible chain that the
+new leader's chain does not reference (neither holds nor has folded into a major), with their rows, bytes and
+row-version range. Nothing here touches a site's storage, so it answers while the leader's site is down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from segrep.catalog import models as m
+from segrep.catalog.snapshot import PartitionSnapshot, TableSnapshot, snapshot
+from segrep.core.chain import is_referenced, visible_segments
+from segrep.core.errors import NotFoundError, RefusedError
+from segrep.core.states import PlacementState
+
+
+@dataclass(frozen=True)
+class PartitionLoss:
+    """The segments of one partition's leader chain the new leader lacks (what a failover gives up)."""
+
+    partition_id: int
+    segments: int
+    rows: int
+    bytes: int
+    min_version: int | None
+    max_version: int | None
+    segment_ids: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> PartitionLoss:
+        return cls(**raw)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A site that could take the lead: how much of the leaders' visible rows it holds already."""
+
+    site: str
+    site_id: int
+    rows_held: int
+    rows_lacking: int
+    eligible: bool
+    why_not: str | None = None
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """One table's move from ``from_site`` to ``to_site``: why that site, and the loss per partition."""
+
+    table: str
+    from_site: str
+    to_site: str
+    reason: str
+    candidates: list[Candidate]
+    loss: list[PartitionLoss]  # partitions where the new leader lacks something
+    moving: list[int]  # partitions whose leader moves
+
+    @property
+    def segments_lost(self) -> int:
+        return sum(p.segments for p in self.loss)
+
+    @property
+    def rows_lost(self) -> int:
+        return sum(p.rows for p in self.loss)
+
+    @property
+    def bytes_lost(self) -> int:
+        return sum(p.bytes for p in self.loss)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def assess(s: Session, table: str, to: str | None = None, *, chosen_because: str | None = None) -> Assessment:
+    """The move of ``table``'s leadership to ``to`` (default: the most advanced eligible replica, most rows
+    held, ties by site id). RefusedError naming the reason if no site can lead, or ``to`` cannot.
+    ``chosen_because``: why the caller chose ``to`` (for the report), when it was not asked for."""
+    snap = snapshot(s, table, include_stalled=True)
+    if not snap.partitions:
+        raise RefusedError(f"table {table} has no partition with a leader to move")
+    leader_sites = {part.leader.site_id for part in snap.partitions}
+    candidates = _candidates(snap)
+    if to is not None:
+        chosen = next((c for c in candidates if c.site == to), None)
+        if chosen is None:
+            if to in {snap.sites[sid].name for sid in leader_sites}:
+                raise RefusedError(f"table {table}: site {to} leads it already")
+            raise NotFoundError(f"table {table} has no replica at site {to} (its replicas: {_names(candidates)})")
+        if not chosen.eligible:
+            raise RefusedError(f"table {table}: site {to} cannot lead: {chosen.why_not}")
+        held, lacking = chosen.rows_held, chosen.rows_lacking
+        why = chosen_because or f"{to} was asked for"
+        reason = f"{why}; it holds {held:,} rows of the leader's and lacks {lacking:,}"
+    else:
+        eligible = [c for c in candidates if c.eligible]
+        if not eligible:
+            why = "; ".join(f"{c.site}: {c.why_not}" for c in candidates) or "no replica"
+            raise RefusedError(f"table {table}: no replica can lead ({why})")
+        chosen = max(eligible, key=lambda c: (c.rows_held, -c.site_id))
+        others = ", ".join(f"{c.site} {c.rows_held:,}" for c in eligible if c is not chosen)
+        reason = (
+            f"{chosen.site} is the most advanced live replica: it holds {chosen.rows_held:,} rows of the "
+            f"leader's" + (f" (others: {others}; ties go to the lower site id)" if others else "")
+        )
+    moving = [part for part in snap.partitions if part.leader.site_id != chosen.site_id]
+    from_names = sorted({snap.sites[part.leader.site_id].name for part in moving}) or [chosen.site]
+    loss = [_loss(part, _placement_at(part, chosen.site_id)) for part in moving]
+    return Assessment(
+        table,
+        ", ".join(from_names),
+        chosen.site,
+        reason,
+        candidates,
+        [x for x in loss if x.segments],
+        [part.partition.partition_id for part in moving],
+    )
+
+
+def _names(candidates: list[Candidate]) -> str:
+    return ", ".join(c.site for c in candidates) or "none"
+
+
+def _candidates(snap: TableSnapshot) -> list[Candidate]:
+    """Every site holding a replica of some partition, with what it holds and whether it may lead: it must
+    hold a LIVE placement of every partition, none of them out of retention (needing a bootstrap)."""
+    site_ids = sorted({pl.site_id for part in snap.partitions for pl in part.replicas})
+    out = []
+    for site_id in site_ids:
+        held = lacking = 0
+        problem = None
+        for part in snap.partitions:
+            if part.leader.site_id == site_id:
+                continue  # it leads this partition already (per-partition leaders)
+            pl = _placement_at(part, site_id)
+            if pl is None:
+                problem = f"it holds no replica of partition {part.partition.partition_id}"
+                continue
+            if pl.state != PlacementState.LIVE or pl.needs_bootstrap:
+                state = "needs a bootstrap" if pl.needs_bootstrap else f"is {pl.state}"
+                problem = problem or f"its replica of partition {part.partition.partition_id} {state}"
+            chain = part.chain(pl)
+            for ref in visible_segments(part.chain(part.leader)):
+                rows = part.segment(part.leader.placement_id, ref.segment_id).row_count
+                if is_referenced(chain, ref.segment_id):
+                    held += rows
+                else:
+                    lacking += rows
+        out.append(Candidate(snap.sites[site_id].name, site_id, held, lacking, problem is None, problem))
+    return out
+
+
+def _placement_at(part: PartitionSnapshot, site_id: int) -> m.Placement | None:
+    return next((pl for pl in part.replicas if pl.site_id == site_id), None)
+
+
+def _loss(part: PartitionSnapshot, target: m.Placement | None) -> PartitionLoss:
+    chain = part.chain(target) if target is not None else None
+    lacking = [
+        part.segment(part.leader.placement_id, ref.segment_id)
+        for ref in visible_segments(part.chain(part.leader))
+        if chain is None or not is_referenced(chain, ref.segment_id)
+    ]
+    return PartitionLoss(
+        part.partition.partition_id,
+        len(lacking),
+        sum(seg.row_count for seg in lacking),
+        sum(seg.byte_size for seg in lacking),
+        min((seg.min_version for seg in lacking), default=None),
+        max((seg.max_version for seg in lacking), default=None),
+        [seg.segment_id for seg in lacking],
+    )

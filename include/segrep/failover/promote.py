@@ -1,0 +1,171 @@
+"""Unplanned failover (DESIGN section 11): move each listed table's leadership to another site, one
+transaction per table, raising every moved partition's epoch, and record what the new leader lacked.
+
+Only the catalog changes, so it works while the old leader's site is unreachable. Fencing comes from the
+epoch: every commit at a leader (a writer's root move, a merge or major commit, a fast-forward's
+registration, split finalize) is conditional on the partition's leader placement and epoch, so a writer or a
+round of the old epoch that commits afterwards fails its conditional update; what it wrote is an orphan GC
+removes. Writers and rounds read the leader from the catalog, so they follow without a definitions change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+from segrep.catalog.snapshot import REPLICATING_STATES
+from segrep.config.definitions import Definitions
+from segrep.core import faults, hlc
+from segrep.core.errors import NotFoundError, RefusedError, SegrepError
+from segrep.failover.assess import Assessment, assess
+
+
+class Cut(StrEnum):
+    """Which rows the new leader keeps: everything it holds (``latest``)."""
+
+    LATEST = "latest"
+
+
+class MoveKind(StrEnum):
+    FAILOVER = "failover"
+    SWITCHOVER = "switchover"
+
+
+@dataclass(frozen=True)
+class Move:
+    """One table's leader move, as assessed (dry run) or as committed (``failover_id`` set)."""
+
+    assessment: Assessment
+    partitions_moved: int
+    failover_id: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class FailoverReport:
+    kind: MoveKind
+    dry_run: bool
+    cut: Cut
+    to_site: str
+    moves: list[Move]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def choose_site(catalog: Catalog, tables: Sequence[str]) -> tuple[str, str]:
+    """The site every listed table could fail over to that holds the most of their rows (one site for all,
+    so the promoted tables stay together; ties by site id), and why."""
+    held: dict[str, int] = {}
+    with catalog.read() as s:
+        per_table = [assess(s, table).candidates for table in tables]
+    eligible = set.intersection(*({c.site for c in cands if c.eligible} for cands in per_table))
+    if not eligible:
+        raise RefusedError(f"no site can lead all of {', '.join(tables)}; name one with --to")
+    ids = {}
+    for cands in per_table:
+        for c in cands:
+            if c.site in eligible:
+                held[c.site] = held.get(c.site, 0) + c.rows_held
+                ids[c.site] = c.site_id
+    site = max(eligible, key=lambda name: (held[name], -ids[name]))
+    others = ", ".join(f"{name} {held[name]:,}" for name in sorted(eligible) if name != site)
+    why = f"{site} is the most advanced live replica of {', '.join(tables)} ({held[site]:,} rows held"
+    return site, why + (f"; others: {others}; ties go to the lower site id)" if others else ")")
+
+
+def failover(
+    catalog: Catalog,
+    defs: Definitions,
+    tables: Sequence[str],
+    *,
+    to: str | None = None,
+    cut: Cut = Cut.LATEST,
+    dry_run: bool = False,
+    kind: MoveKind = MoveKind.FAILOVER,
+) -> FailoverReport:
+    """Assess (``dry_run``) or make the move of every listed table to ``to`` (default: see
+    :func:`choose_site`). Each table moves in its own transaction, assessed again inside it under the
+    partitions' row locks, so the recorded loss is exactly what the move gave up."""
+    if not tables:
+        raise SegrepError("name at least one table to fail over")
+    wanted = list(dict.fromkeys(tables))
+    with catalog.read() as s:
+        for table in wanted:
+            q.table_info(s, table)  # NotFoundError naming an unknown table, before anything changes
+    site, why = (to, None) if to is not None else choose_site(catalog, wanted)
+    moves = []
+    for table in wanted:
+        if dry_run:
+            with catalog.read() as s:
+                a = assess(s, table, site, chosen_because=why)
+            moves.append(Move(a, len(a.moving), None))
+            continue
+        with catalog.write() as s:
+            moves.append(promote_table(s, table, site, cut, kind, why, defs.policy(table).on_return))
+        faults.point("failover_between_tables")
+    return FailoverReport(kind, dry_run, cut, site, moves)
+
+
+def promote_table(s: Session, table: str, site: str, cut: Cut, kind: MoveKind, why: str | None, on_return: str) -> Move:
+    """In the caller's transaction: lock the table's partitions, assess under the locks, move every leader
+    to ``site`` raising its epoch, lift a switchover's pause, and record the move with its loss."""
+    info = q.table_info(s, table)
+    to = q.site_by_name(s, site)
+    parts = list(
+        s.scalars(
+            select(m.Partition)
+            .where(
+                m.Partition.table_id == info.table_id,
+                m.Partition.state.in_([str(x) for x in REPLICATING_STATES]),
+                m.Partition.leader_placement_id.is_not(None),
+            )
+            .order_by(m.Partition.partition_id)
+            .with_for_update()
+        )
+    )
+    a = assess(s, table, site, chosen_because=why)  # under the locks: nothing commits at these leaders meanwhile
+    leaders = {pl.placement_id: pl for pl in q.active_placements(s, [p.partition_id for p in parts])}
+    from_ids = set()
+    moved = 0
+    now = hlc.now_us()
+    for part in parts:
+        part.paused_us = None  # a switchover's pause ends with its promotion
+        current = leaders.get(part.leader_placement_id or -1)
+        if current is not None and current.site_id == to.site_id:
+            continue
+        target = q.placement_at(s, part.partition_id, to.site_id)
+        if target is None:
+            raise NotFoundError(f"table {table}: partition {part.partition_id} has no placement at {site}")
+        if current is not None:
+            from_ids.add(current.site_id)
+        part.leader_placement_id = target.placement_id
+        part.epoch += 1
+        moved += 1
+    if not moved:
+        raise RefusedError(f"table {table}: site {site} leads every partition already")
+    faults.point("failover_before_commit")
+    record = m.Failover(
+        table_id=info.table_id,
+        kind=str(kind),
+        from_site_id=min(from_ids) if from_ids else to.site_id,
+        to_site_id=to.site_id,
+        cut=str(cut),
+        cut_us=None,
+        on_return=on_return,
+        loss=[x.to_dict() for x in a.loss],
+        done_us=now,
+    )
+    s.add(record)
+    s.flush()
+    return Move(a, moved, record.failover_id)

@@ -1,0 +1,107 @@
+"""The old leader's return after a failover (issue 14 item 3), under both `on_return` policies.
+
+`primary` leads `events`, takes writes it never replicates, and goes down; `segrep failover` promotes `dr`,
+which takes writes that reach `edge`. When `primary` is back:
+- `rollback` (the default): its unreplicated rows go to a rollback file at `primary`, exactly those rows
+  (checked against the batches written, not against the engine); its chain is rewound and it fast-forwards
+  from `dr` incrementally; nothing of the lost rows reaches `dr`; `segrep rollback drop` deletes the file.
+- `merge`: the lost rows are pushed to `dr` and merged (Spark), last writer wins.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from segrep.failover.promote import failover
+from segrep.replication.run import run_round
+from tests.support.checks import assert_replicas_equal_leader, triples
+from tests.support.cli import cli
+from tests.support.env import ORDERS_YAML, Env, env_fixture, sqlite_url
+from tests.support.models import Model
+from tests.support.rounds import bring_up, inprocess_submit, no_spark, take_down
+from tests.support.tables import TABLE, TENANTS
+
+pytestmark = pytest.mark.spark
+
+
+def _policy(on_return: str) -> str:
+    policy = f"    policy: {{on_return: {on_return}, retry_delay_s: 0}}\n"
+    return ORDERS_YAML.replace("    replicas: [dr, edge]\n", "    replicas: [dr, edge]\n" + policy)
+
+
+@pytest.fixture
+def merge_env(tmp_path: Any) -> Any:
+    yield from env_fixture(tmp_path, sqlite_url(tmp_path), _policy("merge"))
+
+
+def _lose_primary(env: Env, model: Model) -> tuple[Model, set[tuple[str, int, str | None, bool]], Any]:
+    """Replicated writes, then writes only `primary` holds, then `primary` down and `dr` promoted. Returns
+    the model of what `dr` holds, the rows `primary` alone holds (tenant, seq, payload, deleted), the site."""
+    model.upsert(env, range(0, 40), "a")
+    run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    kept = Model()
+    kept.rows = dict(model.rows)
+    model.upsert(env, range(30, 60), "lost")
+    model.delete(env, range(0, 3))
+    lost = {(TENANTS[k % len(TENANTS)], k, f"lost{k}", False) for k in range(30, 60)}
+    lost |= {(TENANTS[k % len(TENANTS)], k, None, True) for k in range(0, 3)}
+    aside = take_down(env, "primary")
+    report = failover(env.catalog, env.defs, [TABLE])
+    assert report.moves[0].assessment.rows_lost == len(lost)
+    return kept, lost, aside
+
+
+def test_the_old_leader_returns_with_its_lost_rows_in_a_rollback_file(outage_env: Env) -> None:
+    env = outage_env  # no back-off after a failed attempt: the return is tried at the next round
+    kept, lost, aside = _lose_primary(env, Model())
+    kept.upsert(env, range(100, 120), "after")  # at dr
+    down = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    assert down.targets["primary"].status == "failed" and down.targets["edge"].status == "ok"
+
+    bring_up(env, "primary", aside)
+    back = run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # rollback, then fast-forward from dr
+    assert back.targets["primary"].status == "ok", back.targets["primary"]
+    assert back.targets["primary"].segments_copied == 2  # the `after` segments only: incremental, no bootstrap
+    assert back.merges.items == 0  # nothing of the lost rows is pushed to dr
+    run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    assert triples(env.catalog) == kept.snapshot()
+    assert_replicas_equal_leader(env.catalog, ("primary", "edge"))
+
+    code, out, err = cli(env, "rollback", "list", TABLE)
+    assert code == 0, err
+    files = [line.split() for line in out.splitlines()[1:]]
+    assert len(files) == 2 and {f[2] for f in files} == {"primary"}, out  # one file per partition, at primary
+    assert sum(int(f[4]) for f in files) == len(lost)
+    got = set()
+    for f in files:
+        rows = pq.read_table(env.site_dir("primary") / f[-1]).to_pylist()
+        got |= {(r["tenant"], r["seq"], r["payload"], r["_deleted"]) for r in rows}
+    assert got == lost  # exactly the rows primary alone held, as written (tombstones included)
+
+    code, out, err = cli(env, "rollback", "drop", TABLE, "--site", "primary")
+    assert code == 0 and out.count("dropped ") == 2, out + err
+    _code, out, _ = cli(env, "rollback", "list")
+    assert out.strip() == "no rollback files"
+
+
+def test_with_on_return_merge_the_lost_rows_are_merged_into_the_new_leader(merge_env: Env, spark: Any) -> None:
+    env = merge_env
+    model = Model()
+    _kept, _lost, aside = _lose_primary(env, model)  # `model` keeps the lost rows: they come back
+    model.upsert(env, range(100, 120), "after")
+    model.upsert(env, range(50, 55), "newer")  # newer than primary's lost rows for these keys
+    calls: list[str] = []
+    down = run_round(env.catalog, env.defs, TABLE, submit=inprocess_submit(spark, calls))
+    assert down.plan is not None and down.plan.pushes.get("SITE_DOWN") == 4  # primary's pushes wait ...
+    assert down.targets["edge"].status == "ok"  # ... and edge is replicated meanwhile
+    bring_up(env, "primary", aside)
+    for _ in range(4):
+        run_round(env.catalog, env.defs, TABLE, submit=inprocess_submit(spark, calls))
+    assert calls  # the merge ran on Spark
+    assert triples(env.catalog) == model.snapshot()  # lost rows kept, newer writes won, deletes applied
+    assert_replicas_equal_leader(env.catalog, ("primary", "edge"))
+    _code, out, _ = cli(env, "rollback", "list")
+    assert out.strip() == "no rollback files"
