@@ -83,6 +83,14 @@ def test_dry_run_names_the_loss_then_failover_promotes_while_the_leader_is_down(
         record = s.scalars(select(m.Failover)).one()
         assert (record.kind, record.cut) == ("failover", "latest") and len(record.loss) == len(move.assessment.loss)
 
+    lost_rows = move.assessment.rows_lost
+    for args in (("status", TABLE), ("table", "describe", TABLE)):
+        code, out, err = cli(env, *args)
+        assert code == 0, err
+        assert f"events: leader dr (2 partitions), epoch {max(e for _, e in after.values())}; last failover " in out
+        assert f"primary -> dr at latest, given up {len(unreplicated)} segment(s), {lost_rows:,} rows" in out, out
+        assert "(on return: rollback)" in out
+
     # Writes route to dr with no change to the definitions; rounds replicate from dr to edge (primary is down).
     assert triples(env.catalog) == kept  # the new leader serves what it held: the unreplicated rows are lost
     model.rows = {(t, k): p for t, k, p in kept}

@@ -43,6 +43,8 @@ def test_switchover_moves_the_leader_with_nothing_lost(env: Env, monkeypatch: py
             write_batch(env.catalog, TABLE, batch([500], "during"))
         except WritesPausedError as exc:
             refused.append(str(exc))
+        code, out, _err = cli(env, "status", TABLE)
+        assert code == 0 and "SWITCHING OVER: writes paused since" in out, out
         return real_round(*args, **kwargs)
 
     monkeypatch.setattr(sw, "run_round", round_with_a_writer)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from segrep.catalog.leadership import Leadership
 from segrep.core import hlc
 from segrep.failover.assess import PartitionLoss
 from segrep.failover.promote import FailoverReport
@@ -292,4 +293,23 @@ def format_failover(report: FailoverReport) -> str:
         )
         lines.append(f"  loss ({'would be ' if report.dry_run else ''}given up): {_loss_line(total)}")
         lines += [f"    partition {x.partition_id}: {_loss_line(x)}" for x in a.loss]
+    return "\n".join(lines)
+
+
+def format_leadership(rows: Sequence[Leadership]) -> str:
+    """One line per table: its leader site(s), epochs, a switchover's pause, and the last leader move."""
+    lines = []
+    for r in rows:
+        leads = ", ".join(f"{site} ({n} partition{'s' if n != 1 else ''})" for site, n in sorted(r.leaders.items()))
+        epochs = f"epoch {r.max_epoch}" if r.min_epoch == r.max_epoch else f"epochs {r.min_epoch}-{r.max_epoch}"
+        line = f"{r.table}: leader {leads or '-'}, {epochs}"
+        if r.paused_since_us is not None:
+            line += f"; SWITCHING OVER: writes paused since {hlc.iso(r.paused_since_us)}"
+        if r.last_move is not None:
+            mv = r.last_move
+            line += (
+                f"; last {mv.kind} {hlc.iso(mv.done_us)} {mv.from_site} -> {mv.to_site} at {mv.cut}, "
+                f"given up {mv.segments_lost} segment(s), {mv.rows_lost:,} rows (on return: {mv.on_return})"
+            )
+        lines.append(line)
     return "\n".join(lines)

@@ -750,17 +750,31 @@ def status(obj: Context, table: str | None, as_json: bool) -> None:
     """Per table and target site: safe time, lag, pending segments and bytes, last round, declines."""
     import json
 
-    from segrep.cli.format import STATUS_HEADER, format_progress, last_round, status_note, status_table
+    from segrep.catalog.leadership import leadership
+    from segrep.cli.format import (
+        STATUS_HEADER,
+        format_leadership,
+        format_progress,
+        last_round,
+        status_note,
+        status_table,
+    )
     from segrep.replication.status import status_rows
     from segrep.split.progress import split_progress
 
     rows = status_rows(obj.catalog(), table)
     splits = split_progress(obj.catalog(), table)
+    leaders = leadership(obj.catalog(), table)
     if as_json:
         replication = [{**r.to_dict(), "note": status_note(r), "last_round": last_round(r)} for r in rows]
-        doc = {"replication": replication, "splits": [sp.to_dict() for sp in splits]}
+        doc = {
+            "replication": replication,
+            "splits": [sp.to_dict() for sp in splits],
+            "leadership": [x.to_dict() for x in leaders],
+        }
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
+    click.echo(format_leadership(leaders))
     click.echo(format_rows(STATUS_HEADER, status_table(rows)) if rows else "no replicas")
     if splits:
         click.echo(format_progress(splits))

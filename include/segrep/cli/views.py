@@ -7,7 +7,8 @@ from sqlalchemy import select
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.cli.format import format_rows
+from segrep.catalog.leadership import leadership
+from segrep.cli.format import format_leadership, format_rows
 from segrep.core.chain import is_reference_weak, is_referenced, visible_segments
 from segrep.core.errors import NotFoundError
 
@@ -65,7 +66,8 @@ def describe_table(catalog: Catalog, table: str) -> str:
             [[name, typ, "pk" if name in info.primary_key else ""] for name, typ in info.row.columns.items()],
         )
     )
-    lines += ["", f"primary key ({', '.join(info.primary_key)}), partitioned by {info.partition_key}", ""]
+    lines += ["", f"primary key ({', '.join(info.primary_key)}), partitioned by {info.partition_key}"]
+    lines += [format_leadership(leadership(catalog, table)), ""]
     rows = []
     for part in parts:
         for pl in (x for x in placements if x.partition_id == part.partition_id):

@@ -1,0 +1,78 @@
+"""Who leads each table now and how it got there: the leader sites, their epochs, a switchover's pause, and
+the last recorded move (``segrep failover`` / ``switchover``) with what it gave up. Read by ``segrep status``
+and ``segrep table describe``: one query per question, whatever the number of partitions."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+
+
+@dataclass(frozen=True)
+class LastMove:
+    kind: str
+    done_us: int
+    from_site: str
+    to_site: str
+    cut: str
+    on_return: str
+    segments_lost: int
+    rows_lost: int
+
+
+@dataclass(frozen=True)
+class Leadership:
+    table: str
+    leaders: dict[str, int]  # leader site -> partitions it leads
+    min_epoch: int
+    max_epoch: int
+    paused_since_us: int | None  # writes paused by a switchover under way
+    last_move: LastMove | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def leadership(catalog: Catalog, table: str | None = None) -> list[Leadership]:
+    with catalog.read() as s:
+        names = [table] if table is not None else sorted(s.scalars(select(m.Table.name)))
+        return [_of(s, q.table_info(s, name)) for name in names]
+
+
+def _of(s: Session, info: q.TableInfo) -> Leadership:
+    sites = q.sites_by_id(s)
+    rows = s.execute(
+        select(m.Placement.site_id, func.count(), func.min(m.Partition.epoch), func.max(m.Partition.epoch))
+        .join(m.Partition, m.Partition.leader_placement_id == m.Placement.placement_id)
+        .where(m.Partition.table_id == info.table_id)
+        .group_by(m.Placement.site_id)
+    ).all()
+    paused = s.scalar(select(func.min(m.Partition.paused_us)).where(m.Partition.table_id == info.table_id))
+    move = q.last_failover(s, info.table_id)
+    last = None
+    if move is not None:
+        last = LastMove(
+            move.kind,
+            move.done_us,
+            sites[move.from_site_id].name,
+            sites[move.to_site_id].name,
+            move.cut,
+            move.on_return,
+            sum(int(x["segments"]) for x in move.loss),
+            sum(int(x["rows"]) for x in move.loss),
+        )
+    return Leadership(
+        info.name,
+        {sites[site_id].name: int(n) for site_id, n, _lo, _hi in rows},
+        min((int(lo) for _s, _n, lo, _hi in rows), default=0),
+        max((int(hi) for _s, _n, _lo, hi in rows), default=0),
+        paused,
+        last,
+    )
