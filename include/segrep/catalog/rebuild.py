@@ -150,6 +150,12 @@ def rebuild_site(
                 s.add(segment_row(it.entry, pl.placement_id, it.relpath, it.facts, it.mtime_us))
             s.flush()
             pl.root_segment_id = root
+            # The partition's clock must be past every row the files hold (a new catalog starts it at 0): a
+            # later write stamped by a clock behind them would lose to rows it replaces.
+            part = s.get(m.Partition, pl.partition_id, with_for_update=True)
+            newest = max((it.entry.max_version for it in items), default=0)
+            if part is not None and part.last_version < newest:
+                part.last_version = newest
             # The rows were inserted again with new entry ids, which may be at or below the old settled
             # watermarks (SQLite reuses freed rowids): planning reads only entries above them, so a pending
             # segment would be skipped for good and safe time would pass it. Plan the partition afresh.

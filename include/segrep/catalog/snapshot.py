@@ -65,6 +65,18 @@ class TableSnapshot:
     joining_site_ids: set[int] = field(default_factory=set)  # ... of which some replica is still JOINING
     stalled_site_ids: set[int] = field(default_factory=set)  # ... or some replica needs a bootstrap
 
+    def rollback_pending(self, site_id: int) -> int:
+        """How many segments a failover gave up (``on_return: rollback``) the site's placements still list:
+        until they are rolled back its reads are not the table's (its safe time waits, its target fails)."""
+        return sum(
+            1
+            for part in self.partitions
+            for pl in part.replicas
+            if pl.site_id == site_id
+            for seg in part.segments.get(pl.placement_id, [])
+            if seg.segment_id in part.set_aside
+        )
+
     def site_id(self, name: str) -> int:
         for site in self.sites.values():
             if site.name == name:

@@ -179,6 +179,13 @@ def fast_forward_target(
         with heartbeat(catalog, key, ttl), ThreadPoolExecutor(max_workers=PARTITIONS_AT_ONCE) as pool:
             for part_report in pool.map(_PartitionRun.run, work):
                 report.absorb(part_report)
+        pending = snap.rollback_pending(site_row.site_id)
+        if pending and report.status != TargetStatus.FAILED:  # the rows a failover gave up are still there
+            report.status = TargetStatus.FAILED
+            report.error = (
+                f"site {site} still holds {pending} segment(s) a failover gave up; they are set aside in its "
+                "rollback area (and its chain rewound) at the first round that can read the site"
+            )
     report.seconds = round(time.perf_counter() - started, 3)
     record_target(catalog, round_id, snap.info.table_id, site_row.site_id, report, policy)
     if report.status == TargetStatus.FAILED:

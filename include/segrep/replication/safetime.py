@@ -89,8 +89,9 @@ def update_checkpoints_and_safe_time(catalog: Catalog, table: str, end_us: int) 
         for site_id, safe in candidate.items():
             if unloading is not None:
                 safe = min(safe, unloading)
-            if site_id in joining or site_id in snap.stalled_site_ids:
-                continue  # a joining replica is not readable yet; one that needs a bootstrap is stuck
+            if site_id in joining or site_id in snap.stalled_site_ids or snap.rollback_pending(site_id):
+                continue  # a joining replica is not readable yet; one that needs a bootstrap is stuck; an old
+                # leader still listing what its failover gave up serves rows the table no longer has
             out[snap.sites[site_id].name] = _advance(s, snap.info.table_id, site_id, safe, now)
     return out
 
