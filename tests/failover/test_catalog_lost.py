@@ -5,8 +5,8 @@ CLI only: a new catalog, `segrep init`, `segrep apply`, `segrep catalog rebuild 
 `events` is led by `primary` and replicated to `dr` and `edge` (tests.support.env.ORDERS_YAML). What the recovery
 can and cannot do today is asserted as it is, gaps included (each is named where it is asserted):
 
-- `segrep apply` probes every site and refuses while `primary` is unreachable, so a new catalog cannot be
-  built until the lost site's store answers (here: its path is removed, as a region lost for good).
+- `segrep apply` probes every site and refuses while `primary` is unreachable; `--site-down primary` records
+  it without probing its store.
 - On a new catalog every file is "past the table's clock 0: never committed": the rebuild needs `--accept-loss`.
 - The failover cannot name the loss (the new catalog never knew the leader's chain): it prints "loss: none".
 - The rebuild raises each partition's clock (`last_version`) past the files' rows, so a new leader whose clock
@@ -108,8 +108,7 @@ def rebuild_and_fail_over(lost: Lost) -> Env:
     """The recovery as it works today (the gaps worked around as the module says); returns the new env."""
     new = lost.env
     ok(new, "init")
-    lost.lose_primary_for_good()
-    ok(new, "apply")
+    ok(new, "apply", "--site-down", "primary")
     for site in REPLICAS:
         ok(new, "catalog", "rebuild", "--site", site, "--accept-loss")
     ok(new, "failover", TABLE, "--to", "dr")
@@ -125,8 +124,8 @@ def test_catalog_lost_with_the_leaders_site_is_rebuilt_from_the_survivors_files(
     out = ok(new, "init")
     assert out.startswith(f"catalog sqlite:///{tmp_path}/catalog-new.db upgraded from empty to revision "), out
 
-    # GAP: apply probes every site and refuses while the lost leader's store does not answer; the new catalog
-    # stays empty, so nothing can be rebuilt.
+    # apply probes every site and refuses while the lost leader's store does not answer (the new catalog stays
+    # empty, nothing can be rebuilt) unless the site is named as down.
     for args in (("apply",), ("apply", "--dry-run")):
         code, out, err = cli(new, *args)
         assert (code, out) == (2, ""), (args, out, err)
@@ -134,8 +133,8 @@ def test_catalog_lost_with_the_leaders_site_is_rebuilt_from_the_survivors_files(
     code, out, err = cli(new, "catalog", "rebuild", "--site", "dr")
     assert (code, err) == (2, "segrep: error: unknown site 'dr' in the catalog; known: none\n"), (out, err)
 
-    lost.lose_primary_for_good()
-    out = ok(new, "apply")
+    out = ok(new, "apply", "--site-down", "primary")
+    assert out.startswith("site primary: not probed (--site-down); it is recorded as defined\n"), out
     assert f"add     site primary (id 1) at {primary}\n" in out, out
     assert (
         "add     table events: 4 columns, key (tenant, seq), 2 partition(s), leader primary, replicas dr, edge" in out
@@ -200,6 +199,7 @@ def test_catalog_lost_with_the_leaders_site_is_rebuilt_from_the_survivors_files(
     model.delete(new, [4, 5])
     at_dr = len(site_lists(new.catalog)[0]["dr"])
     fresh = at_dr - len(lost.lists["dr"])  # written at dr since the failover
+    lost.lose_primary_for_good()  # the lost region comes back empty (a new store at the same place)
     out = ok(new, "round", TABLE)
     # edge re-learns the 6 rebuilt segments it holds (no ack survived) and copies the new ones; primary, whose
     # placements are empty in this catalog, gets every segment.

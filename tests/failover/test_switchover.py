@@ -15,6 +15,7 @@ from segrep.data.writer import write_batch
 from segrep.failover import switchover as sw
 from segrep.failover.promote import failover
 from segrep.replication.run import run_round
+from segrep.split.workflow import start_split
 from tests.support.checks import assert_replicas_equal_leader, leaders, triples
 from tests.support.cli import cli
 from tests.support.env import Env
@@ -95,3 +96,15 @@ def test_failback_after_a_failover_is_a_switchover_back_through_the_cli(env: Env
     assert triples(env.catalog) == model.snapshot()
     code, _out, err = cli(env, "switchover", TABLE, "--to", "primary", "--timeout", "soon")
     assert code == 2 and "--timeout" in err and "soon" in err
+
+
+def test_a_switchover_during_a_split_lifts_the_pause_everywhere(env: Env) -> None:
+    """A split parent in UNLOAD takes no writes and has no leader to move: its pause must go all the same."""
+    model = Model()
+    model.upsert(env, range(0, 20), "a")
+    run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    start_split(env.catalog, TABLE, 5, ["b"], is_async=True)  # the parent enters UNLOAD at once
+    sw.switchover(env.catalog, env.defs, [TABLE], "dr", submit=no_spark)
+    assert paused(env) == {None}
+    model.upsert(env, range(20, 30), "b")  # writes go on, at dr
+    assert triples(env.catalog) == model.snapshot()

@@ -40,10 +40,12 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.cli.format import format_report
 from segrep.core import faults, hlc
-from segrep.core.errors import SegrepError, SplitIncompleteError
+from segrep.core.errors import NotFoundError, RefusedError, SegrepError, SplitIncompleteError
 from segrep.core.states import SplitState
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
+from segrep.failover.promote import failover
+from segrep.failover.switchover import switchover
 from segrep.replication.fast_forward import CopyItem, CopyOutcome, copy_one, local_copier
 from segrep.replication.run import run_round
 from segrep.split.run import finish_unloaded
@@ -52,19 +54,20 @@ from tests.support.checks import (
     assert_acks_are_prefixes,
     assert_each_segment_once,
     assert_files_match_catalog,
+    leaders,
     lease_count,
     partitions,
     raw_winners,
     safe_times,
 )
-from tests.support.env import KV_YAML as MODEL_YAML
-from tests.support.env import make_env
+from tests.support.env import KV_YAML, make_env
 from tests.support.rounds import bring_up, corrupting_copier, set_leader, take_down
 from tests.support.spark import spark_submit_in
 
 pytestmark = pytest.mark.spark
 
 TABLE = "kv"
+MODEL_YAML = KV_YAML.replace("policy: {retry_delay_s: 0}", "policy: {retry_delay_s: 0, on_return: merge}")
 SITES = ("primary", "dr", "edge")
 SITE_IDS = {"primary": 1, "dr": 2, "edge": 3}
 KEYS = range(10)
@@ -187,6 +190,50 @@ class RoundsMachine(RuleBasedStateMachine):
         self.log.append(f"leader of {pids} -> {site}")
         if then_write:
             self.write(then_write, False)
+
+    @rule(site=st.sampled_from(SITES), then_write=st.lists(st.sampled_from(KEYS), max_size=3, unique=True))
+    def failover_to(self, site: str, then_write: list[int]) -> None:
+        """`segrep failover` (at latest, `on_return: merge`): every partition's leader moves with an epoch
+        bump in one transaction; what the old leader alone held comes back as a fork the rounds merge, so the
+        replay of every write stays the answer. A refusal (the site leads already, or cannot lead) changes
+        nothing."""
+        before = self.leaders()
+        try:
+            report = failover(self.env.catalog, self.env.defs, [TABLE], to=site)
+        except (RefusedError, NotFoundError) as exc:
+            assert self.leaders() == before, exc
+            self.stats["failover refused"] += 1
+            return
+        (move,) = report.moves
+        after = self.leaders()
+        assert {after[pid][0] for pid in move.assessment.moving} == {site}
+        assert all(after[pid][1] == before[pid][1] + 1 for pid in move.assessment.moving)
+        self.stats["failover"] += 1
+        self.log.append(f"failover -> {site}: loss {move.assessment.segments_lost} segment(s)")
+        if then_write:
+            self.write(then_write, False)
+
+    @rule(site=st.sampled_from(SITES))
+    def switchover_to(self, site: str) -> None:
+        """`segrep switchover`: writes pause, rounds drain `site`, the leaders move with nothing lacking, or on
+        a refusal or time-out nothing changes and writes resume."""
+        before = self.leaders()
+        try:
+            report, _drained = switchover(
+                self.env.catalog, self.env.defs, [TABLE], site, timeout_s=20, submit=self.submit
+            )
+        except (RefusedError, NotFoundError, SegrepError) as exc:
+            assert self.leaders() == before, exc
+            self.stats["switchover refused or timed out"] += 1
+        else:
+            assert all(m_.assessment.loss == [] for m_ in report.moves)  # RPO 0
+            self.stats["switchover"] += 1
+            self.log.append(f"switchover -> {site}")
+        with self.env.catalog.read() as s:
+            assert set(s.scalars(select(m.Partition.paused_us))) == {None}  # writes resumed either way
+
+    def leaders(self) -> dict[int, tuple[str, int]]:
+        return leaders(self.env.catalog, TABLE)
 
     @precondition(lambda self: self.split_id is None)
     @rule(at=st.sampled_from([2, 3]), is_async=st.booleans())

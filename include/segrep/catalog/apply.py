@@ -43,9 +43,14 @@ class _DryRun(Exception):
     pass
 
 
-def apply_definitions(catalog: Catalog, defs: Definitions, *, dry_run: bool = False) -> list[Change]:
-    """Bring the catalog in line with ``defs`` (or, with ``dry_run``, say what that would change)."""
-    check_sites(defs.sites.values(), write=not dry_run)  # before the write transaction: a probe may take time
+def apply_definitions(
+    catalog: Catalog, defs: Definitions, *, dry_run: bool = False, unprobed: set[str] | None = None
+) -> list[Change]:
+    """Bring the catalog in line with ``defs`` (or, with ``dry_run``, say what that would change). The sites
+    named in ``unprobed`` (known to be down: a lost region being recovered from) are not probed."""
+    skip = unprobed or set()
+    probed = [sdef for sdef in defs.sites.values() if sdef.name not in skip]
+    check_sites(probed, write=not dry_run)  # before the write transaction: a probe may take time
     changes: list[Change] = []
     try:
         with catalog.write() as s:

@@ -172,13 +172,22 @@ def init(obj: Context) -> None:
 
 @main.command()
 @click.option("--dry-run", is_flag=True, help="Print what would change; write nothing.")
+@click.option(
+    "--site-down",
+    "down",
+    multiple=True,
+    help="A defined site known to be unreachable (a lost region): recorded without probing its store (repeatable).",
+)
 @click.pass_obj
 @_user_errors
-def apply(obj: Context, dry_run: bool) -> None:
+def apply(obj: Context, dry_run: bool, down: tuple[str, ...]) -> None:
     """Validate the definitions file and bring the catalog in line with it."""
     from segrep.catalog.apply import apply_definitions
 
-    changes = apply_definitions(obj.catalog(), obj.defs, dry_run=dry_run)
+    for site in down:
+        obj.defs.site(site)  # an unknown name is refused before anything is done
+        click.echo(f"site {site}: not probed (--site-down); it is recorded as defined")
+    changes = apply_definitions(obj.catalog(), obj.defs, dry_run=dry_run, unprobed=set(down))
     prefix = "would " if dry_run else ""
     for change in changes:
         click.echo(f"{prefix}{change}")

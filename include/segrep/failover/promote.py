@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
@@ -139,8 +139,14 @@ def promote_table(s: Session, table: str, site: str, cut: Cut, kind: MoveKind, w
     from_ids = set()
     moved = 0
     now = hlc.now_us()
+    # a switchover's pause ends with its promotion (on every partition: a split parent in UNLOAD too)
+    s.execute(
+        update(m.Partition)
+        .where(m.Partition.table_id == info.table_id, m.Partition.paused_us.is_not(None))
+        .values(paused_us=None)
+        .execution_options(synchronize_session=False)
+    )
     for part in parts:
-        part.paused_us = None  # a switchover's pause ends with its promotion
         current = leaders.get(part.leader_placement_id or -1)
         if current is not None and current.site_id == to.site_id:
             continue
