@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint format bench bench-rounds bench-maintenance bench-object-store bench-chaos constraints clean spark-zip
+.PHONY: venv demo test lint format bench bench-rounds bench-maintenance bench-object-store bench-failover bench-chaos constraints clean spark-zip
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	@scripts/check_prereqs.sh $(PYTHON)
@@ -51,6 +51,11 @@ bench-maintenance: venv
 # Two moto servers on loopback stand for two object stores (tests/support/s3.py).
 bench-object-store: venv
 	$(BIN)/python bench/object_store.py --scale 1 --json bench/results/object-store.json
+
+# Promote at 10,000 partitions, switchover with 1 GiB pending, failback after 1% diverged (PostgreSQL catalog).
+bench-failover: venv
+	@scripts/ensure_postgres.sh
+	$(BIN)/python bench/failover.py --scale 1 --json bench/results/failover.json
 
 # Restarts the local PostgreSQL cluster once: run it on a machine nothing else is using.
 bench-chaos: venv

@@ -57,7 +57,12 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
                 description="The new leader. Empty: the most advanced live replica (failover only).",
             ),
             "action": Param("failover", type="string", enum=["failover", "switchover"]),
-            "at": Param("latest", type="string", enum=["latest"], description="latest: keep all the new leader holds"),
+            "at": Param(
+                "latest",
+                type="string",
+                enum=["latest", "safe-time"],
+                description="latest: keep all the new leader holds; safe-time: the rows as of the tables' safe time",
+            ),
             "dry_run": Param(True, type="boolean", description="Only assess (the loss, per partition)."),
             "timeout": Param("10m", type="string", description="Switchover: give up (and resume writes) after."),
         },
@@ -87,9 +92,12 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
         def promote(plan: dict[str, Any]) -> dict[str, Any]:
             from segrep.cli.format import format_failover
             from segrep.failover.promote import Cut, failover
+            from segrep_airflow.common import hook_submit
 
             with segrep_context() as (defs, catalog):
-                report = failover(catalog, defs, plan["tables"], to=plan["site"], cut=Cut(plan["at"]))
+                report = failover(
+                    catalog, defs, plan["tables"], to=plan["site"], cut=Cut(plan["at"]), submit=hook_submit
+                )
             print(format_failover(report))
             return report.to_dict()
 

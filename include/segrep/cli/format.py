@@ -293,6 +293,14 @@ def format_failover(report: FailoverReport) -> str:
         )
         lines.append(f"  loss ({'would be ' if report.dry_run else ''}given up): {_loss_line(total)}")
         lines += [f"    partition {x.partition_id}: {_loss_line(x)}" for x in a.loss]
+    if report.cut_us is not None:
+        lines.append(f"cut at {hlc.iso(report.cut_us)} (the smallest safe time of these tables at {report.to_site})")
+        for cut in report.cuts:
+            where = ", ".join(cut.rollback_files) or "-"
+            lines.append(
+                f"  {cut.table}: {cut.partitions_cut} partition(s) folded as of the cut, {cut.rows_set_aside:,} newer "
+                f"row(s) set aside ({where})"
+            )
     return "\n".join(lines)
 
 

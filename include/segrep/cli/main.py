@@ -452,10 +452,11 @@ def compact_(obj: Context, table: str, partitions: tuple[int, ...], force: bool)
 @click.option(
     "--at",
     "cut",
-    type=click.Choice(["latest"]),
+    type=click.Choice(["latest", "safe-time"]),
     default="latest",
     show_default=True,
-    help="Which rows the new leader keeps: latest = everything it holds.",
+    help="Which rows the new leader keeps: latest = everything it holds; safe-time = the rows as of the tables' "
+    "smallest safe time at the new site, newer ones set aside in its rollback area.",
 )
 @click.option("--dry-run", is_flag=True, help="Print what would be lost, per partition; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

@@ -11,7 +11,7 @@ removes. Writers and rounds read the leader from the catalog, so they follow wit
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -26,12 +26,17 @@ from segrep.config.definitions import Definitions
 from segrep.core import faults, hlc
 from segrep.core.errors import NotFoundError, RefusedError, SegrepError
 from segrep.failover.assess import Assessment, assess
+from segrep.failover.cut import CutReport, common_safe_time, cut_table
+from segrep.spark import launch
+from segrep.spark.launch import Submit
 
 
 class Cut(StrEnum):
-    """Which rows the new leader keeps: everything it holds (``latest``)."""
+    """Which rows the new leader keeps: everything it holds (``latest``), or the rows as of the listed
+    tables' smallest safe time at the new site (``safe-time``; the newer ones set aside, see ``cut``)."""
 
     LATEST = "latest"
+    SAFE_TIME = "safe-time"
 
 
 class MoveKind(StrEnum):
@@ -58,6 +63,8 @@ class FailoverReport:
     cut: Cut
     to_site: str
     moves: list[Move]
+    cut_us: int | None = None  # --at safe-time: the instant every listed table was cut at
+    cuts: list[CutReport] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,6 +100,7 @@ def failover(
     cut: Cut = Cut.LATEST,
     dry_run: bool = False,
     kind: MoveKind = MoveKind.FAILOVER,
+    submit: Submit = launch.submit,
 ) -> FailoverReport:
     """Assess (``dry_run``) or make the move of every listed table to ``to`` (default: see
     :func:`choose_site`). Each table moves in its own transaction, assessed again inside it under the
@@ -104,6 +112,10 @@ def failover(
         for table in wanted:
             q.table_info(s, table)  # NotFoundError naming an unknown table, before anything changes
     site, why = (to, None) if to is not None else choose_site(catalog, wanted)
+    cut_us = None
+    if cut == Cut.SAFE_TIME:
+        with catalog.read() as s:
+            cut_us = common_safe_time(s, wanted, site)
     moves = []
     for table in wanted:
         if dry_run:
@@ -112,12 +124,28 @@ def failover(
             moves.append(Move(a, len(a.moving), None))
             continue
         with catalog.write() as s:
-            moves.append(promote_table(s, table, site, cut, kind, why, defs.policy(table).on_return))
+            on_return = defs.policy(table).on_return
+            moves.append(promote_table(s, table, site, cut, kind, why, on_return, cut_us=cut_us))
         faults.point("failover_between_tables")
-    return FailoverReport(kind, dry_run, cut, site, moves)
+    cuts = []
+    if cut_us is not None and not dry_run:
+        for move in moves:
+            assert move.failover_id is not None
+            cuts.append(cut_table(catalog, defs, move.assessment.table, cut_us, move.failover_id, submit))
+    return FailoverReport(kind, dry_run, cut, site, moves, cut_us, cuts)
 
 
-def promote_table(s: Session, table: str, site: str, cut: Cut, kind: MoveKind, why: str | None, on_return: str) -> Move:
+def promote_table(
+    s: Session,
+    table: str,
+    site: str,
+    cut: Cut,
+    kind: MoveKind,
+    why: str | None,
+    on_return: str,
+    *,
+    cut_us: int | None = None,
+) -> Move:
     """In the caller's transaction: lock the table's partitions, assess under the locks, move every leader
     to ``site`` raising its epoch, lift a switchover's pause, and record the move with its loss."""
     info = q.table_info(s, table)
@@ -139,11 +167,12 @@ def promote_table(s: Session, table: str, site: str, cut: Cut, kind: MoveKind, w
     from_ids = set()
     moved = 0
     now = hlc.now_us()
-    # a switchover's pause ends with its promotion (on every partition: a split parent in UNLOAD too)
+    # a switchover's pause ends with its promotion (on every partition: a split parent in UNLOAD too); a cut
+    # at a safe time pauses writes until its fold is committed (``cut.cut_table`` lifts it)
     s.execute(
         update(m.Partition)
-        .where(m.Partition.table_id == info.table_id, m.Partition.paused_us.is_not(None))
-        .values(paused_us=None)
+        .where(m.Partition.table_id == info.table_id)
+        .values(paused_us=None if cut_us is None else hlc.now_us())
         .execution_options(synchronize_session=False)
     )
     for part in parts:
@@ -167,7 +196,7 @@ def promote_table(s: Session, table: str, site: str, cut: Cut, kind: MoveKind, w
         from_site_id=min(from_ids) if from_ids else to.site_id,
         to_site_id=to.site_id,
         cut=str(cut),
-        cut_us=None,
+        cut_us=cut_us,
         on_return=on_return,
         loss=[x.to_dict() for x in a.loss],
         done_us=now,

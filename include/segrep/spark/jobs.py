@@ -138,11 +138,14 @@ def _merge_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
 
 
 def _major_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
-    """The partition's resolved rows. Tombstones are kept (a replica must learn of the deletes, and a late
-    merge must not resurrect the row) unless older than the item's cutoff, the table's tombstone grace."""
+    """The partition's resolved rows (as of the item's ``as_of_us``, if set). Tombstones are kept (a replica
+    must learn of the deletes, and a late merge must not resurrect the row) unless older than the item's
+    cutoff, the table's tombstone grace."""
     from pyspark.sql import functions as F
 
     rows = file_frame(spark, item.visible, sch.schema_from_columns(dict(item.columns)))
+    if item.as_of_us is not None:  # a failover's cut: the partition as it was at that instant
+        rows = rows.where(F.col(sch.VERSION_COL) <= F.lit(item.as_of_us))
     latest = latest_rows(rows, item.primary_key)
     if item.tombstone_cutoff_us is not None:
         expired = F.col(sch.DELETED_COL) & (F.col(sch.VERSION_COL) < F.lit(item.tombstone_cutoff_us))

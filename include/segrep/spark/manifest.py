@@ -67,6 +67,8 @@ class MergeItem:
     output_segment_id: str = ""
     # major only: tombstones with a row version before this are dropped (None keeps all; DESIGN 7, grace)
     tombstone_cutoff_us: int | None = None
+    # major only: the rows as of this version (newer ones left out): a failover's cut at a safe time
+    as_of_us: int | None = None
     # merge and split: incoming rows outside [partition_begin, partition_end) on this column are left out
     partition_key: str = ""
     # split only: the source segment's shape, kept by the rewrite

@@ -1,0 +1,666 @@
+"""Benchmark: failover, switchover and failback (issue 14 item 8), each against its target or a baseline
+measured in the same run.
+
+Run by hand (`python bench/failover.py --scale 1`, or `make bench-failover`); prints a markdown table with each
+target and MET / NOT MET, and with ``--json PATH`` writes the figures there. The catalog is PostgreSQL (a fresh
+schema per part, dropped at the end). ``--scale`` scales (b)'s pending bytes and (c)'s TPC-H scale factor.
+
+a. promote (the RTO of the catalog step): a table ``kv`` with ``--promote-partitions`` partitions (10,000), each
+   with a placement at ``primary`` (leading), ``dr`` and ``dr2``, and ``--promote-segments`` segment entries
+   (200,000, a major every 16, every segment acked both ways, as in bench/rounds.py (e)), built with COPY;
+   ``--promote-new`` partitions hold one segment at the leader that no replica holds (the failover's loss).
+   Each repeat: ``failover(to=dr, dry_run=True)``, ``failover(to=dr)`` (one catalog transaction per table),
+   then ``failover(to=primary)`` to fail back for the next repeat; medians. Target ≤ 2 s. Profiled (cProfile,
+   top entries on stderr) when the target is not met, or with ``--profile``.
+b. switchover: a table ``kv`` (int64 key, 1 KiB random binary payload, which Parquet cannot compress) with
+   ``--switch-partitions`` partitions (1,000) at ``primary``, replicas ``dr`` and ``other``; ``--switch-mb`` x
+   scale MB (1 GiB at scale 1) written at the leader in ``--switch-batches`` interleaved batches (each
+   partition gets one segment per batch), replicated nowhere. First the baseline: a plain round to ``other``
+   (``run_round(target=other)``) copying every pending byte; then ``switchover(to=dr)`` end to end (pause,
+   drain rounds, promote, resume), with its drain rounds timed apart (``run_round`` wrapped in the switchover
+   module, timing only). Both read the same leader files from a warm page cache (just written), and both
+   fsync what they copy; ``cp`` + ``sync`` of the same files (afterwards) is shown for the disk's rate.
+   Target (ours): the switchover takes at most the plain round + 2 s, (a)'s target for the catalog step: the
+   drain is bound by the copy rate.
+c. failback: TPC-H ``lineitem`` scale ``--scale`` written at ``primary`` (4 partitions, ``--batches``
+   batches), one round to ``dr``; then ``--diverge`` (1%) of the rows updated at ``primary`` and not
+   replicated; ``primary`` down (its site directory moved aside), ``failover(to=dr)`` (policy ``on_return:
+   rollback``), the same fraction of rows updated at ``dr``, one round while ``primary`` is down; ``primary``
+   back, rounds to it until one copies nothing. Measured: the bytes those rounds copied to ``primary``
+   against the table's bytes (the new leader's visible chain; target ≤ 2%), and against a re-bootstrap: a
+   round to ``fresh``, a replica site that holds nothing yet, which copies the whole table (100%). The rows
+   set aside at ``primary`` (the rollback file, written locally from its own segments) are shown apart.
+
+No part may launch a Spark application (the ``submit`` given to every round refuses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import datetime as dt
+import io
+import json
+import os
+import pstats
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+from sqlalchemy import select, update
+
+import segrep.failover.switchover as switchover_module
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.catalog.apply import apply_definitions
+from segrep.catalog.migrate import upgrade
+from segrep.catalog.snapshot import snapshot
+from segrep.config.definitions import Definitions, load_definitions
+from segrep.core.chain import visible_segments
+from segrep.data import demo as demo_data
+from segrep.data.writer import write_batch
+from segrep.failover.promote import failover
+from segrep.failover.switchover import switchover
+from segrep.replication.rollback import ROLLBACK_DIR
+from segrep.replication.run import run_round
+
+PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+PG_CONNINFO = "postgresql://postgres@127.0.0.1:5432/test"
+KV = "kv"
+LINEITEM = "lineitem"
+PK = ["l_orderkey", "l_linenumber"]
+PAYLOAD = 1024  # bytes of random payload per (b) row
+PROMOTE_TARGET_S = 2.0
+SWITCH_OVERHEAD_S = 2.0
+FAILBACK_TARGET = 0.02
+Results = dict[str, Any]
+
+
+# -- shared helpers -------------------------------------------------------------------------------------------
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - start
+
+
+def no_spark(app: str, args: Sequence[str], *, name: str, master: str | None = None) -> None:
+    raise SystemExit(f"a Spark application ({app}, {name}) was launched: nothing here needs one")
+
+
+@contextlib.contextmanager
+def pg_schema(prefix: str) -> Iterator[tuple[str, str]]:
+    """(schema, SQLAlchemy URL with the schema first on the search_path); the schema is dropped afterwards."""
+    from sqlalchemy import create_engine, text
+
+    schema = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    engine = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield schema, f"{PG_URL}?options=-csearch_path%3D{schema}"
+    finally:
+        with engine.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        engine.dispose()
+
+
+def make_env(root: Path, url: str, sites: list[str], table: str, body: dict[str, Any]) -> tuple[Catalog, Definitions]:
+    """Definitions (``sites`` in order, the first leading ``table``) applied to a fresh catalog at ``url``."""
+    root.mkdir(parents=True, exist_ok=True)
+    body = {**body, "leader": sites[0], "replicas": sites[1:]}
+    doc = {
+        "data_dir": "data",
+        "sites": {name: {"id": i + 1, "uri": f"sites/{name}"} for i, name in enumerate(sites)},
+        "tables": {table: body},
+    }
+    config = root / "segrep.yaml"
+    config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    catalog = Catalog(url)
+    upgrade(catalog)
+    defs = load_definitions(config)
+    apply_definitions(catalog, defs)
+    return catalog, defs
+
+
+def leader_segments(catalog: Catalog, table: str) -> list[m.Segment]:
+    """The segments on the leaders' visible chains (what a new replica would copy)."""
+    with catalog.read() as s:
+        snap = snapshot(s, table, include_stalled=True)
+        return [
+            part.segment(part.leader.placement_id, ref.segment_id)
+            for part in snap.partitions
+            for ref in visible_segments(part.chain(part.leader))
+        ]
+
+
+def profile_top(fn: Callable[[], Any], n: int = 15) -> list[str]:
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf).strip_dirs()
+    stats.sort_stats("tottime").print_stats(n)
+    stats.sort_stats("cumulative").print_stats(n)
+    return buf.getvalue().splitlines()
+
+
+# -- (a) promote ----------------------------------------------------------------------------------------------
+
+SEG_COLS = (
+    "entry_id, placement_id, segment_id, partition_id, base_segment_id, included_segment_ids, is_major, "
+    "row_count, deleted_rows, byte_size, sha256, min_version, max_version, key_min, key_max, origin_site_id, "
+    "epoch, schema_fingerprint, relpath, committed_us"
+)
+PART_COLS = (
+    "partition_id, table_id, begin_key, end_key, state, leader_placement_id, epoch, last_version, "
+    "parent_partition_id, created_us"
+)
+PL_COLS = (
+    "placement_id, partition_id, site_id, state, root_segment_id, key_begin, key_end, needs_bootstrap, "
+    "created_us, removed_us, settled_entry_id, settled_epoch"
+)
+MAJOR_EVERY = 16
+
+
+def build_promote_catalog(root: Path, url: str, schema: str, args: argparse.Namespace) -> tuple[Definitions, Results]:
+    """``kv`` with ``--promote-partitions`` partitions x 3 placements and ``--promote-segments`` entries: every
+    chain holds the same history at the three placements (all acked both ways); ``--promote-new`` partitions
+    have one more segment at the leader that no replica holds. Built with COPY (as bench/rounds.py (e))."""
+    import psycopg
+
+    partitions, total, new = args.promote_partitions, args.promote_segments, args.promote_new
+    body = {"columns": {"k": "int64", "v": "binary"}, "primary_key": ["k"], "split_points": []}
+    catalog, defs = make_env(root, url, ["primary", "dr", "dr2"], KV, body)
+    with catalog.write() as s:
+        info = s.scalars(select(m.Table)).one()
+        table_id, fingerprint = info.table_id, info.schema_fingerprint
+        s.execute(update(m.Partition).values(leader_placement_id=None))
+        s.execute(m.Placement.__table__.delete())
+        s.execute(m.Partition.__table__.delete())
+    catalog.dispose()
+
+    history = max((total - new) // 3, partitions)  # segments per chain summed over partitions
+    per, extra = divmod(history, partitions)
+    new_every = max(partitions // max(new, 1), 1)
+    now = time.time_ns() // 1000
+    t0 = now - 30 * 86400 * 1_000_000
+    step = max((now - 60_000_000 - t0) // (per + 2), 1)
+    width = 600
+    part_lines, pl_lines, seg_lines, ack_lines = [], [], [], []
+    entry = new_count = 0
+    for p in range(partitions):
+        pid = p + 1
+        leader, r1, r2 = 3 * p + 1, 3 * p + 2, 3 * p + 3
+        begin = "\\N" if p == 0 else str(p * width)
+        end = "\\N" if p == partitions - 1 else str((p + 1) * width)
+        n = per + (1 if p < extra else 0)
+        ids = [f"{pid:012x}{k:08x}{'0' * 12}" for k in range(n)]
+        has_new = p % new_every == 0 and new_count < new
+        new_count += has_new
+        new_id = f"{pid:012x}{n:08x}{'f' * 12}" if has_new else None
+        part_lines.append(f"{pid}\t{table_id}\t{begin}\t{end}\tLIVE\t\\N\t1\t{t0 + (n + 1) * step}\t\\N\t{t0}\n")
+        roots = {leader: new_id or ids[-1], r1: ids[-1], r2: ids[-1]}
+        for pl, site in ((leader, 1), (r1, 2), (r2, 3)):
+            chain = [*ids, new_id] if (pl == leader and new_id) else ids
+            settled = 0
+            for k, sid in enumerate(chain):
+                entry += 1
+                settled = entry if sid != new_id else settled
+                major = k % MAJOR_EVERY == 0
+                base = "\\N" if k == 0 else chain[k - 1]
+                included = json.dumps(chain[max(k - MAJOR_EVERY + 1, 0) : k]) if major and k else "[]"
+                committed = now - 60_000_000 if sid == new_id else t0 + k * step + (0 if pl == leader else 1000)
+                version = committed - 500
+                seg_lines.append(
+                    f"{entry}\t{pl}\t{sid}\t{pid}\t{base}\t{included}\t{'t' if major else 'f'}\t10000\t0\t1000000\t"
+                    f"{'0' * 64}\t{version - 1000}\t{version}\t\\N\t\\N\t1\t1\t{fingerprint}\t"
+                    f"{KV}/{pid}/{sid}.parquet\t{committed}\n"
+                )
+            pl_lines.append(f"{pl}\t{pid}\t{site}\tLIVE\t{roots[pl]}\t\\N\t\\N\tf\t{t0}\t\\N\t{settled}\t1\n")
+        for sid in ids:
+            for holder, target in ((leader, r1), (leader, r2), (r1, leader), (r2, leader)):
+                ack_lines.append(f"{holder}\t{sid}\t{target}\t{now - 1000}\n")
+
+    with psycopg.connect(PG_CONNINFO, options=f"-csearch_path={schema}") as conn, conn.cursor() as cur:
+        for table, cols, lines in (
+            ("partitions", PART_COLS, part_lines),
+            ("placements", PL_COLS, pl_lines),
+            ("segments", SEG_COLS, seg_lines),
+            ("acks", "holder_placement_id, segment_id, target_placement_id, acked_us", ack_lines),
+        ):
+            with cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+                for off in range(0, len(lines), 50_000):
+                    copy.write("".join(lines[off : off + 50_000]))
+        cur.execute("UPDATE partitions SET leader_placement_id = 3 * partition_id - 2")
+        for table, col in (("partitions", "partition_id"), ("placements", "placement_id"), ("segments", "entry_id")):
+            cur.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{col}'), (SELECT max({col}) FROM {table}))")
+        conn.commit()
+        conn.autocommit = True
+        cur.execute("ANALYZE")
+    facts = {"segments": len(seg_lines), "acks": len(ack_lines), "new_segments": new_count, "chain": per}
+    return defs, facts
+
+
+def bench_promote(work: Path, args: argparse.Namespace) -> Results:
+    out: Results = {"partitions": args.promote_partitions, "sites": 3, "repeats": args.repeats}
+    with pg_schema("bench_promote") as (schema, url):
+        (defs, facts), build_s = timed(build_promote_catalog, work / "promote", url, schema, args)
+        out |= facts | {"build_s": build_s}
+        log(f"(a) built {facts} in {build_s:.1f} s")
+        catalog = Catalog(url)
+        samples: dict[str, list[float]] = {"dry": [], "promote": [], "back": []}
+        for rep in range(args.repeats):
+            dry, dry_s = timed(failover, catalog, defs, [KV], to="dr", dry_run=True)
+            moved, promote_s = timed(failover, catalog, defs, [KV], to="dr")
+            back, back_s = timed(failover, catalog, defs, [KV], to="primary")
+            for what, report in (("dry run", dry), ("failover", moved)):
+                move = report.moves[0]
+                if len(move.assessment.moving) != args.promote_partitions:
+                    raise SystemExit(f"(a) {what} moves {len(move.assessment.moving)} partitions: {move}")
+                if move.assessment.segments_lost != facts["new_segments"]:
+                    raise SystemExit(f"(a) {what} loses {move.assessment.segments_lost} segments, not {facts}")
+            if moved.moves[0].partitions_moved != args.promote_partitions or moved.moves[0].failover_id is None:
+                raise SystemExit(f"(a) the failover did not move every partition: {moved.moves[0].partitions_moved}")
+            if back.moves[0].partitions_moved != args.promote_partitions:
+                raise SystemExit("(a) the move back did not move every partition")
+            samples["dry"].append(dry_s)
+            samples["promote"].append(promote_s)
+            samples["back"].append(back_s)
+            log(f"(a) repeat {rep + 1}: dry run {dry_s:.2f} s, failover to dr {promote_s:.2f} s, back {back_s:.2f} s")
+        for key, values in samples.items():
+            out[f"{key}_s"] = statistics.median(values)
+            out[f"{key}_all_s"] = [round(v, 3) for v in values]
+        out["loss_segments"] = facts["new_segments"]
+        if out["promote_s"] > PROMOTE_TARGET_S or args.profile:
+
+            def once() -> None:
+                failover(catalog, defs, [KV], to="dr")
+                failover(catalog, defs, [KV], to="primary")
+
+            top, secs = timed(profile_top, once)
+            out["profile"] = {"seconds": secs, "top": top}
+            print(f"\n### cProfile of failover to dr and back ({secs:.1f} s under the profiler)\n", file=sys.stderr)
+            print("\n".join(top), file=sys.stderr)
+        catalog.dispose()
+    return out
+
+
+# -- (b) switchover ---------------------------------------------------------------------------------------------
+
+
+def kv_batch(keys: np.ndarray, rng: np.random.Generator) -> pa.Table:
+    """Rows ``keys`` with a random (incompressible) binary payload of PAYLOAD bytes each."""
+    n = len(keys)
+    data = pa.py_buffer(rng.bytes(n * PAYLOAD))
+    offsets = pa.py_buffer((np.arange(n + 1, dtype=np.int32) * PAYLOAD).tobytes())
+    payload = pa.BinaryArray.from_buffers(pa.binary(), n, [None, offsets, data])
+    return pa.table({"k": pa.array(keys, pa.int64()), "v": payload})
+
+
+@contextlib.contextmanager
+def timing_drain_rounds() -> Iterator[list[tuple[float, Any]]]:
+    """Time the rounds a switchover runs (its module's ``run_round``, wrapped for timing only)."""
+    seen: list[tuple[float, Any]] = []
+    original = switchover_module.run_round
+
+    def wrapped(*a: Any, **kw: Any) -> Any:
+        report, secs = timed(original, *a, **kw)
+        seen.append((secs, report))
+        return report
+
+    switchover_module.run_round = wrapped
+    try:
+        yield seen
+    finally:
+        switchover_module.run_round = original
+
+
+def bench_switchover(work: Path, args: argparse.Namespace) -> Results:
+    parts = args.switch_partitions
+    total_bytes = int(args.switch_mb * args.scale * 1024 * 1024)
+    rows = max(total_bytes // PAYLOAD, parts * args.switch_batches)
+    width = -(-rows // parts)
+    splits = [width * i for i in range(1, parts)]
+    out: Results = {"partitions": parts, "rows": rows, "batches": args.switch_batches}
+    with pg_schema("bench_switch") as (_schema, url):
+        body = {
+            "columns": {"k": "int64", "v": "binary"},
+            "primary_key": ["k"],
+            "split_points": splits,
+            "policy": {"retry_delay_s": 0},
+        }
+        (catalog, defs), setup_s = timed(make_env, work / "switch", url, ["primary", "dr", "other"], KV, body)
+        log(f"(b) catalog with {parts:,} partitions x 3 sites in {setup_s:.1f} s")
+        rng = np.random.default_rng(args.seed)
+        start = time.perf_counter()
+        for b in range(args.switch_batches):
+            write_batch(catalog, KV, kv_batch(np.arange(b, rows, args.switch_batches, dtype=np.int64), rng))
+        out["write_s"] = time.perf_counter() - start
+        pending = leader_segments(catalog, KV)
+        out |= {"segments": len(pending), "bytes": sum(seg.byte_size for seg in pending)}
+        log(f"(b) {len(pending):,} segments, {out['bytes'] / 1e6:,.0f} MB pending, written in {out['write_s']:.1f} s")
+
+        os.sync()
+        report, round_s = timed(run_round, catalog, defs, KV, target="other", submit=no_spark)
+        tr = report.targets["other"]
+        if tr.status != "ok" or tr.segments_copied != len(pending) or tr.bytes_copied != out["bytes"]:
+            raise SystemExit(f"(b) the plain round did not copy every pending segment: {tr}")
+        out |= {"round_s": round_s, "round_copy_step_s": tr.seconds}
+        log(f"(b) plain round to other: {round_s:.2f} s (copy step {tr.seconds:.2f} s)")
+
+        os.sync()
+        with timing_drain_rounds() as drains:
+            (moved, drained), switch_s = timed(
+                switchover, catalog, defs, [KV], "dr", timeout_s=args.switch_timeout_s, submit=no_spark
+            )
+        move = moved.moves[0]
+        copied = sum(d.segments_copied for d in drained)
+        if move.partitions_moved != parts or move.assessment.loss or copied != len(pending):
+            raise SystemExit(f"(b) unexpected switchover: moved {move.partitions_moved}, copied {copied}, {drained}")
+        with catalog.read() as s:
+            paused = s.scalar(select(m.Partition.partition_id).where(m.Partition.paused_us.is_not(None)).limit(1))
+        if paused is not None:
+            raise SystemExit("(b) writes are still paused after the switchover")
+        drain_s = sum(secs for secs, _ in drains)
+        out |= {
+            "switch_s": switch_s,
+            "drain_s": drain_s,
+            "drain_rounds": len(drains),
+            "drain_copy_step_s": sum(r.targets["dr"].seconds for _, r in drains if "dr" in r.targets),
+            "switch_other_s": switch_s - drain_s,
+            "ratio": switch_s / round_s,
+            "overhead_s": switch_s - round_s,
+        }
+        log(f"(b) switchover to dr: {switch_s:.2f} s ({len(drains)} drain round(s) {drain_s:.2f} s)")
+
+        os.sync()  # for reference: the disk's rate for the same files, cp then sync of the copies
+        files = [str(Path(defs.data_dir) / "sites" / "primary" / seg.relpath) for seg in pending]
+        dest = work / "switch-cp"
+        dest.mkdir()
+        start = time.perf_counter()
+        for off in range(0, len(files), 500):
+            subprocess.run(["cp", "--", *files[off : off + 500], str(dest)], check=True)
+        subprocess.run(["sync", "--", *map(str, dest.iterdir())], check=True)
+        out["cp_sync_s"] = time.perf_counter() - start
+        shutil.rmtree(dest)
+        log(f"(b) cp + sync of the same files: {out['cp_sync_s']:.2f} s")
+        catalog.dispose()
+    return out
+
+
+# -- (c) failback -----------------------------------------------------------------------------------------------
+
+
+def quartile_splits(rows: pa.Table) -> list[int]:
+    keys = rows.column("l_orderkey").to_numpy()
+    return [int(np.quantile(keys, q)) for q in (0.25, 0.5, 0.75)]
+
+
+def diverged(rows: pa.Table, fraction: float, rng: np.random.Generator, comment: str) -> pa.Table:
+    """``fraction`` of the rows, drawn at random, with l_comment changed (an update of those rows)."""
+    n = max(int(rows.num_rows * fraction), 1)
+    picked = rows.take(pa.array(np.sort(rng.choice(rows.num_rows, size=n, replace=False))))
+    col = picked.schema.get_field_index("l_comment")
+    return picked.set_column(col, "l_comment", pa.array([comment] * n, picked.schema.field(col).type))
+
+
+def take_down(site_dir: Path) -> Path:
+    """The site unreachable: its directory moved aside and a regular file in its place (every access fails)."""
+    aside = site_dir.with_name(f"{site_dir.name}.away")
+    site_dir.rename(aside)
+    site_dir.write_text("down\n")
+    return aside
+
+
+def bring_up(site_dir: Path, aside: Path) -> None:
+    site_dir.unlink()
+    aside.rename(site_dir)
+
+
+def bench_failback(work: Path, source: Path, args: argparse.Namespace) -> Results:
+    rows = demo_data.normalized(pq.read_table(source)).sort_by([(k, "ascending") for k in PK])
+    rng = np.random.default_rng(args.seed)
+    out: Results = {"rows": rows.num_rows, "scale": args.scale, "diverge": args.diverge}
+    with pg_schema("bench_failback") as (_schema, url):
+        body = {
+            "schema_from": str(source),
+            "primary_key": PK,
+            "partition_key": "l_orderkey",
+            "split_points": quartile_splits(rows),
+            "policy": {"on_return": "rollback", "retry_delay_s": 0},
+        }
+        catalog, defs = make_env(work / "failback", url, ["primary", "dr", "fresh"], LINEITEM, body)
+        primary_dir = Path(defs.data_dir) / "sites" / "primary"
+        start = time.perf_counter()
+        for k in range(args.batches):
+            write_batch(catalog, LINEITEM, rows.take(pa.array(np.arange(k, rows.num_rows, args.batches))))
+        out["write_s"] = time.perf_counter() - start
+        first = run_round(catalog, defs, LINEITEM, target="dr", submit=no_spark).targets["dr"]
+        out["initial_bytes"] = first.bytes_copied
+        log(
+            f"(c) {rows.num_rows:,} rows written at primary ({out['write_s']:.0f} s), "
+            f"{first.bytes_copied / 1e6:.0f} MB to dr"
+        )
+
+        lost = write_batch(catalog, LINEITEM, diverged(rows, args.diverge, rng, "diverged at primary"))
+        out |= {"lost_rows": lost.rows_written, "lost_bytes": sum(seg.byte_size for seg in lost.segments)}
+        aside = take_down(primary_dir)
+        moved = failover(catalog, defs, [LINEITEM], to="dr")
+        a = moved.moves[0].assessment
+        if a.rows_lost != lost.rows_written:
+            raise SystemExit(f"(c) the failover lost {a.rows_lost} rows, not the {lost.rows_written} diverged")
+        after = write_batch(catalog, LINEITEM, diverged(rows, args.diverge, rng, "written at dr after the failover"))
+        out |= {"dr_rows": after.rows_written, "dr_bytes": sum(seg.byte_size for seg in after.segments)}
+        down = run_round(catalog, defs, LINEITEM, target="primary", submit=no_spark)
+        out["down_status"] = str(down.targets["primary"].status)
+        log(
+            f"(c) {lost.rows_written:,} rows diverged at primary; primary down, failover to dr; "
+            f"{after.rows_written:,} rows written at dr; round while down: {out['down_status']}"
+        )
+
+        bring_up(primary_dir, aside)
+        rounds: list[dict[str, Any]] = []
+        for _ in range(args.max_rounds):
+            report, secs = timed(run_round, catalog, defs, LINEITEM, target="primary", submit=no_spark)
+            tr = report.targets["primary"]
+            rounds.append(
+                {"s": secs, "status": str(tr.status), "segments": tr.segments_copied, "bytes": tr.bytes_copied}
+            )
+            if tr.status == "ok" and not tr.segments_copied:
+                break
+        else:
+            raise SystemExit(f"(c) primary did not settle in {args.max_rounds} rounds: {rounds}")
+        with catalog.read() as s:
+            pls = s.execute(
+                select(m.Placement.partition_id, m.Site.name, m.Placement.root_segment_id, m.Placement.needs_bootstrap)
+                .join(m.Site, m.Site.site_id == m.Placement.site_id)
+                .where(m.Site.name.in_(["primary", "dr"]), m.Placement.removed_us.is_(None))
+            ).all()
+        roots: dict[int, dict[str, str | None]] = {}
+        for pid, site, root, stalled in pls:
+            if stalled:
+                raise SystemExit(f"(c) {site}'s replica of partition {pid} needs a bootstrap")
+            roots.setdefault(pid, {})[site] = root
+        if any(r["primary"] != r["dr"] for r in roots.values()):
+            raise SystemExit(f"(c) primary's chains are not dr's after the failback rounds: {roots}")
+        rollback_files = [p for p in (primary_dir / ROLLBACK_DIR).rglob("*.parquet")]
+        set_aside = sum(pq.ParquetFile(p).metadata.num_rows for p in rollback_files)
+        if set_aside != lost.rows_written:
+            raise SystemExit(f"(c) {set_aside} rows set aside at primary, not the {lost.rows_written} it alone held")
+        table_segs = leader_segments(catalog, LINEITEM)
+        out |= {
+            "failback_rounds": rounds,
+            "failback_bytes": sum(r["bytes"] for r in rounds),
+            "failback_segments": sum(r["segments"] for r in rounds),
+            "failback_s": sum(r["s"] for r in rounds),
+            "rollback_files": len(rollback_files),
+            "rollback_rows": set_aside,
+            "rollback_bytes": sum(p.stat().st_size for p in rollback_files),
+            "table_bytes": sum(seg.byte_size for seg in table_segs),
+            "table_segments": len(table_segs),
+        }
+        log(f"(c) failback: {rounds}; rollback files {len(rollback_files)} with {set_aside:,} rows")
+
+        os.sync()
+        full, full_s = timed(run_round, catalog, defs, LINEITEM, target="fresh", submit=no_spark)
+        tr = full.targets["fresh"]
+        if tr.status != "ok" or tr.segments_copied != len(table_segs):
+            raise SystemExit(f"(c) the copy to fresh did not copy the whole table: {tr}")
+        out |= {
+            "rebootstrap_bytes": tr.bytes_copied,
+            "rebootstrap_segments": tr.segments_copied,
+            "rebootstrap_s": full_s,
+        }
+        out["of_table"] = out["failback_bytes"] / out["table_bytes"]
+        out["of_rebootstrap"] = out["failback_bytes"] / tr.bytes_copied
+        log(f"(c) whole table to fresh: {tr.bytes_copied / 1e6:.0f} MB in {full_s:.1f} s")
+        catalog.dispose()
+    return out
+
+
+# -- report ----------------------------------------------------------------------------------------------------
+
+
+def verdict(ok: bool) -> str:
+    return "MET" if ok else "**NOT MET**"
+
+
+def table_rows(r: Results) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    a, b, c = r.get("a"), r.get("b"), r.get("c")
+    if a:
+        shape = (
+            f"{a['partitions']:,} partitions x 3 sites, {a['segments']:,} segments, {a['loss_segments']} lost; "
+            f"median of {a['repeats']}"
+        )
+        rows.append(
+            (
+                f"(a) promote: `failover(to=dr)`, the catalog transaction ({shape}), s",
+                f"{a['promote_s']:.2f} (all {', '.join(f'{x:.2f}' for x in a['promote_all_s'])})",
+                f"dry run {a['dry_s']:.2f}; move back {a['back_s']:.2f}",
+                "-",
+                f"≤ {PROMOTE_TARGET_S:g} s",
+                verdict(a["promote_s"] <= PROMOTE_TARGET_S),
+            )
+        )
+    if b:
+        mb = b["bytes"] / 1e6
+        rows.append(
+            (
+                f"(b) switchover to dr end to end ({b['partitions']:,} partitions, {b['segments']:,} segments, "
+                f"{mb:,.0f} MB pending), s",
+                f"{b['switch_s']:.2f} ({b['switch_s'] and mb / b['switch_s']:,.0f} MB/s; drain "
+                f"{b['drain_rounds']} round(s) {b['drain_s']:.2f}, the rest {b['switch_other_s']:.2f})",
+                f"plain round copying the same bytes: {b['round_s']:.2f} ({mb / b['round_s']:,.0f} MB/s; "
+                f"`cp` + `sync` of the files {b['cp_sync_s']:.2f}, {mb / b['cp_sync_s']:,.0f} MB/s)",
+                f"{b['ratio']:.2f}",
+                f"≤ plain round + {SWITCH_OVERHEAD_S:g} s",
+                verdict(b["overhead_s"] <= SWITCH_OVERHEAD_S),
+            )
+        )
+    if c:
+        rows.append(
+            (
+                f"(c) failback: bytes copied to primary by {len(c['failback_rounds'])} round(s) after its return "
+                f"(lineitem sf{c['scale']:g}, {c['lost_rows']:,} rows diverged at primary, {c['dr_rows']:,} written "
+                f"at dr), % of the table",
+                f"{c['failback_bytes'] / 1e6:,.1f} MB = {100 * c['of_table']:.2f}% of {c['table_bytes'] / 1e6:,.0f} MB "
+                f"({c['failback_segments']} segments, {c['failback_s']:.1f} s; {c['rollback_rows']:,} rows set aside "
+                f"locally in {c['rollback_files']} rollback file(s), {c['rollback_bytes'] / 1e6:,.1f} MB)",
+                f"re-bootstrap (whole table to a new site): {c['rebootstrap_bytes'] / 1e6:,.0f} MB, "
+                f"{c['rebootstrap_s']:.1f} s",
+                f"{100 * c['of_rebootstrap']:.2f}%",
+                f"≤ {100 * FAILBACK_TARGET:g}% of the table",
+                verdict(c["of_table"] <= FAILBACK_TARGET),
+            )
+        )
+    return rows
+
+
+def print_table(r: Results) -> None:
+    print("| measure | segrep | baseline (same run) | ratio | target | result |")
+    print("|---|---|---|---|---|---|")
+    for row in table_rows(r):
+        print("| " + " | ".join(row) + " |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", type=float, default=1.0, help="(b) pending GiB and (c) TPC-H scale factor")
+    ap.add_argument("--repeats", type=int, default=3, help="(a) failovers to dr, each moved back (medians)")
+    ap.add_argument("--promote-partitions", type=int, default=10_000)
+    ap.add_argument("--promote-segments", type=int, default=200_000, help="(a) segment entries in the catalog")
+    ap.add_argument("--promote-new", type=int, default=100, help="(a) segments only the leader holds (the loss)")
+    ap.add_argument("--profile", action="store_true", help="(a) always profile one failover and its move back")
+    ap.add_argument("--switch-partitions", type=int, default=1_000)
+    ap.add_argument("--switch-mb", type=float, default=1024.0, help="(b) MiB pending at scale 1")
+    ap.add_argument("--switch-batches", type=int, default=2, help="(b) write batches (= segments per partition)")
+    ap.add_argument("--switch-timeout-s", type=float, default=600.0)
+    ap.add_argument("--batches", type=int, default=10, help="(c) write batches of lineitem (4 partitions)")
+    ap.add_argument("--diverge", type=float, default=0.01, help="(c) fraction of rows updated at each side")
+    ap.add_argument("--max-rounds", type=int, default=4, help="(c) rounds after the return, at most")
+    ap.add_argument("--seed", type=int, default=14)
+    ap.add_argument("--skip-promote", action="store_true")
+    ap.add_argument("--skip-switchover", action="store_true")
+    ap.add_argument("--skip-failback", action="store_true")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    ap.add_argument("--tpch-dir", type=Path, default=Path("data/tpch"))
+    ap.add_argument("--work-dir", type=Path, default=None, help="parent of the scratch directory (default: /tmp)")
+    args = ap.parse_args()
+
+    results: Results = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    }
+    seconds: dict[str, float] = {}
+    load_start = os.getloadavg()
+    started = time.perf_counter()
+    source = None
+    if not args.skip_failback:
+        source = demo_data.generate_tpch("lineitem", args.scale, args.tpch_dir / f"sf{args.scale:g}").resolve()
+    with tempfile.TemporaryDirectory(prefix="segrep-bench-failover-", dir=args.work_dir) as tmp:
+        work = Path(tmp)
+        if not args.skip_promote:
+            results["a"], seconds["a"] = timed(bench_promote, work, args)
+        if not args.skip_switchover:
+            results["b"], seconds["b"] = timed(bench_switchover, work, args)
+        if source is not None:
+            results["c"], seconds["c"] = timed(bench_failback, work, source, args)
+    total_s = time.perf_counter() - started
+    load_end = os.getloadavg()
+    results |= {"loadavg": [load_start, load_end], "part_seconds": seconds, "seconds": total_s}
+
+    print()
+    print_table(results)
+    print(
+        f"\nran in {total_s:.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in seconds.items())}); "
+        f"load average {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end"
+    )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
+        log(f"results: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

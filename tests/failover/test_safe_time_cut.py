@@ -1,0 +1,78 @@
+"""`segrep failover --at safe-time` (issue 14 item 1): every listed table is cut at one instant T, the smallest
+safe time of those tables at the new site, so that the promoted tables are consistent with each other; rows
+newer than T are set aside in the new leader site's rollback area, not destroyed.
+
+`orders` (replicated to dr) stops being replicated at T while `events` (dr, edge) goes on; both fail over to
+dr at T: `events` loses at its leader the rows written after T (into the rollback file at dr), `orders` keeps
+all it has (nothing of it at dr is newer than T).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from sqlalchemy import select
+
+from segrep.catalog import models as m
+from segrep.data.writer import write_batch
+from segrep.failover.promote import Cut, failover
+from segrep.replication.run import run_round
+from tests.support.checks import assert_replicas_equal_leader, safe_times, triples
+from tests.support.cli import cli
+from tests.support.env import Env
+from tests.support.models import Model
+from tests.support.rounds import inprocess_submit, no_spark
+from tests.support.tables import TABLE, orders
+
+pytestmark = pytest.mark.spark
+
+
+def test_two_tables_fail_over_cut_at_their_common_safe_time(sqlite_env: Env, spark: Any) -> None:
+    env = sqlite_env
+    model = Model()
+    model.upsert(env, range(0, 30), "a")
+    write_batch(env.catalog, "orders", orders([1, 2, 3], comment="o1"))
+    run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    run_round(env.catalog, env.defs, "orders", submit=no_spark)
+    kept = model.snapshot()
+    cut_us = safe_times(env.catalog, "orders")["dr"]
+    model.upsert(env, range(20, 40), "after_cut")  # replicated to dr and edge, but newer than orders' safe time
+    model.delete(env, range(0, 2))
+    run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    assert safe_times(env.catalog)["dr"] > cut_us and triples(env.catalog, "dr") == model.snapshot()
+    with env.catalog.read() as s:
+        orders_before = s.scalars(select(m.Segment.segment_id)).all()
+
+    calls: list[str] = []
+    report = failover(
+        env.catalog, env.defs, [TABLE, "orders"], to="dr", cut=Cut.SAFE_TIME, submit=inprocess_submit(spark, calls)
+    )
+    assert report.cut_us == cut_us  # the smallest safe time of the two tables at dr
+    by_table = {c.table: c for c in report.cuts}
+    assert by_table["orders"].partitions_cut == 0  # nothing of orders at dr is newer than the cut
+    assert by_table[TABLE].partitions_cut == 2 and by_table[TABLE].rows_set_aside == 20 + 2
+    assert len(calls) == 1  # one Spark application folds the cut partitions
+    assert triples(env.catalog) == kept  # events at dr as of the cut
+    with env.catalog.read() as s:
+        assert set(s.scalars(select(m.Partition.paused_us))) == {None}  # writes resumed
+        assert {f.cut_us for f in s.scalars(select(m.Failover))} == {cut_us}
+        assert set(orders_before) <= set(s.scalars(select(m.Segment.segment_id)))
+
+    code, out, err = cli(env, "rollback", "list", TABLE)
+    assert code == 0, err
+    files = [line.split() for line in out.splitlines()[1:]]
+    assert {f[2] for f in files} == {"dr"} and sum(int(f[4]) for f in files) == 22
+    aside = set()
+    for f in files:
+        rows = pq.read_table(env.site_dir("dr") / f[-1]).to_pylist()
+        aside |= {(r["seq"], r["payload"], r["_deleted"]) for r in rows}
+    assert aside == {(k, f"after_cut{k}", False) for k in range(20, 40)} | {(k, None, True) for k in range(2)}
+
+    model.rows = {(t, k): p for t, k, p in kept}
+    model.upsert(env, range(100, 105), "at_dr")
+    for _ in range(3):
+        run_round(env.catalog, env.defs, TABLE, submit=inprocess_submit(spark, calls))
+    assert triples(env.catalog) == model.snapshot()
+    assert_replicas_equal_leader(env.catalog, ("edge", "primary"))  # edge took the cut too; primary followed
