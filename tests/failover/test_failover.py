@@ -16,6 +16,8 @@ from segrep.catalog import queries as q
 from segrep.data import writer
 from segrep.data.writer import write_batch
 from segrep.failover.promote import failover
+from segrep.replication.fast_forward import CopyItem, CopyOutcome, local_copier
+from segrep.replication.rollback import list_rollbacks
 from segrep.replication.run import run_round
 from tests.support.checks import assert_replicas_equal_leader, leaders, triples
 from tests.support.cli import cli
@@ -162,3 +164,37 @@ def test_failover_back_and_forth_keeps_every_site_equal(env: Env) -> None:
     assert_replicas_equal_leader(env.catalog)
     with env.catalog.read() as s:
         assert len(s.scalars(select(m.Failover)).all()) == 2
+
+
+def test_a_round_of_the_old_epoch_cannot_commit_what_it_copied(env: Env) -> None:
+    """A fast-forward planned under the old leader whose copy finishes after the failover: its commit is
+    conditional on the leader and epoch it started with, so nothing of it is registered (the copied files are
+    orphans for GC), and the next rounds replicate from the new leader."""
+    model = Model()
+    model.upsert(env, range(0, 20), "a")
+    moved: list[int] = []
+
+    def copy_then_fail_over(items: list[CopyItem]) -> list[CopyOutcome]:
+        if not moved:  # the failover lands while the first batch is being copied
+            moved.append(failover(env.catalog, env.defs, [TABLE], to="dr").moves[0].partitions_moved)
+        return local_copier(items)
+
+    run_round(env.catalog, env.defs, TABLE, submit=no_spark, copier=copy_then_fail_over)
+    assert moved == [2]
+    with env.catalog.read() as s:
+        at_edge = s.scalars(
+            select(m.Segment.segment_id)
+            .join(m.Placement, m.Placement.placement_id == m.Segment.placement_id)
+            .join(m.Site, m.Site.site_id == m.Placement.site_id)
+            .where(m.Site.name.in_(["dr", "edge"]))
+        ).all()
+    assert at_edge == []  # nothing the old epoch copied was registered at a replica
+    # dr held nothing when it was promoted: the 20 rows were given up (the loss said so), and primary, the old
+    # leader, sets them aside at the next round; then every site is the (empty) table and new writes flow.
+    model.rows.clear()
+    model.upsert(env, range(50, 55), "at_dr")
+    for _ in range(2):
+        run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    assert triples(env.catalog) == model.snapshot()
+    assert_replicas_equal_leader(env.catalog, ("primary", "edge"))
+    assert sum(f.rows for f in list_rollbacks(env.catalog, TABLE)) == 20
