@@ -38,36 +38,30 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import cProfile
 import datetime as dt
-import io
 import json
 import os
-import pstats
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
-from sqlalchemy import select, update
+from benchkit import fill_chains, log, make_env, pg_schema, print_table, profile_top, timed, verdict
+from sqlalchemy import select
 
 import segrep.failover.switchover as switchover_module
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
-from segrep.catalog.apply import apply_definitions
-from segrep.catalog.migrate import upgrade
 from segrep.catalog.snapshot import snapshot
-from segrep.config.definitions import Definitions, load_definitions
+from segrep.config.definitions import Definitions
 from segrep.core.chain import visible_segments
 from segrep.data import demo as demo_data
 from segrep.data.writer import write_batch
@@ -76,8 +70,6 @@ from segrep.failover.switchover import switchover
 from segrep.replication.rollback import ROLLBACK_DIR
 from segrep.replication.run import run_round
 
-PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-PG_CONNINFO = "postgresql://postgres@127.0.0.1:5432/test"
 KV = "kv"
 LINEITEM = "lineitem"
 PK = ["l_orderkey", "l_linenumber"]
@@ -91,53 +83,8 @@ Results = dict[str, Any]
 # -- shared helpers -------------------------------------------------------------------------------------------
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - start
-
-
 def no_spark(app: str, args: Sequence[str], *, name: str, master: str | None = None) -> None:
     raise SystemExit(f"a Spark application ({app}, {name}) was launched: nothing here needs one")
-
-
-@contextlib.contextmanager
-def pg_schema(prefix: str) -> Iterator[tuple[str, str]]:
-    """(schema, SQLAlchemy URL with the schema first on the search_path); the schema is dropped afterwards."""
-    from sqlalchemy import create_engine, text
-
-    schema = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    engine = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield schema, f"{PG_URL}?options=-csearch_path%3D{schema}"
-    finally:
-        with engine.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        engine.dispose()
-
-
-def make_env(root: Path, url: str, sites: list[str], table: str, body: dict[str, Any]) -> tuple[Catalog, Definitions]:
-    """Definitions (``sites`` in order, the first leading ``table``) applied to a fresh catalog at ``url``."""
-    root.mkdir(parents=True, exist_ok=True)
-    body = {**body, "leader": sites[0], "replicas": sites[1:]}
-    doc = {
-        "data_dir": "data",
-        "sites": {name: {"id": i + 1, "uri": f"sites/{name}"} for i, name in enumerate(sites)},
-        "tables": {table: body},
-    }
-    config = root / "segrep.yaml"
-    config.write_text(yaml.safe_dump(doc, sort_keys=False))
-    catalog = Catalog(url)
-    upgrade(catalog)
-    defs = load_definitions(config)
-    apply_definitions(catalog, defs)
-    return catalog, defs
 
 
 def leader_segments(catalog: Catalog, table: str) -> list[m.Segment]:
@@ -151,112 +98,20 @@ def leader_segments(catalog: Catalog, table: str) -> list[m.Segment]:
         ]
 
 
-def profile_top(fn: Callable[[], Any], n: int = 15) -> list[str]:
-    prof = cProfile.Profile()
-    prof.enable()
-    fn()
-    prof.disable()
-    buf = io.StringIO()
-    stats = pstats.Stats(prof, stream=buf).strip_dirs()
-    stats.sort_stats("tottime").print_stats(n)
-    stats.sort_stats("cumulative").print_stats(n)
-    return buf.getvalue().splitlines()
-
-
 # -- (a) promote ----------------------------------------------------------------------------------------------
-
-SEG_COLS = (
-    "entry_id, placement_id, segment_id, partition_id, base_segment_id, included_segment_ids, is_major, "
-    "row_count, deleted_rows, byte_size, sha256, min_version, max_version, key_min, key_max, origin_site_id, "
-    "epoch, schema_fingerprint, relpath, committed_us"
-)
-PART_COLS = (
-    "partition_id, table_id, begin_key, end_key, state, leader_placement_id, epoch, last_version, "
-    "parent_partition_id, created_us"
-)
-PL_COLS = (
-    "placement_id, partition_id, site_id, state, root_segment_id, key_begin, key_end, needs_bootstrap, "
-    "created_us, removed_us, settled_entry_id, settled_epoch"
-)
-MAJOR_EVERY = 16
 
 
 def build_promote_catalog(root: Path, url: str, schema: str, args: argparse.Namespace) -> tuple[Definitions, Results]:
     """``kv`` with ``--promote-partitions`` partitions x 3 placements and ``--promote-segments`` entries: every
     chain holds the same history at the three placements (all acked both ways); ``--promote-new`` partitions
-    have one more segment at the leader that no replica holds. Built with COPY (as bench/rounds.py (e))."""
-    import psycopg
-
+    have one more segment at the leader that no replica holds. Built with COPY (benchkit.fill_chains, as
+    bench/rounds.py (e))."""
     partitions, total, new = args.promote_partitions, args.promote_segments, args.promote_new
     body = {"columns": {"k": "int64", "v": "binary"}, "primary_key": ["k"], "split_points": []}
     catalog, defs = make_env(root, url, ["primary", "dr", "dr2"], KV, body)
-    with catalog.write() as s:
-        info = s.scalars(select(m.Table)).one()
-        table_id, fingerprint = info.table_id, info.schema_fingerprint
-        s.execute(update(m.Partition).values(leader_placement_id=None))
-        s.execute(m.Placement.__table__.delete())
-        s.execute(m.Partition.__table__.delete())
-    catalog.dispose()
-
     history = max((total - new) // 3, partitions)  # segments per chain summed over partitions
-    per, extra = divmod(history, partitions)
-    new_every = max(partitions // max(new, 1), 1)
-    now = time.time_ns() // 1000
-    t0 = now - 30 * 86400 * 1_000_000
-    step = max((now - 60_000_000 - t0) // (per + 2), 1)
-    width = 600
-    part_lines, pl_lines, seg_lines, ack_lines = [], [], [], []
-    entry = new_count = 0
-    for p in range(partitions):
-        pid = p + 1
-        leader, r1, r2 = 3 * p + 1, 3 * p + 2, 3 * p + 3
-        begin = "\\N" if p == 0 else str(p * width)
-        end = "\\N" if p == partitions - 1 else str((p + 1) * width)
-        n = per + (1 if p < extra else 0)
-        ids = [f"{pid:012x}{k:08x}{'0' * 12}" for k in range(n)]
-        has_new = p % new_every == 0 and new_count < new
-        new_count += has_new
-        new_id = f"{pid:012x}{n:08x}{'f' * 12}" if has_new else None
-        part_lines.append(f"{pid}\t{table_id}\t{begin}\t{end}\tLIVE\t\\N\t1\t{t0 + (n + 1) * step}\t\\N\t{t0}\n")
-        roots = {leader: new_id or ids[-1], r1: ids[-1], r2: ids[-1]}
-        for pl, site in ((leader, 1), (r1, 2), (r2, 3)):
-            chain = [*ids, new_id] if (pl == leader and new_id) else ids
-            settled = 0
-            for k, sid in enumerate(chain):
-                entry += 1
-                settled = entry if sid != new_id else settled
-                major = k % MAJOR_EVERY == 0
-                base = "\\N" if k == 0 else chain[k - 1]
-                included = json.dumps(chain[max(k - MAJOR_EVERY + 1, 0) : k]) if major and k else "[]"
-                committed = now - 60_000_000 if sid == new_id else t0 + k * step + (0 if pl == leader else 1000)
-                version = committed - 500
-                seg_lines.append(
-                    f"{entry}\t{pl}\t{sid}\t{pid}\t{base}\t{included}\t{'t' if major else 'f'}\t10000\t0\t1000000\t"
-                    f"{'0' * 64}\t{version - 1000}\t{version}\t\\N\t\\N\t1\t1\t{fingerprint}\t"
-                    f"{KV}/{pid}/{sid}.parquet\t{committed}\n"
-                )
-            pl_lines.append(f"{pl}\t{pid}\t{site}\tLIVE\t{roots[pl]}\t\\N\t\\N\tf\t{t0}\t\\N\t{settled}\t1\n")
-        for sid in ids:
-            for holder, target in ((leader, r1), (leader, r2), (r1, leader), (r2, leader)):
-                ack_lines.append(f"{holder}\t{sid}\t{target}\t{now - 1000}\n")
-
-    with psycopg.connect(PG_CONNINFO, options=f"-csearch_path={schema}") as conn, conn.cursor() as cur:
-        for table, cols, lines in (
-            ("partitions", PART_COLS, part_lines),
-            ("placements", PL_COLS, pl_lines),
-            ("segments", SEG_COLS, seg_lines),
-            ("acks", "holder_placement_id, segment_id, target_placement_id, acked_us", ack_lines),
-        ):
-            with cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
-                for off in range(0, len(lines), 50_000):
-                    copy.write("".join(lines[off : off + 50_000]))
-        cur.execute("UPDATE partitions SET leader_placement_id = 3 * partition_id - 2")
-        for table, col in (("partitions", "partition_id"), ("placements", "placement_id"), ("segments", "entry_id")):
-            cur.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{col}'), (SELECT max({col}) FROM {table}))")
-        conn.commit()
-        conn.autocommit = True
-        cur.execute("ANALYZE")
-    facts = {"segments": len(seg_lines), "acks": len(ack_lines), "new_segments": new_count, "chain": per}
+    facts = fill_chains(catalog, schema, KV, partitions=partitions, history=history, new=new)
+    catalog.dispose()
     return defs, facts
 
 
@@ -540,10 +395,6 @@ def bench_failback(work: Path, source: Path, args: argparse.Namespace) -> Result
 # -- report ----------------------------------------------------------------------------------------------------
 
 
-def verdict(ok: bool) -> str:
-    return "MET" if ok else "**NOT MET**"
-
-
 def table_rows(r: Results) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     a, b, c = r.get("a"), r.get("b"), r.get("c")
@@ -596,13 +447,6 @@ def table_rows(r: Results) -> list[tuple[str, ...]]:
     return rows
 
 
-def print_table(r: Results) -> None:
-    print("| measure | segrep | baseline (same run) | ratio | target | result |")
-    print("|---|---|---|---|---|---|")
-    for row in table_rows(r):
-        print("| " + " | ".join(row) + " |")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=1.0, help="(b) pending GiB and (c) TPC-H scale factor")
@@ -650,7 +494,7 @@ def main() -> int:
     results |= {"loadavg": [load_start, load_end], "part_seconds": seconds, "seconds": total_s}
 
     print()
-    print_table(results)
+    print_table(table_rows(results))
     print(
         f"\nran in {total_s:.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in seconds.items())}); "
         f"load average {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end"

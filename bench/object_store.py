@@ -40,8 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +53,8 @@ import yaml
 from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support (the moto servers)
+
+from benchkit import log, timed
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
@@ -137,16 +138,6 @@ class World:
     total_bytes: int
     targets: list[str]
     fs_of: dict[str, pafs.FileSystem]  # endpoint -> its file system, opened as segrep opens a site there
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - start
 
 
 # -- set-up ------------------------------------------------------------------------------------------------------

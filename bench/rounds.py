@@ -27,19 +27,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import cProfile
 import datetime as dt
-import io
 import json
 import os
-import pstats
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,13 +43,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
-from sqlalchemy import select, update
+from benchkit import fill_chains, log, make_env, pg_schema, print_table, profile_top, timed, verdict
+from sqlalchemy import select
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
-from segrep.catalog.apply import apply_definitions
-from segrep.catalog.migrate import upgrade
 from segrep.config.definitions import load_definitions
 from segrep.core.errors import SegrepError
 from segrep.data import demo as demo_data
@@ -64,23 +58,12 @@ from segrep.replication.plan import plan_round
 from segrep.replication.run import run_round, spark_copier
 from segrep.spark import launch
 
-PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TABLE = "lineitem"
 PK = ["l_orderkey", "l_linenumber"]
 Results = dict[str, Any]
 
 
 # -- shared helpers -------------------------------------------------------------------------------------------
-
-
-def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - start
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -100,23 +83,6 @@ class CountingSubmit:
 
 
 @contextlib.contextmanager
-def pg_schema(prefix: str) -> Iterator[tuple[str, str]]:
-    """(schema, SQLAlchemy URL with the schema first on the search_path); the schema is dropped afterwards."""
-    from sqlalchemy import create_engine, text
-
-    schema = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    engine = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield schema, f"{PG_URL}?options=-csearch_path%3D{schema}"
-    finally:
-        with engine.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        engine.dispose()
-
-
-@contextlib.contextmanager
 def catalog_url(kind: str, root: Path, prefix: str) -> Iterator[str]:
     if kind == "sqlite":
         yield f"sqlite:///{root}/catalog.db"
@@ -125,29 +91,10 @@ def catalog_url(kind: str, root: Path, prefix: str) -> Iterator[str]:
             yield url
 
 
-def make_env(root: Path, url: str, sites: list[str], source: Path, splits: list[int]) -> tuple[Catalog, Any]:
-    root.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "data_dir": "data",
-        "sites": {name: {"id": i + 1, "uri": f"sites/{name}"} for i, name in enumerate(sites)},
-        "tables": {
-            TABLE: {
-                "schema_from": str(source),
-                "primary_key": PK,
-                "partition_key": "l_orderkey",
-                "split_points": splits,
-                "leader": sites[0],
-                "replicas": sites[1:],
-            },
-        },
-    }
-    config = root / "segrep.yaml"
-    config.write_text(yaml.safe_dump(doc, sort_keys=False))
-    catalog = Catalog(url)
-    upgrade(catalog)
-    defs = load_definitions(config)
-    apply_definitions(catalog, defs)
-    return catalog, defs
+def lineitem_env(root: Path, url: str, sites: list[str], source: Path, splits: list[int]) -> tuple[Catalog, Any]:
+    """lineitem (the schema of ``source``, split at ``splits``) at ``sites``, the first leading, in a fresh catalog."""
+    body = {"schema_from": str(source), "primary_key": PK, "partition_key": "l_orderkey", "split_points": splits}
+    return make_env(root, url, sites, TABLE, body)
 
 
 def quartile_splits(rows: pa.Table) -> list[int]:
@@ -200,7 +147,7 @@ def bench_fast_forward(rows: pa.Table, source: Path, work: Path, args: argparse.
     targets = [f"r{i + 1}" for i in range(runs)]
     out: Results = {"catalog": args.catalog, "rows": rows.num_rows, "batches": args.batches, "targets": runs}
     with catalog_url(args.catalog, work, "bench_ff") as url:
-        catalog, defs = make_env(work / "ff", url, ["primary", *targets], source, quartile_splits(rows))
+        catalog, defs = lineitem_env(work / "ff", url, ["primary", *targets], source, quartile_splits(rows))
         out["write_s"] = write_in_batches(catalog, rows, args.batches)
         with catalog.read() as s:
             leader_ids = select(m.Partition.leader_placement_id)
@@ -305,7 +252,7 @@ def bench_noop(catalog: Catalog, defs: Any, repeats: int) -> Results:
 def bench_merge(rows: pa.Table, source: Path, work: Path, args: argparse.Namespace) -> Results:
     out: Results = {"catalog": args.catalog, "rows": rows.num_rows}
     with catalog_url(args.catalog, work, "bench_merge") as url:
-        catalog, defs = make_env(work / "merge", url, ["primary", "dr"], source, quartile_splits(rows))
+        catalog, defs = lineitem_env(work / "merge", url, ["primary", "dr"], source, quartile_splits(rows))
         set_leader(catalog, 2)  # dr leads: every row is written there
         out["write_s"] = write_in_batches(catalog, rows, args.batches)
         set_leader(catalog, 1)  # the operator moves leadership back: dr now holds a fork of every partition
@@ -399,115 +346,23 @@ def bench_row_baselines(rows: pa.Table, args: argparse.Namespace) -> Results:
 
 # -- (e) planning at scale -------------------------------------------------------------------------------------
 
-SEG_COLS = (
-    "entry_id, placement_id, segment_id, partition_id, base_segment_id, included_segment_ids, is_major, "
-    "row_count, deleted_rows, byte_size, sha256, min_version, max_version, key_min, key_max, origin_site_id, "
-    "epoch, schema_fingerprint, relpath, committed_us"
-)
-MAJOR_EVERY = 16
-
 
 def build_plan_catalog(root: Path, url: str, schema: str, source: Path, partitions: int, total: int) -> Any:
     """A catalog with ``partitions`` partitions x (leader + 2 replicas) and ``total`` segment entries, built with
-    COPY. Every chain holds the same history at the three placements (all acked both ways); ~100 partitions
-    have one new segment at the leader that no replica holds yet. Returns the definitions."""
-    import psycopg
-
-    catalog, defs = make_env(root, url, ["primary", "r1", "r2"], source, [])  # sites and the table row
-    with catalog.write() as s:
-        info = s.scalars(select(m.Table)).one()
-        table_id, fingerprint = info.table_id, info.schema_fingerprint
-        s.execute(update(m.Partition).values(leader_placement_id=None))
-        s.execute(m.Placement.__table__.delete())
-        s.execute(m.Partition.__table__.delete())
-    catalog.dispose()
-
+    COPY (benchkit.fill_chains). Every chain holds the same history at the three placements (all acked both
+    ways); ~100 partitions have one new segment at the leader that no replica holds yet. Returns the
+    definitions and the catalog's figures."""
+    catalog, defs = lineitem_env(root, url, ["primary", "r1", "r2"], source, [])  # sites and the table row
     history = (total - 100) // 3  # segments per chain summed over partitions (each chain is held 3 times)
     new = total - 3 * history
-    per, extra = divmod(history, partitions)
-    new_every = max(partitions // new, 1)
-    now = time.time_ns() // 1000
-    t0 = now - 30 * 86400 * 1_000_000
-    step = max((now - 60_000_000 - t0) // (per + 2), 1)
-    width = 600
-    part_lines, pl_lines, seg_lines, ack_lines = [], [], [], []
-    entry = 0
-    for p in range(partitions):
-        pid = p + 1
-        leader, r1, r2 = 3 * p + 1, 3 * p + 2, 3 * p + 3
-        begin = "\\N" if p == 0 else str(p * width)
-        end = "\\N" if p == partitions - 1 else str((p + 1) * width)
-        n = per + (1 if p < extra else 0)
-        ids = [f"{pid:012x}{k:08x}{'0' * 12}" for k in range(n)]
-        has_new = p % new_every == 0 and p // new_every < new
-        new_id = f"{pid:012x}{n:08x}{'f' * 12}" if has_new else None
-        part_lines.append(f"{pid}\t{table_id}\t{begin}\t{end}\tLIVE\t\\N\t1\t{t0 + (n + 1) * step}\t\\N\t{t0}\n")
-        roots = {leader: new_id or ids[-1], r1: ids[-1], r2: ids[-1]}
-        for pl, site in ((leader, 1), (r1, 2), (r2, 3)):
-            chain = [*ids, new_id] if (pl == leader and new_id) else ids
-            settled = 0  # as the commit step of earlier rounds left it: the history is acked everywhere
-            for k, sid in enumerate(chain):
-                entry += 1
-                settled = entry if sid != new_id else settled
-                major = k % MAJOR_EVERY == 0
-                base = "\\N" if k == 0 else chain[k - 1]
-                included = json.dumps(chain[max(k - MAJOR_EVERY + 1, 0) : k]) if major and k else "[]"
-                committed = now - 60_000_000 if sid == new_id else t0 + k * step + (0 if pl == leader else 1000)
-                version = committed - 500
-                seg_lines.append(
-                    f"{entry}\t{pl}\t{sid}\t{pid}\t{base}\t{included}\t{'t' if major else 'f'}\t10000\t0\t1000000\t"
-                    f"{'0' * 64}\t{version - 1000}\t{version}\t\\N\t\\N\t1\t1\t{fingerprint}\t"
-                    f"{TABLE}/{pid}/{sid}.parquet\t{committed}\n"
-                )
-            pl_lines.append(f"{pl}\t{pid}\t{site}\tLIVE\t{roots[pl]}\t\\N\t\\N\tf\t{t0}\t\\N\t{settled}\t1\n")
-        for sid in ids:
-            for holder, target in ((leader, r1), (leader, r2), (r1, leader), (r2, leader)):
-                ack_lines.append(f"{holder}\t{sid}\t{target}\t{now - 1000}\n")
-
-    conninfo = "postgresql://postgres@127.0.0.1:5432/test"
-    with psycopg.connect(conninfo, options=f"-csearch_path={schema}") as conn, conn.cursor() as cur:
-        for table, cols, lines in (
-            (
-                "partitions",
-                "partition_id, table_id, begin_key, end_key, state, leader_placement_id, epoch, "
-                "last_version, parent_partition_id, created_us",
-                part_lines,
-            ),
-            (
-                "placements",
-                "placement_id, partition_id, site_id, state, root_segment_id, key_begin, key_end, "
-                "needs_bootstrap, created_us, removed_us, settled_entry_id, settled_epoch",
-                pl_lines,
-            ),
-            ("segments", SEG_COLS, seg_lines),
-            ("acks", "holder_placement_id, segment_id, target_placement_id, acked_us", ack_lines),
-        ):
-            with cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
-                for off in range(0, len(lines), 50_000):
-                    copy.write("".join(lines[off : off + 50_000]))
-        cur.execute("UPDATE partitions SET leader_placement_id = 3 * partition_id - 2")
-        for table, col in (("partitions", "partition_id"), ("placements", "placement_id"), ("segments", "entry_id")):
-            cur.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{col}'), (SELECT max({col}) FROM {table}))")
-        conn.commit()
-        conn.autocommit = True
-        cur.execute("ANALYZE")
-        cur.execute("SELECT count(*) FROM segments")
-        segs = cur.fetchone()[0]
-        cur.execute("SELECT count(*) FROM acks")
-        acks = cur.fetchone()[0]
-    return defs, {"segments": segs, "acks": acks, "new_segments": new, "chain_per_partition": per}
-
-
-def profile_top(fn: Callable[..., Any], *args: Any, n: int = 15) -> list[str]:
-    prof = cProfile.Profile()
-    prof.enable()
-    fn(*args)
-    prof.disable()
-    buf = io.StringIO()
-    stats = pstats.Stats(prof, stream=buf).strip_dirs()
-    stats.sort_stats("tottime").print_stats(n)
-    stats.sort_stats("cumulative").print_stats(n)
-    return buf.getvalue().splitlines()
+    facts = fill_chains(catalog, schema, TABLE, partitions=partitions, history=history, new=new)
+    catalog.dispose()
+    return defs, {
+        "segments": facts["segments"],
+        "acks": facts["acks"],
+        "new_segments": new,
+        "chain_per_partition": facts["chain"],
+    }
 
 
 def _child(url: str, config: str, what: str, repeats: int, queue: Any) -> None:
@@ -587,10 +442,6 @@ def bench_planning(source: Path, work: Path, args: argparse.Namespace) -> Result
 
 
 # -- report ----------------------------------------------------------------------------------------------------
-
-
-def verdict(ok: bool) -> str:
-    return "MET" if ok else "**NOT MET**"
 
 
 def table_rows(r: Results) -> list[tuple[str, str, str, str, str, str]]:
@@ -715,13 +566,6 @@ def table_rows(r: Results) -> list[tuple[str, str, str, str, str, str]]:
     return rows
 
 
-def print_table(r: Results) -> None:
-    print("| measure | segrep | baseline (same run) | ratio | target | result |")
-    print("|---|---|---|---|---|---|")
-    for row in table_rows(r):
-        print("| " + " | ".join(row) + " |")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=1.0, help="TPC-H scale factor (1 = 6M lineitem rows)")
@@ -779,7 +623,7 @@ def main() -> int:
     results["loadavg_end"] = os.getloadavg()
     results["part_seconds"] = {k: round(v, 1) for k, v in seconds.items()}
 
-    print_table(results)
+    print_table(table_rows(results))
     print("\nruntime per part: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()))
     args.results_dir.mkdir(parents=True, exist_ok=True)
     out = args.results_dir / f"rounds-{results['date']}.json"
