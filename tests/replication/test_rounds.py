@@ -354,7 +354,7 @@ def test_cli_round_and_status(env: Env) -> None:
     model.upsert(env, range(25), "a")
     code, out, err = cli(env, "status", TABLE)
     assert code == 0, err
-    assert len([line for line in out.splitlines() if line.startswith(TABLE)]) == 2  # one row per target
+    assert len([line for line in out.splitlines() if line.startswith(f"{TABLE} ")]) == 2  # one row per target
     assert " 2 " in next(line for line in out.splitlines() if line.split()[:2] == [TABLE, "dr"])  # pending segs
 
     code, out, err = cli(env, "round", TABLE, "--target", "edge")
