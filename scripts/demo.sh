@@ -116,3 +116,35 @@ assert demo_data.compare(a, expected, "o_orderkey") == [], "primary differs from
 assert a.equals(b), "dr differs from primary"
 print(f"OK: after the split, dr reads exactly what primary reads ({a.num_rows} rows), as the replay says")
 PY
+
+say "disaster recovery: what would a failover to dr lose right now?   segrep failover orders --dry-run"
+segrep failover orders --dry-run
+
+say "planned switchover to dr, nothing lost: airflow dags test segrep_failover (action switchover)"
+log="$DATA/demo/airflow-switchover.log"
+if ! airflow dags test segrep_failover -c '{"tables": ["orders"], "site": "dr", "action": "switchover", "dry_run": false}' \
+    > "$log" 2>&1; then
+  tail -40 "$log"; echo "the switchover run failed; full log in $log" >&2; exit 1
+fi
+grep -E "^\s*(switchover of|  loss|drain )" "$log" | sed 's/^.*\(switchover of\)/\1/; s/^.*\(  loss\)/\1/; s/^.*\(drain \)/\1/' || true
+segrep write orders "$(sed -n 2p "$DATA/demo/batches.tsv" | cut -f1)" > /dev/null  # now written at dr
+round 4
+
+say "and back to primary from the command line: segrep switchover orders --to primary"
+segrep switchover orders --to primary
+segrep status orders
+
+say "after the switchovers: primary and dr read exactly the replay (batch 2 written again, at dr)"
+segrep read orders -o "$DATA/demo/orders_primary.parquet" --overwrite
+segrep read orders --site dr -o "$DATA/demo/orders_dr.parquet" --overwrite
+python - "$DATA/demo/orders_primary.parquet" "$DATA/demo/orders_dr.parquet" "$DATA/demo/batches" <<'PY'
+import sys, pyarrow.parquet as pq
+from pathlib import Path
+from segrep.data import demo as demo_data
+a, b = (pq.read_table(p).sort_by("o_orderkey") for p in sys.argv[1:3])
+batches = demo_data.read_batch_files(Path(sys.argv[3]))
+expected = demo_data.expected_rows([*batches, batches[0], batches[1]], "o_orderkey")
+assert demo_data.compare(a, expected, "o_orderkey") == [], "primary differs from the replay"
+assert a.equals(b), "dr differs from primary"
+print(f"OK: after a switchover to dr and back, dr reads exactly what primary reads ({a.num_rows} rows)")
+PY

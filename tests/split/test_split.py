@@ -320,6 +320,8 @@ def test_split_through_the_cli_with_spark_submit_and_status(sqlite_env: Env) -> 
     assert code == 0 and "every replica holds the children; parent retired" in out, out + err
     assert_parent_retired(env)
     assert triples(env.catalog, "dr") == model.snapshot()
+    code, out, err = cli(env, "status", TABLE)  # the retired parent is no longer counted as a led partition
+    assert code == 0 and out.startswith("events: leader primary (3 partitions), epoch 1\n"), out + err
     code, out, err = cli(env, "status")
     assert code == 0 and "split" not in out  # a finished split leaves the status
 

@@ -51,7 +51,7 @@ def _of(s: Session, info: q.TableInfo) -> Leadership:
     rows = s.execute(
         select(m.Placement.site_id, func.count(), func.min(m.Partition.epoch), func.max(m.Partition.epoch))
         .join(m.Partition, m.Partition.leader_placement_id == m.Placement.placement_id)
-        .where(m.Partition.table_id == info.table_id)
+        .where(m.Partition.table_id == info.table_id, m.Placement.removed_us.is_(None))  # not a retired parent
         .group_by(m.Placement.site_id)
     ).all()
     paused = s.scalar(select(func.min(m.Partition.paused_us)).where(m.Partition.table_id == info.table_id))
