@@ -9,6 +9,7 @@ row-version range. Nothing here touches a site's storage, so it answers while th
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy import case, select
@@ -150,7 +151,7 @@ def _candidates(snap: _View) -> list[Candidate]:
                 state = "needs a bootstrap" if pl.needs_bootstrap else f"is {pl.state}"
                 problem = problem or f"its replica of partition {part.partition.partition_id} {state}"
             has = part.referenced(pl)
-            for ref in part.leader_visible():
+            for ref in part.leader_visible:
                 rows = part.segment(part.leader.placement_id, ref.segment_id).row_count
                 if ref.segment_id in has:
                     held += rows
@@ -168,7 +169,7 @@ def _loss(part: _Part, target: m.Placement | None) -> PartitionLoss:
     has = part.referenced(target) if target is not None else set()
     lacking = [
         part.segment(part.leader.placement_id, ref.segment_id)
-        for ref in part.leader_visible()
+        for ref in part.leader_visible
         if ref.segment_id not in has
     ]
     return PartitionLoss(
@@ -201,6 +202,7 @@ class _Part:
     replicas: list[m.Placement]
     chains: dict[int, Chain]
     facts: dict[tuple[int, str], _Seg]
+    _referenced: dict[int, set[str]] = field(default_factory=dict)
 
     def chain(self, placement: m.Placement) -> Chain:
         return self.chains.get(placement.placement_id) or Chain.of((), placement.root_segment_id)
@@ -208,17 +210,21 @@ class _Part:
     def segment(self, placement_id: int, segment_id: str) -> _Seg:
         return self.facts[(placement_id, segment_id)]
 
+    @cached_property
     def leader_visible(self) -> list[SegmentRef]:
+        """The leader's visible segments (walked once: every candidate site and the loss ask for them)."""
         return visible_segments(self.chain(self.leader))
 
     def referenced(self, placement: m.Placement) -> set[str]:
-        """Ids the placement's chain references: on its walk, or folded into a segment on it (one walk,
-        where ``core.chain.is_referenced`` walks again for every id asked)."""
-        out: set[str] = set()
-        for ref in self.chain(placement).walk():
-            out.add(ref.segment_id)
-            out.update(ref.included_segment_ids)
-        return out
+        """Ids the placement's chain references: on its walk, or folded into a segment on it (one walk per
+        placement, where ``core.chain.is_referenced`` walks again for every id asked)."""
+        if placement.placement_id not in self._referenced:
+            out: set[str] = set()
+            for ref in self.chain(placement).walk():
+                out.add(ref.segment_id)
+                out.update(ref.included_segment_ids)
+            self._referenced[placement.placement_id] = out
+        return self._referenced[placement.placement_id]
 
 
 @dataclass

@@ -27,6 +27,7 @@ from segrep.core import schema as sch
 from segrep.core.chain import visible_segments
 from segrep.core.errors import RefusedError, SegrepError
 from segrep.data.reader import expected_segment
+from segrep.replication.rollback import rollback_relpath, stored_rows, write_rollback
 from segrep.spark.items import round_item
 from segrep.spark.launch import Submit
 from segrep.spark.manifest import Manifest, MergeItem
@@ -80,28 +81,29 @@ def cut_table(
             continue
         site_row = snap.sites[part.leader.site_id]
         site = Site(site_row.name, site_row.uri)
-        rows = pa.concat_tables(
-            [site.read_checked(seg.relpath, expected_segment(info, seg), info.primary_key) for seg in newer]
-        )
-        rows = rows.filter(pc.greater(rows[sch.VERSION_COL], pa.scalar(cut_us, pa.int64())))
-        relpath = f".rollback/{table}/{part.partition.partition_id}/{failover_id}-cut.parquet"
-        if not site.exists(relpath):
-            meta = {
-                "table": table,
-                "partition_id": part.partition.partition_id,
-                "failover_id": failover_id,
-                "origin_site": site_row.name,
-                "epochs": sorted({seg.epoch for seg in newer}),
-                "min_version": min((int(v) for v in rows[sch.VERSION_COL].to_pylist()), default=None),
-                "max_version": max((int(v) for v in rows[sch.VERSION_COL].to_pylist()), default=None),
-                "segment_ids": [seg.segment_id for seg in newer],
-                "rows": rows.num_rows,
-                "written_us": hlc.now_us(),
-                "cut_us": cut_us,
-            }
-            site.write_segment(relpath, rows.select([*info.schema.names, *sch.INTERNAL_COLUMNS]), meta)
+        relpath = rollback_relpath(table, part.partition.partition_id, failover_id, "cut")
+        written = stored_rows(site, relpath)  # a re-run after a failed fold reads nothing again
+        if written is None:
+            rows = pa.concat_tables(
+                [site.read_checked(seg.relpath, expected_segment(info, seg), info.primary_key) for seg in newer]
+            )
+            rows = rows.filter(pc.greater(rows[sch.VERSION_COL], pa.scalar(cut_us, pa.int64())))
+            versions = [int(v) for v in rows[sch.VERSION_COL].to_pylist()]
+            write_rollback(
+                site,
+                relpath,
+                rows.select([*info.schema.names, *sch.INTERNAL_COLUMNS]),
+                table=table,
+                partition_id=part.partition.partition_id,
+                failover_id=failover_id,
+                segments=newer,
+                min_version=min(versions, default=None),
+                max_version=max(versions, default=None),
+                cut_us=cut_us,
+            )
+            written = rows.num_rows
         files.append(f"{site_row.name}:{relpath}")
-        set_aside += rows.num_rows
+        set_aside += written
         items.append(replace(round_item(snap, part, key, "major", []), as_of_us=cut_us))
     if items:
         mpath, rpath = compaction_paths(defs, table, key)

@@ -55,8 +55,46 @@ class RolledBack:
 _UNAVAILABLE: tuple[type[Exception], ...] = (*STORE_ERRORS, SegrepError)
 
 
-def rollback_relpath(table: str, partition_id: int, failover_id: int, placement_id: int) -> str:
-    return f"{ROLLBACK_DIR}/{table}/{partition_id}/{failover_id}-{placement_id}.parquet"
+def rollback_relpath(table: str, partition_id: int, failover_id: int, name: int | str) -> str:
+    """Where a failover's set-aside rows of one partition go at a site (``name``: the returned placement's
+    id, or ``cut`` for the rows newer than a safe-time cut)."""
+    return f"{ROLLBACK_DIR}/{table}/{partition_id}/{failover_id}-{name}.parquet"
+
+
+def stored_rows(site: Site, relpath: str) -> int | None:
+    """The rows of a rollback file written already (a re-run after a crash), from its manifest; else None."""
+    return int(rollback_manifest(site, relpath)["rows"]) if site.exists(relpath) else None
+
+
+def write_rollback(
+    site: Site,
+    relpath: str,
+    rows: pa.Table,
+    *,
+    table: str,
+    partition_id: int,
+    failover_id: int,
+    segments: list[m.Segment],
+    min_version: int | None,
+    max_version: int | None,
+    **extra: Any,
+) -> None:
+    """Write set-aside rows atomically (fsynced, as a segment is), their manifest in the footer: table,
+    partition, failover, origin site, epochs, version range, segments, rows, when."""
+    meta = {
+        "table": table,
+        "partition_id": partition_id,
+        "failover_id": failover_id,
+        "origin_site": site.name,
+        "epochs": sorted({seg.epoch for seg in segments}),
+        "min_version": min_version,
+        "max_version": max_version,
+        "segment_ids": [seg.segment_id for seg in segments],
+        "rows": rows.num_rows,
+        "written_us": hlc.now_us(),
+        **extra,
+    }
+    site.write_segment(relpath, rows, meta)
 
 
 def roll_back_returned(catalog: Catalog, table: str) -> list[RolledBack]:
@@ -100,45 +138,47 @@ def _roll_back(
         (part,) = snapshot(s, table, [partition_id], include_stalled=True).partitions
         placement = s.get(m.Placement, placement_id)
         assert placement is not None
-        site_row = q.sites_by_id(s)[placement.site_id]
+        sites = q.sites_by_id(s)
+        site_row, leader_site = sites[placement.site_id], sites[part.leader.site_id]
         held = {x.segment_id: x for x in part.segments.get(placement_id, [])}
         lost = [held[sid] for sid in seg_ids if sid in held]
         leader_segs = [
             part.segment(part.leader.placement_id, ref.segment_id) for ref in visible_segments(part.chain(part.leader))
         ]
-        leader_site = q.sites_by_id(s)[part.leader.site_id]
         root_before = placement.root_segment_id
         chain = q.chain_of(placement, part.segments.get(placement_id, []))
     site = Site(site_row.name, site_row.uri)
     relpath = rollback_relpath(table, partition_id, failover_id, placement_id)
     try:
-        rows = _set_aside_rows(info, site, lost, Site(leader_site.name, leader_site.uri), leader_segs)
-        if not site.exists(relpath):
-            meta = {
-                "table": table,
-                "partition_id": partition_id,
-                "failover_id": failover_id,
-                "origin_site": site_row.name,
-                "epochs": sorted({seg.epoch for seg in lost}),
-                "min_version": min((seg.min_version for seg in lost), default=None),
-                "max_version": max((seg.max_version for seg in lost), default=None),
-                "segment_ids": [seg.segment_id for seg in lost],
-                "rows": rows.num_rows,
-                "written_us": hlc.now_us(),
-            }
-            site.write_segment(relpath, rows, meta)  # atomic, fsynced; the manifest is the footer's
+        written = stored_rows(site, relpath)  # a re-run after a crash reads nothing again
+        if written is None:
+            rows = _set_aside_rows(info, site, lost, Site(leader_site.name, leader_site.uri), leader_segs)
+            low = min((seg.min_version for seg in lost), default=None)
+            high = max((seg.max_version for seg in lost), default=None)
+            write_rollback(
+                site,
+                relpath,
+                rows,
+                table=table,
+                partition_id=partition_id,
+                failover_id=failover_id,
+                segments=lost,
+                min_version=low,
+                max_version=high,
+            )
+            written = rows.num_rows
     except _UNAVAILABLE as exc:  # the site is still away, or a file unreadable: next round
         return RolledBack(table, partition_id, site_row.name, None, 0, len(lost), describe(exc))
     new_root = chain.without(seg_ids).root
     with catalog.write() as s:
         pl = s.get(m.Placement, placement_id, with_for_update=True)
         if pl is None or pl.root_segment_id != root_before:
-            return RolledBack(table, partition_id, site_row.name, relpath, rows.num_rows, len(lost), "moved; retried")
+            return RolledBack(table, partition_id, site_row.name, relpath, written, len(lost), "moved; retried")
         s.execute(delete(m.Segment).where(m.Segment.placement_id == placement_id, m.Segment.segment_id.in_(seg_ids)))
         s.execute(delete(m.Ack).where(m.Ack.holder_placement_id == placement_id, m.Ack.segment_id.in_(seg_ids)))
         pl.root_segment_id = new_root
         q.reset_watermarks(s, partition_id)
-    return RolledBack(table, partition_id, site_row.name, relpath, rows.num_rows, len(lost))
+    return RolledBack(table, partition_id, site_row.name, relpath, written, len(lost))
 
 
 def _set_aside_rows(
