@@ -13,6 +13,25 @@ export AIRFLOW__CORE__DAGS_FOLDER="$PWD/dags" AIRFLOW__CORE__LOAD_EXAMPLES=False
 export AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
+# replay_check LABEL N...: primary and dr read exactly the replay of every batch, then batches N... written again
+replay_check() {
+  local label=$1; shift
+  segrep read orders -o "$DATA/demo/orders_primary.parquet" --overwrite
+  segrep read orders --site dr -o "$DATA/demo/orders_dr.parquet" --overwrite
+  python - "$DATA/demo/orders_primary.parquet" "$DATA/demo/orders_dr.parquet" "$DATA/demo/batches" "$label" "$@" <<'PY'
+import sys, pyarrow.parquet as pq
+from pathlib import Path
+from segrep.data import demo as demo_data
+a, b = (pq.read_table(p).sort_by("o_orderkey") for p in sys.argv[1:3])
+batches = demo_data.read_batch_files(Path(sys.argv[3]))
+again = [batches[int(n) - 1] for n in sys.argv[5:]]
+expected = demo_data.expected_rows([*batches, *again], "o_orderkey")
+assert demo_data.compare(a, expected, "o_orderkey") == [], "primary differs from the replay"
+assert a.equals(b), "dr differs from primary"
+print(f"OK: {sys.argv[4]}, dr reads exactly what primary reads ({a.num_rows} rows), as the replay says")
+PY
+}
+
 say "resetting $DATA/sites and $DATA/catalog.db (demo data only)"
 rm -rf "$DATA/sites" "$DATA/catalog.db" "$DATA/catalog.db-wal" "$DATA/catalog.db-shm" "$DATA/demo" "$DATA/work"
 
@@ -103,19 +122,7 @@ say "segrep table describe orders   (partition 1 retired; three children serve i
 segrep table describe orders
 
 say "after the split: primary and dr read exactly the replay of the batches (plus batch 1 written again)"
-segrep read orders -o "$DATA/demo/orders_primary.parquet" --overwrite
-segrep read orders --site dr -o "$DATA/demo/orders_dr.parquet" --overwrite
-python - "$DATA/demo/orders_primary.parquet" "$DATA/demo/orders_dr.parquet" "$DATA/demo/batches" <<'PY'
-import sys, pyarrow.parquet as pq
-from pathlib import Path
-from segrep.data import demo as demo_data
-a, b = (pq.read_table(p).sort_by("o_orderkey") for p in sys.argv[1:3])
-batches = demo_data.read_batch_files(Path(sys.argv[3]))
-expected = demo_data.expected_rows([*batches, batches[0]], "o_orderkey")
-assert demo_data.compare(a, expected, "o_orderkey") == [], "primary differs from the replay"
-assert a.equals(b), "dr differs from primary"
-print(f"OK: after the split, dr reads exactly what primary reads ({a.num_rows} rows), as the replay says")
-PY
+replay_check "after the split" 1
 
 say "disaster recovery: what would a failover to dr lose right now?   segrep failover orders --dry-run"
 segrep failover orders --dry-run
@@ -135,16 +142,4 @@ segrep switchover orders --to primary
 segrep status orders
 
 say "after the switchovers: primary and dr read exactly the replay (batch 2 written again, at dr)"
-segrep read orders -o "$DATA/demo/orders_primary.parquet" --overwrite
-segrep read orders --site dr -o "$DATA/demo/orders_dr.parquet" --overwrite
-python - "$DATA/demo/orders_primary.parquet" "$DATA/demo/orders_dr.parquet" "$DATA/demo/batches" <<'PY'
-import sys, pyarrow.parquet as pq
-from pathlib import Path
-from segrep.data import demo as demo_data
-a, b = (pq.read_table(p).sort_by("o_orderkey") for p in sys.argv[1:3])
-batches = demo_data.read_batch_files(Path(sys.argv[3]))
-expected = demo_data.expected_rows([*batches, batches[0], batches[1]], "o_orderkey")
-assert demo_data.compare(a, expected, "o_orderkey") == [], "primary differs from the replay"
-assert a.equals(b), "dr differs from primary"
-print(f"OK: after a switchover to dr and back, dr reads exactly what primary reads ({a.num_rows} rows)")
-PY
+replay_check "after a switchover to dr and back" 1 2
