@@ -178,7 +178,7 @@ def test_catalog_lost_with_the_leaders_site_is_rebuilt_from_the_survivors_files(
     assert out.startswith("events: leader primary (2 partitions), epoch 1\n"), out
     for site in REPLICAS:
         line = next(x for x in out.splitlines() if x.startswith(f"events  {site} "))
-        assert line.split()[2:7] == ["-", "-", "0", "0", "-"], line  # no safe time, lag, pending, round
+        assert line.split()[2:8] == ["-", "-", "-", "0", "0", "-"], line  # no safe time, lag, rpo, pending, round
 
     # The failover cannot name the loss: the new catalog never knew primary's chain (25 rows were lost).
     out = ok(new, "failover", TABLE, "--to", "dr", "--dry-run")
@@ -215,7 +215,7 @@ def test_catalog_lost_with_the_leaders_site_is_rebuilt_from_the_survivors_files(
     out = ok(new, "status", TABLE)
     for site in ("primary", "edge"):
         line = next(x for x in out.splitlines() if x.startswith(f"events  {site} "))
-        assert line.split()[4:6] == ["0", "0"], line  # nothing pending
+        assert line.split()[5:7] == ["0", "0"], line  # nothing pending
     assert "verify of events at edge, primary: all equal" in ok(new, "verify", TABLE)
     with new.catalog.read() as s:
         assert s.scalar(select(func.count()).select_from(m.Failover)) == 1

@@ -118,9 +118,9 @@ def test_a_writer_of_the_old_epoch_cannot_commit_and_retries_at_the_new_leader(
     failover(env.catalog, env.defs, [TABLE], to="edge")
     calls: list[int] = []
 
-    def zombie_then_fresh(catalog: Any, info: Any) -> Any:
+    def zombie_then_fresh(catalog: Any, info: Any, site: str | None = None) -> Any:
         calls.append(1)
-        return stale if len(calls) == 1 else info_targets(catalog, info)
+        return stale if len(calls) == 1 else info_targets(catalog, info, site)
 
     monkeypatch.setattr(writer, "_targets", zombie_then_fresh)
     before = primary_entries(env)

@@ -13,19 +13,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.snapshot import REPLICATING_STATES
+from segrep.catalog.sql import rowcount
 from segrep.config.definitions import Definitions
 from segrep.core import faults, hlc
-from segrep.core.errors import NotFoundError, RefusedError, SegrepError
-from segrep.failover.assess import Assessment, assess
+from segrep.core.errors import ConflictError, NotFoundError, RefusedError, SegrepError
+from segrep.failover.assess import Assessment, assess, assess_view, read_view
 from segrep.failover.cut import CutReport, common_safe_time, cut_table
 from segrep.spark import launch
 from segrep.spark.launch import Submit
@@ -150,22 +151,12 @@ def promote_table(
     to ``site`` raising its epoch, lift a switchover's pause, and record the move with its loss."""
     info = q.table_info(s, table)
     to = q.site_by_name(s, site)
-    parts = list(
-        s.scalars(
-            select(m.Partition)
-            .where(
-                m.Partition.table_id == info.table_id,
-                m.Partition.state.in_([str(x) for x in REPLICATING_STATES]),
-                m.Partition.leader_placement_id.is_not(None),
-            )
-            .order_by(m.Partition.partition_id)
-            .with_for_update()
-        )
-    )
-    a = assess(s, table, site, chosen_because=why)  # under the locks: nothing commits at these leaders meanwhile
-    active = q.active_placements(s, [p.partition_id for p in parts])
-    leaders = {pl.placement_id: pl for pl in active}
-    at_site = {pl.partition_id: pl for pl in active if pl.site_id == to.site_id}
+    # the partitions and placements as tuples, read once under the partitions' row locks (taken in id order):
+    # the assessment and the move both work from them, so nothing commits at these leaders meanwhile
+    view = read_view(s, info, lock=True)
+    a = assess_view(view, site, chosen_because=why)
+    leaders = {pl.placement_id: pl for pl in view.placements}
+    at_site = {pl.partition_id: pl for pl in view.placements if pl.site_id == to.site_id}
     from_ids = set()
     moved = 0
     now = hlc.now_us()
@@ -178,7 +169,7 @@ def promote_table(
         .execution_options(synchronize_session=False)
     )
     moves: list[dict[str, int]] = []
-    for part in parts:
+    for part in view.rows:
         current = leaders.get(part.leader_placement_id or -1)
         if current is not None and current.site_id == to.site_id:
             continue
@@ -189,15 +180,28 @@ def promote_table(
             from_ids.add(current.site_id)
         moves.append({"pid": part.partition_id, "leader": target.placement_id, "epoch": part.epoch + 1})
         moved += 1
-    if moves:  # one executemany, not a statement per partition (10,000 partitions move in well under 2 s)
-        table_ = cast(Table, m.Partition.__table__)
-        s.execute(
-            update(table_)
-            .where(table_.c.partition_id == bindparam("pid"))
-            .values(leader_placement_id=bindparam("leader"), epoch=bindparam("epoch")),
-            moves,
+    if moves:
+        # One UPDATE ... FROM for the whole table (not a statement per partition): every partition the view
+        # moves, and only those (the same conditions, under the row locks), gets the site's placement as its
+        # leader and its epoch raised by one.
+        p, pl = m.Partition, m.Placement
+        res = s.execute(
+            update(p)
+            .where(
+                p.table_id == info.table_id,
+                p.state.in_([str(x) for x in REPLICATING_STATES]),
+                p.leader_placement_id.is_not(None),
+                pl.partition_id == p.partition_id,
+                pl.site_id == to.site_id,
+                pl.removed_us.is_(None),
+                p.leader_placement_id != pl.placement_id,
+            )
+            .values(leader_placement_id=pl.placement_id, epoch=p.epoch + 1)
+            .execution_options(synchronize_session=False)
         )
-        s.expire_all()  # the partitions as loaded no longer hold their leader and epoch
+        if rowcount(res) != len(moves):
+            raise ConflictError(f"table {table}: {rowcount(res)} of {len(moves)} partitions moved; nothing changed")
+        s.expire_all()  # a Partition the session holds no longer holds its leader and epoch
     if not moved:
         raise RefusedError(f"table {table}: site {site} leads every partition already")
     faults.point("failover_before_commit")
