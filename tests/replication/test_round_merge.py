@@ -10,8 +10,6 @@ repeated-merge check runs in the session's SparkSession instead.
 from __future__ import annotations
 
 import hashlib
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,8 +19,10 @@ from segrep.catalog import models as m
 from segrep.cli.format import format_report
 from segrep.core import faults, hlc
 from segrep.core.errors import SegrepError
+from segrep.replication.plan import plan_round
 from segrep.replication.run import run_round
 from segrep.spark.manifest import Manifest
+from segrep.spark.results import commit_results
 from segrep.storage.workdir import manifest_path, result_path
 from tests.support.checks import (
     assert_acks_are_prefixes,
@@ -121,6 +121,9 @@ def test_fork_merged_by_spark_submit_with_a_crash_in_the_job(sqlite_env: Env, mo
 
 
 def test_a_repeated_merge_keeps_nothing_new(sqlite_env: Env, spark: Any) -> None:
+    """A lost ack makes the follower push its merged segments again: the leader's merged segment names what it
+    merged, so the leader answers SEGMENT_EXISTS (no second merge); and the round's merge job run again on the
+    same manifest registers nothing new (deterministic output ids)."""
     env = sqlite_env
     model = fork(env)
     calls: list[str] = []
@@ -142,11 +145,14 @@ def test_a_repeated_merge_keeps_nothing_new(sqlite_env: Env, spark: Any) -> None
                 m.Ack.target_placement_id.in_(leader_ids.where(m.Site.name == "primary")),
             )
         )
-    again = run_round(env.catalog, env.defs, TABLE, submit=submit)
-    assert len(calls) == 2 and again.merges.items == 2
-    assert again.merges.rows_in == 35 and again.merges.rows_merged == 0  # every pushed row loses
-    result = json.loads(Path(result_path(env.defs, TABLE, again.end_us)).read_text())
-    assert [it["output"] for it in result["items"]] == [None, None] and result["items"][0]["rows_out"] == 0
+    plan = plan_round(env.catalog, env.defs, TABLE)
+    assert plan.summary.pushes == {"SEGMENT_EXISTS": 4} and plan.summary.merges == []
+
+    # the first round's merge job again, on the same manifest: its outputs are already registered
+    mpath, rpath = manifest_path(env.defs, TABLE, first.end_us), result_path(env.defs, TABLE, first.end_us)
+    submit("merge", ["--manifest", str(mpath), "--result", str(rpath)], name="again")
+    again = commit_results(env.catalog, mpath, rpath)
+    assert again.items == 2 and again.committed == 0 and again.dropped == []  # found present, not added
     assert segment_rows(env.catalog, "primary") == leader_before  # nothing new at the leader
     assert leader_files(env) == files_before
     assert triples(env.catalog) == model.snapshot()

@@ -31,9 +31,8 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from sqlalchemy import select
 
 from segrep.catalog import models as m
@@ -57,10 +56,9 @@ from tests.support.checks import (
     leaders,
     lease_count,
     partitions,
-    raw_winners,
-    safe_times,
 )
 from tests.support.env import KV_YAML, make_env
+from tests.support.machines import check_safe_times, run_machine
 from tests.support.rounds import bring_up, corrupting_copier, set_leader, take_down
 from tests.support.spark import spark_submit_in
 
@@ -286,17 +284,7 @@ class RoundsMachine(RuleBasedStateMachine):
         that a later write superseded is nowhere (not even at the leader) as of its time. The check is
         therefore: every key whose last write of all (the model's replay) is at or before a site's safe
         time resolves at that site to exactly that write (tombstones included)."""
-        now = safe_times(self.env.catalog, TABLE)
-        for site, us in now.items():
-            assert us >= self.safe.get(site, us), (site, us, self.safe[site])
-            there = raw_winners(self.env.catalog, TABLE, site)
-            for key, (version, origin, deleted, _v) in self.expected.items():
-                if version <= us:
-                    assert there.get((key,)) == (version, origin, deleted), (
-                        f"safe time {us} at {site} claims key {key} written at {version}, but {site} has "
-                        f"{there.get((key,))}\n" + "\n".join(self.log)
-                    )
-        self.safe = now
+        self.safe = check_safe_times(self.env.catalog, TABLE, self.expected, self.safe, self.log)
 
     @invariant()
     def acks_follow_offer_order(self) -> None:
@@ -350,14 +338,4 @@ class RoundsMachine(RuleBasedStateMachine):
 
 def test_rounds_state_machine(spark: Any) -> None:
     RoundsMachine.spark = spark
-    run_state_machine_as_test(
-        RoundsMachine,
-        settings=settings(
-            max_examples=int(os.environ.get("SEGREP_MODEL_EXAMPLES", "20")),
-            stateful_step_count=10,
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
-            database=None,
-        ),
-    )
-    print(dict(sorted(RoundsMachine.stats.items())))
+    run_machine(RoundsMachine, "SEGREP_MODEL_EXAMPLES", 12)

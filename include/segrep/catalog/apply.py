@@ -123,6 +123,9 @@ def _sync_table(s: Session, tdef: TableDef, changes: list[Change]) -> None:
         _create_table(s, tdef, changes, verb="change", why=", ".join(differences))
         return
     _sync_placements(s, info, tdef, has_data, changes)
+    if row.writes != tdef.writes:
+        changes.append(Change("change", f"table {tdef.name} writes from {row.writes} to {tdef.writes}"))
+        row.writes = tdef.writes
 
 
 def _shape_differences(s: Session, info: q.TableInfo, tdef: TableDef) -> list[str]:
@@ -138,20 +141,26 @@ def _shape_differences(s: Session, info: q.TableInfo, tdef: TableDef) -> list[st
     ]  # the partitions created from split_points (splits add children later)
     if [info.decode_key(p.begin_key) for p in initial] != list(tdef.split_points):
         out.append("split points")
-    leaders = {
-        pl.site_id
-        for pl in s.scalars(
-            select(m.Placement)
-            .join(m.Partition, m.Partition.leader_placement_id == m.Placement.placement_id)
-            .where(m.Partition.table_id == info.table_id)
-        )
+    # Each initial partition's leader site (from `leader` and `leaders`) against the catalog's
+    site_ids = {row.name: row.site_id for row in s.scalars(select(m.Site))}
+    expected = {
+        p.partition_id: site_ids.get(tdef.leader_of(i))
+        for i, p in enumerate(q.partitions_of(s, info))
+        if p.parent_partition_id is None
     }
-    leader_site = s.scalars(select(m.Site.site_id).where(m.Site.name == tdef.leader)).one()
-    if leaders and leaders != {leader_site}:
+    actual = dict(
+        s.execute(
+            select(m.Partition.partition_id, m.Placement.site_id)
+            .join(m.Placement, m.Partition.leader_placement_id == m.Placement.placement_id)
+            .where(m.Partition.table_id == info.table_id, m.Partition.parent_partition_id.is_(None))
+        ).all()
+    )
+    moved = {pid for pid, site_id in actual.items() if expected.get(pid) != site_id}
+    if moved:
         # After `segrep failover`/`switchover` the catalog owns the leader: the definitions keep naming the
         # site the table started at, and stay valid while the leaders are among the table's sites.
-        sites = set(s.scalars(select(m.Site.site_id).where(m.Site.name.in_(list(tdef.sites)))))
-        if q.last_failover(s, info.table_id) is None or not leaders <= sites:
+        sites = {site_ids[name] for name in tdef.sites if name in site_ids}
+        if q.last_failover(s, info.table_id) is None or not {actual[p] for p in moved} <= sites:
             out.append("leader site (a leader change is a failover, not a definition change: segrep failover)")
     return out
 
@@ -165,11 +174,12 @@ def _create_table(s: Session, tdef: TableDef, changes: list[Change], verb: str =
         partition_key=tdef.partition_key,
         schema_fingerprint=tdef.fingerprint,
         created_us=now,
+        writes=tdef.writes,
     )
     s.add(row)
     s.flush()
     bounds = [None, *tdef.split_points, None]
-    for begin, end in itertools.pairwise(bounds):
+    for index, (begin, end) in enumerate(itertools.pairwise(bounds)):
         part = m.Partition(
             table_id=row.table_id,
             begin_key=keys.encode(begin),
@@ -183,17 +193,33 @@ def _create_table(s: Session, tdef: TableDef, changes: list[Change], verb: str =
         s.flush()
         for site_name in tdef.sites:
             pl = _add_placement(s, part, site_name, PlacementState.LIVE)
-            if site_name == tdef.leader:
+            if site_name == tdef.leader_of(index):
                 part.leader_placement_id = pl.placement_id
+            pl.feeder_site_id = _feeder_id(s, tdef, site_name)
     s.flush()
     detail = f" ({why})" if why else ""
     changes.append(
         Change(
             verb,
             f"table {tdef.name}{detail}: {len(tdef.schema)} columns, key ({', '.join(tdef.primary_key)}), "
-            f"{len(bounds) - 1} partition(s), leader {tdef.leader}, replicas {', '.join(tdef.replicas) or 'none'}",
+            f"{len(bounds) - 1} partition(s), leader {tdef.leader}, replicas {', '.join(tdef.replicas) or 'none'}"
+            + _topology(tdef),
         )
     )
+
+
+def _topology(tdef: TableDef) -> str:
+    """What the definitions add to broadcast from one leader, for the change line."""
+    parts = [f", partition {i} led by {site}" for i, site in sorted(tdef.leaders.items())]
+    parts += [f", {site} fed from {feeder}" for site, feeder in sorted(tdef.feeders.items())]
+    if tdef.writes != "leader":
+        parts.append(f", writes at {tdef.writes}")
+    return "".join(parts)
+
+
+def _feeder_id(s: Session, tdef: TableDef, site_name: str) -> int | None:
+    feeder = tdef.feeders.get(site_name)
+    return None if feeder is None else q.site_by_name(s, feeder).site_id
 
 
 def _add_placement(s: Session, part: m.Partition, site_name: str, state: str) -> m.Placement:
@@ -221,6 +247,16 @@ def _sync_placements(s: Session, info: q.TableInfo, tdef: TableDef, has_data: bo
             if site_name not in wanted and pl.placement_id != part.leader_placement_id:
                 pl.state = PlacementState.REMOVED
                 pl.removed_us = hlc.now_us()
+    feeders_changed: set[str] = set()
+    for pl in q.active_placements(s, [p.partition_id for p in parts]):
+        name = sites[pl.site_id].name
+        feeder = _feeder_id(s, tdef, name) if name in wanted else None
+        if pl.feeder_site_id != feeder:
+            pl.feeder_site_id, pl.feeder_fallback_us = feeder, None
+            feeders_changed.add(name)
+    for name in sorted(feeders_changed & wanted):
+        source = tdef.feeders.get(name) or "the leader"
+        changes.append(Change("change", f"replica {name} of table {tdef.name} fed from {source}"))
     present = {sites[pl.site_id].name for pl in placements}
     for site_name in sorted(wanted - present):
         state = f"JOINING: run `segrep bootstrap {tdef.name} {site_name}`" if has_data else "LIVE"

@@ -39,6 +39,8 @@ class Table(Base):
     partition_key: Mapped[str] = mapped_column(String(63))
     schema_fingerprint: Mapped[str] = mapped_column(String(16))
     created_us: Mapped[int] = mapped_column(BigInteger)
+    # "leader": writes go to each partition's leader; "any_site": every site takes writes (active-active)
+    writes: Mapped[str] = mapped_column(String(16), default="leader", server_default="leader")
 
 
 MAX_PARTITION_ID = 2**31 - 1  # partitions.partition_id is an INTEGER column (32 bits on PostgreSQL)
@@ -82,6 +84,10 @@ class Placement(Base):
     # reads only the partitions with entries past it, so its cost follows new segments, not history.
     settled_entry_id: Mapped[int] = mapped_column(BigInteger, default=0)
     settled_epoch: Mapped[int] = mapped_column(Integer, default=0)
+    # A cascaded replica: the site whose placement of the partition offers it segments (None: the leader).
+    # While feeder_fallback_us is set the feeder has been down too long and the leader feeds it instead.
+    feeder_site_id: Mapped[int | None] = mapped_column(ForeignKey("sites.site_id"), nullable=True)
+    feeder_fallback_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
     __table_args__ = (Index("ix_placements_partition_site", "partition_id", "site_id"),)
 
@@ -214,6 +220,7 @@ class Backoff(Base):
     next_attempt_us: Mapped[int] = mapped_column(BigInteger, default=0)
     last_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     updated_us: Mapped[int] = mapped_column(BigInteger)
+    failing_since_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # the first failure in a row
 
 
 class FileCheck(Base):

@@ -42,6 +42,21 @@ class PartitionSnapshot:
             return chain.without(self.set_aside)
         return chain
 
+    def sender_of(self, replica: m.Placement) -> m.Placement:
+        """Who offers ``replica`` its segments: its feeder's placement for a cascaded replica (DESIGN 12),
+        else the leader. The leader also feeds it while its feeder has fallen back (down too long), or when the
+        feeder's placement cannot feed (it leads this partition, is not receiving, or needs a bootstrap)."""
+        if replica.feeder_site_id is None or replica.feeder_fallback_us is not None:
+            return self.leader
+        feeder = next(
+            (pl for pl in self.replicas if pl.site_id == replica.feeder_site_id and not pl.needs_bootstrap), None
+        )
+        return self.leader if feeder is None else feeder
+
+    def fed_by(self, sender: m.Placement) -> list[m.Placement]:
+        """The replicas ``sender`` offers segments to."""
+        return [r for r in self.replicas if self.sender_of(r).placement_id == sender.placement_id]
+
     def segment(self, placement_id: int, segment_id: str) -> m.Segment:
         return next(x for x in self.segments.get(placement_id, []) if x.segment_id == segment_id)
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from segrep.config import locations, stores
-from segrep.config.policy import Policy, parse_policy
+from segrep.config.policy import POLICY_KEYS, Policy, parse_policy
 from segrep.config.schedule import parse_schedule
 from segrep.config.stores import StoreOptions
 from segrep.config.yamlfile import read_yaml
@@ -44,6 +44,9 @@ __all__ = [
 CONFIG_ENV = "SEGREP_CONFIG"
 DEFAULT_CONFIG = Path("include/segrep.yaml")
 _TOP_LEVEL = {"data_dir", "catalog_url", "sites", "tables"}
+WRITES_LEADER = "leader"
+WRITES_ANY_SITE = "any_site"
+WRITES = (WRITES_LEADER, WRITES_ANY_SITE)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,12 @@ class TableDef:
     leader: str
     replicas: tuple[str, ...]
     policy: Policy
+    # a cascaded replica -> the site that feeds it (``replicas: {edge: {from: dr}}``); others are fed by the
+    # partition's leader. Acyclic (checked when the file is read).
+    feeders: Mapping[str, str] = field(default_factory=dict)
+    # initial partition index -> the site that leads it (``leaders: {1: eu}``); the others are led by ``leader``
+    leaders: Mapping[int, str] = field(default_factory=dict)
+    writes: str = WRITES_LEADER  # "any_site": every site accepts writes (active-active, DESIGN section 12)
 
     @property
     def fingerprint(self) -> str:
@@ -72,6 +81,10 @@ class TableDef:
     @property
     def sites(self) -> tuple[str, ...]:
         return (self.leader, *self.replicas)
+
+    def leader_of(self, index: int) -> str:
+        """The site that leads the table's ``index``-th initial partition."""
+        return self.leaders.get(index, self.leader)
 
 
 @dataclass(frozen=True)
@@ -182,7 +195,18 @@ def _parse_table(name: str, raw: Any, sites: Mapping[str, SiteDef], base: Path) 
     where = f"table {name}"
     _no_unknown_keys(
         body,
-        {"columns", "schema_from", "primary_key", "partition_key", "split_points", "leader", "replicas", "policy"},
+        {
+            "columns",
+            "schema_from",
+            "primary_key",
+            "partition_key",
+            "split_points",
+            "leader",
+            "leaders",
+            "replicas",
+            "writes",
+            "policy",
+        },
         where,
     )
     if ("columns" in body) == ("schema_from" in body):
@@ -208,18 +232,11 @@ def _parse_table(name: str, raw: Any, sites: Mapping[str, SiteDef], base: Path) 
     leader = body.get("leader")
     if not isinstance(leader, str) or leader not in sites:
         raise SegrepError(f"{where}: leader {leader!r} is not a defined site")
-    replicas = _given(body, "replicas", [])
-    if (
-        not isinstance(replicas, list)
-        or not all(isinstance(r, str) for r in replicas)
-        or len(set(replicas)) != len(replicas)
-    ):
-        raise SegrepError(f"{where}: 'replicas' must be a list of distinct site names")
-    for r in replicas:
-        if r not in sites:
-            raise SegrepError(f"{where}: replica {r!r} is not a defined site")
-        if r == leader:
-            raise SegrepError(f"{where}: the leader site {r} cannot also be a replica")
+    replicas, feeders = _replicas(_given(body, "replicas", []), sites, leader, where)
+    leaders = _leaders(_given(body, "leaders", {}), len(split_points) + 1, (leader, *replicas), where)
+    writes = _given(body, "writes", WRITES_LEADER)
+    if writes not in WRITES:
+        raise SegrepError(f"{where}: 'writes' must be one of {', '.join(WRITES)}; got {writes!r}")
     return TableDef(
         name=name,
         schema=schema,
@@ -229,7 +246,71 @@ def _parse_table(name: str, raw: Any, sites: Mapping[str, SiteDef], base: Path) 
         leader=leader,
         replicas=tuple(replicas),
         policy=_parse_policy(_given(body, "policy", {}), where),
+        feeders=feeders,
+        leaders=leaders,
+        writes=writes,
     )
+
+
+def _replicas(raw: Any, sites: Mapping[str, SiteDef], leader: str, where: str) -> tuple[list[str], dict[str, str]]:
+    """The replica sites and the feeders of cascaded ones: a list of names, or a mapping name -> options
+    (``{}``/null, or ``{from: FEEDER}``). A feeder is the leader or another replica; cycles are refused by name
+    (each replica must reach the leader through its feeders)."""
+    feeders: dict[str, str] = {}
+    if isinstance(raw, dict):
+        replicas = [str(r) for r in raw]
+        for name, options in raw.items():
+            options = {} if options is None else _mapping(options, f"{where} replica {name}")
+            _no_unknown_keys(options, {"from"}, f"{where} replica {name}")
+            if "from" in options:
+                feeder = options["from"]
+                if not isinstance(feeder, str) or (feeder != leader and feeder not in raw):
+                    raise SegrepError(
+                        f"{where}: replica {name} is fed 'from' {feeder!r}, which is neither the leader nor a "
+                        "replica of the table"
+                    )
+                if feeder == name:
+                    raise SegrepError(f"{where}: replica {name} cannot be fed from itself")
+                feeders[str(name)] = feeder
+    elif isinstance(raw, list) and all(isinstance(r, str) for r in raw):
+        replicas = list(raw)
+    else:
+        raise SegrepError(f"{where}: 'replicas' must be a list of site names or a mapping of site name -> options")
+    if len(set(replicas)) != len(replicas):
+        raise SegrepError(f"{where}: 'replicas' must be a list of distinct site names")
+    for r in replicas:
+        if r not in sites:
+            raise SegrepError(f"{where}: replica {r!r} is not a defined site")
+        if r == leader:
+            raise SegrepError(f"{where}: the leader site {r} cannot also be a replica")
+    for start in sorted(feeders):
+        path = [start]
+        while path[-1] in feeders:
+            nxt = feeders[path[-1]]
+            if nxt in path:
+                cycle = " -> ".join([*path[path.index(nxt) :], nxt])
+                raise SegrepError(f"{where}: the replicas' feeders form a cycle: {cycle}")
+            path.append(nxt)
+    return replicas, feeders
+
+
+def _leaders(raw: Any, partitions: int, sites: tuple[str, ...], where: str) -> dict[int, str]:
+    """Per-partition leaders: initial partition index (0 .. len(split_points)) -> one of the table's sites."""
+    out: dict[int, str] = {}
+    given: Mapping[Any, Any] = _mapping(raw, f"{where} leaders")  # YAML keys: partition indexes are ints
+    for index, site in given.items():
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < partitions:
+            raise SegrepError(
+                f"{where} leaders: {index!r} is not a partition index (0 to {partitions - 1}: one per range "
+                "between split points)"
+            )
+        if site not in sites:
+            raise SegrepError(
+                f"{where} leaders: partition {index} is led by {site!r}, which is not one of the table's sites "
+                f"({', '.join(sites)})"
+            )
+        out[index] = site
+    return out
 
 
 def _schema_from_file(raw: Any, base: Path, where: str) -> pa.Schema:
@@ -268,7 +349,7 @@ def _split_points(raw: Any, dtype: pa.DataType, where: str) -> tuple[Any, ...]:
 
 def _parse_policy(raw: Any, where: str) -> Policy:
     body = dict(_mapping(raw, f"{where} policy"))
-    _no_unknown_keys(body, set(Policy.__dataclass_fields__), f"{where} policy")
+    _no_unknown_keys(body, set(POLICY_KEYS), f"{where} policy")
     return parse_policy(body, f"{where} policy")
 
 

@@ -41,6 +41,8 @@ _BOUNDS: dict[str, tuple[int, int, str]] = {
 
 
 ON_RETURN = ("rollback", "merge")
+# durations that may be absent (null: off), by their key in the definitions file -> the Policy field
+_OPTIONAL_DURATIONS = {"rpo": "rpo_s", "feeder_fallback": "feeder_fallback_s"}
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,28 @@ class Policy:
     # What a failed-over leader's un-replicated segments become when its site returns (DESIGN section 11):
     # "rollback" sets their rows aside in a rollback area at that site, "merge" pushes them to the new leader.
     on_return: str = "rollback"
+    # The recovery-point objective: a run whose target ends further behind than this fails its report task,
+    # and status and the operator's page mark it (None: no objective).
+    rpo_s: int | None = None
+    # A cascaded replica (``from: <feeder>``) whose feeder has been unreachable this long is fed by the
+    # leader instead until the feeder returns (DESIGN section 12); None: never (it waits for its feeder).
+    feeder_fallback_s: int | None = None
+
+
+# the keys a policy mapping may have in the definitions file
+POLICY_KEYS = frozenset(set(Policy.__dataclass_fields__) - set(_OPTIONAL_DURATIONS.values()) | set(_OPTIONAL_DURATIONS))
+
+
+def _optional_duration(value: Any, where: str) -> int | None:
+    """A duration such as ``15m`` (at least one second), or null for off."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise SegrepError(f"{where}: expected a duration like 30s, 15m, 12h, 7d, or null; got {value!r}")
+    seconds = value if isinstance(value, int) else parse_duration_s(value, where)
+    if not 1 <= seconds <= MAX_DURATION_S:
+        raise SegrepError(f"{where}: {value!r} is out of range: 1 to {MAX_DURATION_S} seconds")
+    return seconds
 
 
 def parse_policy(body: dict[str, Any], where: str) -> Policy:
@@ -82,6 +106,8 @@ def parse_policy(body: dict[str, Any], where: str) -> Policy:
             if value not in ON_RETURN:
                 raise SegrepError(f"{where} on_return: expected one of {', '.join(ON_RETURN)}; got {value!r}")
             values[key] = value
+        elif key in _OPTIONAL_DURATIONS:
+            values[_OPTIONAL_DURATIONS[key]] = _optional_duration(value, f"{where} {key}")
         elif key in ("start_date", "end_date"):
             values[key] = None if value is None and key == "end_date" else _date(value, f"{where} {key}")
         else:

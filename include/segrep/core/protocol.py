@@ -34,6 +34,8 @@ class ReceiverView:
     epoch: int
     in_flight: frozenset[str] = frozenset()
     max_incoming: int = MAX_REPL_INCOMING_SEGMENTS
+    # a cascaded replica also takes offers from its feeder (another follower at the same epoch: DESIGN 12)
+    feeder_placement_id: int | None = None
 
 
 def receive_decision(view: ReceiverView, offer: Offer) -> Outcome:
@@ -49,7 +51,8 @@ def receive_decision(view: ReceiverView, offer: Offer) -> Outcome:
         if is_referenced(view.chain, seg.segment_id):
             return Outcome.SEGMENT_EXISTS
         return Outcome.MERGE
-    if offer.sender_placement_id != view.leader_placement_id or offer.sender_epoch != view.epoch:
+    senders = (view.leader_placement_id, view.feeder_placement_id)
+    if offer.sender_placement_id not in senders or offer.sender_epoch != view.epoch:
         return Outcome.INVALID
     if seg.base_segment_id == view.chain.root:
         return Outcome.FAST_FORWARD

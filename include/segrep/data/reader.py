@@ -29,7 +29,7 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.core import keys
 from segrep.core import schema as sch
-from segrep.core.chain import visible_segments
+from segrep.core.chain import is_referenced, visible_segments
 from segrep.core.errors import CorruptSegmentError, NotFoundError
 from segrep.core.states import PartitionState
 from segrep.storage.segment_meta import ExpectedSegment, rows_differences
@@ -90,6 +90,8 @@ def placement_files(catalog: Catalog, table: str, site: str | None = None) -> tu
     out = []
     for pl in chosen:
         visible = _visible(pl, seg_lists)
+        if info.row.writes == "any_site" and pl.placement_id != by_partition[pl.partition_id].leader_placement_id:
+            visible = (*visible, *_local_writes(pl, seg_lists))  # read-your-writes before the merge
         begin, end = pl.key_begin, pl.key_end
         disjoint = segments_disjoint(visible, lambda v: tuple(map(keys.decode, v, key_types)))
         parent_pl = unloading.get(pl.placement_id)
@@ -111,6 +113,14 @@ def _visible(pl: m.Placement, seg_lists: dict[int, list[m.Segment]]) -> tuple[m.
     segs = seg_lists.get(pl.placement_id, [])
     by_id = {x.segment_id: x for x in segs}
     return tuple(by_id[ref.segment_id] for ref in visible_segments(q.chain_of(pl, segs)))
+
+
+def _local_writes(pl: m.Placement, seg_lists: dict[int, list[m.Segment]]) -> tuple[m.Segment, ...]:
+    """Segments written at this site of an active-active table that its chain does not reference yet (not
+    merged at the leader, or merged but the output not fast-forwarded here): they sit beside the chain."""
+    segs = seg_lists.get(pl.placement_id, [])
+    chain = q.chain_of(pl, segs)
+    return tuple(seg for seg in segs if seg.origin_site_id == pl.site_id and not is_referenced(chain, seg.segment_id))
 
 
 def _unloading_parents(

@@ -1,4 +1,10 @@
-"""Writing batches at the leader: one new minor segment per touched partition, committed together.
+"""Writing batches: one new minor segment per touched partition, committed together.
+
+By default rows go to each partition's leader placement and extend its chain. A table with
+``writes: any_site`` also takes writes at any other site (active-active, DESIGN 12): there the segment is
+added to that site's placement *beside* its chain (the root does not move), stamped with the site's origin and
+the partition's clock; the site reads it at once (read-your-writes), rounds push it to the leader, which merges
+it last-writer-wins, and the merged segment fast-forwards back to every site.
 
 Each batch is checked against the table, de-duplicated by primary key (its last row wins), routed by the
 partition key to each partition's leader placement and stamped with a version from that partition's hybrid
@@ -62,15 +68,20 @@ class WriteResult:
 
 @dataclass(frozen=True)
 class _Target:
-    """A writable partition and its leader placement, as read at the start of an attempt."""
+    """A writable partition and the placement written to, as read at the start of an attempt: the leader's,
+    or (``local``) another site's placement of an active-active table, beside its chain."""
 
     partition: m.Partition
     placement: m.Placement
     site: m.Site
+    local: bool = False
 
 
-def write_batch(catalog: Catalog, table: str, batch: pa.Table, *, delete: bool = False) -> WriteResult:
-    """Upsert ``batch`` (full rows), or delete the keys in it when ``delete`` is set."""
+def write_batch(
+    catalog: Catalog, table: str, batch: pa.Table, *, delete: bool = False, site: str | None = None
+) -> WriteResult:
+    """Upsert ``batch`` (full rows), or delete the keys in it when ``delete`` is set; at each partition's
+    leader, or at ``site`` (which must lead the partitions written, unless the table takes writes anywhere)."""
     with catalog.read() as s:
         info = q.table_info(s, table)
     rows = sch.conform_batch(batch, info.schema, info.primary_key, keys_only=delete)
@@ -81,7 +92,7 @@ def write_batch(catalog: Catalog, table: str, batch: pa.Table, *, delete: bool =
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result.attempts = attempt
         try:
-            result.segments = _attempt(catalog, info, rows, delete, result)
+            result.segments = _attempt(catalog, info, rows, delete, result, site)
             return result
         except ConflictError as exc:
             log.info("write to %s conflicted (attempt %d): %s", table, attempt, exc)
@@ -89,10 +100,10 @@ def write_batch(catalog: Catalog, table: str, batch: pa.Table, *, delete: bool =
 
 
 def _attempt(
-    catalog: Catalog, info: q.TableInfo, rows: pa.Table, delete: bool, timing: WriteResult
+    catalog: Catalog, info: q.TableInfo, rows: pa.Table, delete: bool, timing: WriteResult, site: str | None
 ) -> list[WrittenSegment]:
     started = time.perf_counter()
-    targets = _targets(catalog, info)
+    targets = _targets(catalog, info, site)
     groups = _route(rows, info, [t.partition for t in targets])
     written: list[tuple[_Target, SegmentEntry, str, FileFacts, Site]] = []
     try:
@@ -122,7 +133,7 @@ def _attempt(
                         m.Partition.partition_id == target.partition.partition_id,
                         m.Partition.last_version == target.partition.last_version,
                         m.Partition.epoch == target.partition.epoch,
-                        m.Partition.leader_placement_id == target.placement.placement_id,
+                        m.Partition.leader_placement_id == target.partition.leader_placement_id,
                         m.Partition.state.in_([str(x) for x in q.WRITABLE_STATES]),
                         m.Partition.paused_us.is_(None),  # a switchover's pause fences writes prepared before it
                     )
@@ -139,10 +150,11 @@ def _attempt(
                     facts,
                     committed_us,
                     expected_root=target.placement.root_segment_id,
+                    move_root=not target.local,  # a local write sits beside the chain until merged
                 )
     except BaseException:
-        for _t, _e, relpath, _f, site in written:
-            site.delete(relpath)  # never referenced: safe to remove
+        for _t, _e, relpath, _f, store in written:
+            store.delete(relpath)  # never referenced: safe to remove
         raise
     timing.commit_s = time.perf_counter() - started
     return [
@@ -151,13 +163,14 @@ def _attempt(
     ]
 
 
-def _targets(catalog: Catalog, info: q.TableInfo) -> list[_Target]:
+def _targets(catalog: Catalog, info: q.TableInfo, site: str | None = None) -> list[_Target]:
     with catalog.read() as s:
         parts = q.serving_partitions(s, info)
         if not parts:
             raise SegrepError(f"table {info.name} has no writable partition")
         placements = {p.placement_id: p for p in q.active_placements(s, [p.partition_id for p in parts])}
         sites = q.sites_by_id(s)
+        at = q.site_by_name(s, site) if site is not None else None
     paused = [p.paused_us for p in parts if p.paused_us is not None]
     if paused:
         raise WritesPausedError(
@@ -169,7 +182,25 @@ def _targets(catalog: Catalog, info: q.TableInfo) -> list[_Target]:
         leader = placements.get(part.leader_placement_id or -1)
         if leader is None:
             raise SegrepError(f"partition {part.partition_id} of {info.name} has no leader placement")
-        out.append(_Target(part, leader, sites[leader.site_id]))
+        if at is None or leader.site_id == at.site_id:
+            out.append(_Target(part, leader, sites[leader.site_id]))
+            continue
+        if info.row.writes != "any_site":
+            raise SegrepError(
+                f"table {info.name} takes writes only at each partition's leader, and site {at.name} does not lead "
+                f"partition {part.partition_id} (its leader is {sites[leader.site_id].name}); write without "
+                "--site, or set `writes: any_site` for active-active writes"
+            )
+        local = next(
+            (pl for pl in placements.values() if pl.partition_id == part.partition_id and pl.site_id == at.site_id),
+            None,
+        )
+        if local is None or local.needs_bootstrap:
+            raise SegrepError(
+                f"site {at.name} holds no live replica of {info.name} partition {part.partition_id}; "
+                "it cannot take writes there"
+            )
+        out.append(_Target(part, local, at, local=True))
     return out
 
 
@@ -215,7 +246,8 @@ def _write_file(
         table=info.name,
         partition_id=part.partition_id,
         base_segment_id=placement.root_segment_id,
-        is_major=placement.root_segment_id is None,  # the first segment of a chain is major (EventQL 3)
+        # the first segment of a chain is major (EventQL 3); a local write is never on a chain
+        is_major=placement.root_segment_id is None and not target.local,
         origin_site_id=target.site.site_id,
         epoch=part.epoch,
         schema_fingerprint=info.row.schema_fingerprint,

@@ -70,12 +70,12 @@ def bootstrap(catalog: Catalog, defs: Definitions, table: str, site: str, mode: 
         raise SegrepError(f"unknown bootstrap mode {mode!r}: use auto, adopt or replace") from None
     tdef = defs.table(table)
     defs.site(site)
-    if site == tdef.leader:
+    if site == tdef.leader and len(tdef.leaders) == 0:
         raise RefusedError(
             f"site {site} is the leader of {table}: a bootstrap brings in a replica site (replicas of {table}: "
             f"{', '.join(tdef.replicas) or 'none'})"
         )
-    if site not in tdef.replicas:
+    if site not in tdef.sites:
         raise RefusedError(
             f"site {site} is not a replica of {table} in {defs.path}: add it to the table's replicas and run "
             "`segrep apply` first"
@@ -94,8 +94,8 @@ def bootstrap(catalog: Catalog, defs: Definitions, table: str, site: str, mode: 
             if pl is None:
                 refusals.append(f"partition {pid} has no placement at {site} (run `segrep apply`)")
                 continue
-            if pl.placement_id == part.leader_placement_id:
-                refusals.append(f"{site} leads partition {pid}: a bootstrap feeds replicas, not leaders")
+            if pl.placement_id == part.leader_placement_id:  # per-partition leaders: it follows the others
+                report.actions.append(f"partition {pid}: led by {site}; nothing to bootstrap")
                 continue
             if not pl.needs_bootstrap:
                 report.actions.append(f"partition {pid}: already replicating ({pl.state}); nothing to do")
@@ -155,7 +155,11 @@ def _rejoin(s: Session, part: m.Partition, old: m.Placement) -> m.Placement:
     old.state = PlacementState.REMOVED
     old.removed_us = hlc.now_us()
     new = m.Placement(
-        partition_id=part.partition_id, site_id=old.site_id, state=PlacementState.JOINING, created_us=hlc.now_us()
+        partition_id=part.partition_id,
+        site_id=old.site_id,
+        state=PlacementState.JOINING,
+        created_us=hlc.now_us(),
+        feeder_site_id=old.feeder_site_id,
     )
     s.add(new)
     s.flush()

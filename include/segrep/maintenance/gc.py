@@ -33,7 +33,7 @@ from segrep.catalog import queries as q
 from segrep.catalog.snapshot import PartitionSnapshot, snapshot
 from segrep.config.definitions import Definitions, Policy
 from segrep.core import hlc
-from segrep.core.chain import LocalAction, follower_action, leader_action
+from segrep.core.chain import LocalAction, follower_action, is_referenced, leader_action
 from segrep.storage.s3 import abort_stale_uploads
 from segrep.storage.site import Site
 from segrep.storage.stores import STORE_ERRORS, first_line
@@ -143,6 +143,8 @@ def decide_partition(
                 (replica.placement_id, seg.segment_id), ()
             )
             if follower_action(fchain, seg.segment_id, acked) == LocalAction.DELETE:
+                if _local_write_still_read(s, part, replica, fchain, seg):
+                    continue
                 out.append(
                     Deletion(
                         rsite,
@@ -153,6 +155,20 @@ def decide_partition(
                     )
                 )
     return out
+
+
+def _local_write_still_read(s: Any, part: PartitionSnapshot, replica: m.Placement, chain: Any, seg: m.Segment) -> bool:
+    """A write made at this site (active-active) that its chain does not reference yet is part of what the
+    site reads (read-your-writes) until the site holds the leader's merge of it: kept while the site's safe
+    time is before the write (then every write up to it, this one's winners included, is on its chain)."""
+    if seg.origin_site_id != replica.site_id or is_referenced(chain, seg.segment_id):
+        return False
+    safe = s.scalar(
+        select(m.SafeTime.safe_time_us).where(
+            m.SafeTime.table_id == part.partition.table_id, m.SafeTime.site_id == replica.site_id
+        )
+    )
+    return safe is None or safe < seg.max_version
 
 
 def _removed_placements(s: Any, part: PartitionSnapshot, sites: dict[int, m.Site], report: GcReport) -> list[Deletion]:

@@ -34,6 +34,7 @@ def bump_backoff(s: Session, table_id: int, site_id: int, reason: str, policy: P
         "next_attempt_us": 0,
         "last_reason": None,
         "updated_us": now,
+        "failing_since_us": now,
     }
     insert_ignore(s, m.Backoff, fresh)
     row = s.get(m.Backoff, (table_id, site_id), with_for_update=True)

@@ -42,7 +42,6 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.segments import entry_of, register_segment
 from segrep.catalog.snapshot import snapshot
-from segrep.catalog.sql import record_ack
 from segrep.config.definitions import Definitions, Policy
 from segrep.config.stores import StoreOptions, options_for
 from segrep.core import faults, hlc
@@ -223,6 +222,7 @@ class _Leased:
 
     partition_id: int
     leader_id: int
+    sender_id: int  # the leader, or the replica's feeder in a cascade
     replica_id: int
     epoch: int
     segment: m.Segment
@@ -290,7 +290,7 @@ class _PartitionRun:
         unacked, self.unacked = self.unacked, []
         with ctx.write() as s:
             s.get(m.Partition, pid, with_for_update=True)  # serialises deciders of this partition
-            _record_acks(s, [(b.leader_id, b.segment.segment_id, b.replica_id) for b in unacked], hlc.now_us())
+            _record_acks(s, _sender_acks(unacked), hlc.now_us())
             snap = snapshot(s, ctx.table, [pid])
             part = next((p for p in snap.partitions if p.partition.partition_id == pid), None)
             replica = next((r for r in part.replicas if r.placement_id == replica_id), None) if part else None
@@ -313,7 +313,9 @@ class _PartitionRun:
             batch: list[_Leased] = []
             room = max(max_in - len(others), 0)
             root = replica.root_segment_id
-            leader_site, target_site = snap.sites[part.leader.site_id], snap.sites[replica.site_id]
+            sender = part.sender_of(replica)
+            holders = {part.leader.placement_id, sender.placement_id}  # the ack says: the replica holds it
+            source_site, target_site = snap.sites[sender.site_id], snap.sites[replica.site_id]
             for seg, outcome in offers:
                 reaction = sender_reaction(outcome)
                 if reaction == Reaction.RESTART:
@@ -325,10 +327,7 @@ class _PartitionRun:
                         return _Decision([], _Next.STOP)
                     s.execute(
                         delete(m.Ack)
-                        .where(
-                            m.Ack.holder_placement_id == part.leader.placement_id,
-                            m.Ack.target_placement_id == replica_id,
-                        )
+                        .where(m.Ack.holder_placement_id.in_(holders), m.Ack.target_placement_id == replica_id)
                         .execution_options(synchronize_session=False)
                     )
                     q.reset_watermarks(s, pid)  # the dropped acks make settled entries pending again
@@ -340,7 +339,7 @@ class _PartitionRun:
                     return _Decision(batch, _Next.STOP)
                 if outcome == Outcome.SEGMENT_EXISTS:
                     report.count(outcome)
-                    record_ack(s, part.leader.placement_id, seg.segment_id, replica_id, hlc.now_us())
+                    _record_acks(s, [(h, seg.segment_id, replica_id) for h in sorted(holders)], hlc.now_us())
                     continue
                 if len(batch) >= room:
                     return _Decision(batch, _Next.CONTINUE)
@@ -350,19 +349,27 @@ class _PartitionRun:
                     report.count(Outcome.INFLIGHT)
                     return _Decision(batch, _Next.STOP)
                 item = CopyItem(
-                    leader_site.name,
-                    leader_site.uri,
+                    source_site.name,
+                    source_site.uri,
                     target_site.name,
                     target_site.uri,
                     seg.relpath,
                     seg.byte_size,
                     seg.sha256,
-                    options_for(leader_site.name, leader_site.uri),
+                    options_for(source_site.name, source_site.uri),
                     options_for(target_site.name, target_site.uri),
                 )
                 entry = entry_of(seg, ctx.table, part.partition)
                 leased = _Leased(
-                    pid, part.leader.placement_id, replica_id, part.partition.epoch, seg, entry, root, item
+                    pid,
+                    part.leader.placement_id,
+                    sender.placement_id,
+                    replica_id,
+                    part.partition.epoch,
+                    seg,
+                    entry,
+                    root,
+                    item,
                 )
                 batch.append(leased)
                 root = seg.segment_id
@@ -398,12 +405,13 @@ class _PartitionRun:
                 self.unacked = committed
             else:
                 with ctx.write() as s:  # the sender's side: one transaction for the batch
-                    acks = [(b.leader_id, b.segment.segment_id, b.replica_id) for b in committed]
-                    _record_acks(s, acks, hlc.now_us())
+                    _record_acks(s, _sender_acks(committed), hlc.now_us())
         for leased in committed:
             report.count(Outcome.FAST_FORWARD)
             report.segments_copied += 1
             report.bytes_copied += leased.segment.byte_size
+            source = leased.item.source
+            report.bytes_from[source] = report.bytes_from.get(source, 0) + leased.segment.byte_size
         if len(committed) < len(copied_ok):
             report.count(Outcome.INFLIGHT)  # a concurrent execution of this round got there first
             _release_all(ctx, batch[len(committed) :])
@@ -459,11 +467,19 @@ def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> list[_Leased]:
                     register_segment(
                         s, replica, leased.entry, seg.relpath, facts, now, expected_root=leased.expected_root
                     )
-            _record_acks(s, [(b.replica_id, b.segment.segment_id, b.leader_id) for b in batch], now)
+            receiver_acks = {(b.replica_id, b.segment.segment_id, h) for b in batch for h in (b.leader_id, b.sender_id)}
+            _record_acks(s, sorted(receiver_acks), now)
             _release_leases(s, first.replica_id, [b.segment.segment_id for b in batch], ctx.key)
     except ConflictError:
         return []
     return batch
+
+
+def _sender_acks(batch: list[_Leased]) -> list[tuple[int, str, int]]:
+    """(holder, segment, target) acks for a committed batch: the sender's, and in a cascade the leader's too
+    (an ack says the target holds the segment: the leader's GC, checkpoints and safe time read its own)."""
+    acks = {(h, b.segment.segment_id, b.replica_id) for b in batch for h in (b.leader_id, b.sender_id)}
+    return sorted(acks)
 
 
 def _record_acks(s: Session, acks: list[tuple[int, str, int]], now_us: int) -> None:

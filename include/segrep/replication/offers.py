@@ -34,24 +34,28 @@ def offers_to(
     reoffer: bool = False,
     restart: bool = True,
 ) -> tuple[list[tuple[m.Segment, Outcome]], bool]:
-    """Simulate leader -> ``replica`` for one partition: the offers in order with their outcomes, and whether
-    the replica is stuck (OUT_OF_ORDER again after the restart from the newest major: only a new major
-    segment at the leader, which a follower always fast-forwards, can unstick it). With ``restart`` off the
-    simulation ends at the first OUT_OF_ORDER, for the engine to drop the acks itself."""
-    leader_chain = part.chain(part.leader)
+    """Simulate sender -> ``replica`` for one partition (the sender is the leader, or the replica's feeder in
+    a cascade: ``PartitionSnapshot.sender_of``): the offers in order with their outcomes, and whether the
+    replica is stuck (OUT_OF_ORDER again after the restart from the newest major: only a new major segment at
+    the leader, which a follower always fast-forwards, can unstick it). With ``restart`` off the simulation
+    ends at the first OUT_OF_ORDER, for the engine to drop the acks itself."""
+    sender = part.sender_of(replica)
+    sender_chain = part.chain(sender)
     chain = part.chain(replica)
-    acked: set[str] = set() if reoffer else part.acked_by(part.leader, replica)
-    epoch, leader_id = part.partition.epoch, part.leader.placement_id
+    acked: set[str] = set() if reoffer else part.acked_by(sender, replica)
+    epoch, leader_id, sender_id = part.partition.epoch, part.leader.placement_id, sender.placement_id
     state = PartitionState(part.partition.state)
     out: list[tuple[m.Segment, Outcome]] = []
     restarted = False
-    pending = _due(part, leader_chain, acked, end_us)
+    pending = _due(part, sender, sender_chain, acked, end_us)
     i = 0
     while i < len(pending):
         seg = pending[i]
-        view = ReceiverView(replica.placement_id, chain, False, state, leader_id, epoch, in_flight, max_incoming)
+        view = ReceiverView(
+            replica.placement_id, chain, False, state, leader_id, epoch, in_flight, max_incoming, sender_id
+        )
         ref = q.to_ref(seg)
-        outcome = receive_decision(view, Offer(ref, leader_id, epoch))
+        outcome = receive_decision(view, Offer(ref, sender_id, epoch))
         out.append((seg, outcome))
         reaction = sender_reaction(outcome)
         if reaction == Reaction.ACK:
@@ -64,20 +68,31 @@ def offers_to(
             if restarted:
                 return out, True
             restarted = True
-            pending = _due(part, leader_chain, set(), end_us)
+            pending = _due(part, sender, sender_chain, set(), end_us)
             i = 0
         else:
             break
     return out, False
 
 
-def _due(part: PartitionSnapshot, leader_chain: Chain, acked: set[str], end_us: int) -> list[m.Segment]:
+def _due(
+    part: PartitionSnapshot, sender: m.Placement, sender_chain: Chain, acked: set[str], end_us: int
+) -> list[m.Segment]:
     """The offer order, cut at the first segment committed at or after the interval end (a later segment
-    must never be offered before an earlier one, so nothing after the cut is offered either)."""
+    must never be offered before an earlier one, so nothing after the cut is offered either). A feeder offers
+    only what the leader holds too (it received it from the leader): never a fork of its own."""
     out = []
-    for ref in offer_order(leader_chain, acked):
-        seg = part.segment(part.leader.placement_id, ref.segment_id)
+    leader = part.leader
+    feeder = sender.placement_id != leader.placement_id
+    leader_has = {x.segment_id for x in part.segments.get(leader.placement_id, [])} if feeder else set()
+    for ref in offer_order(sender_chain, acked):
+        seg = part.segment(sender.placement_id, ref.segment_id)
         if seg.committed_us >= end_us:
+            break
+        held_by_leader = seg.segment_id in leader_has or leader.placement_id in part.acks.get(
+            (sender.placement_id, seg.segment_id), ()
+        )
+        if feeder and not held_by_leader:
             break
         out.append(seg)
     return out

@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import replace
 
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
-from segrep.catalog.snapshot import TableSnapshot, snapshot
+from segrep.catalog import queries as q
+from segrep.catalog.snapshot import PartitionSnapshot, TableSnapshot, snapshot
 from segrep.catalog.sql import record_ack
 from segrep.config.definitions import Definitions, Policy
 from segrep.core import hlc
 from segrep.core.errors import NotFoundError, SegrepError
 from segrep.core.names import check_name
 from segrep.core.states import Outcome
+from segrep.replication.feeders import update_fallbacks
 from segrep.replication.offers import leader_decision, offers_to, pushes_from
 from segrep.replication.reports import PlanSummary, RoundPlan, TargetForecast
 from segrep.replication.rollback import roll_back_returned
@@ -51,6 +54,7 @@ def plan_round(
     policy = defs.policy(table)
     key = round_key(table, end)
     with catalog.write() as s:
+        update_fallbacks(s, q.table_info(s, table).table_id, policy, hlc.now_us())
         snap = snapshot(s, table, active_only=not reoffer)
         rnd = ensure_round(s, snap.info.table_id, end, start_us)
         targets = _target_sites(snap, target)
@@ -109,7 +113,24 @@ def plan_round(
 
 
 def _target_sites(snap: TableSnapshot, target: str | None) -> list[str]:
-    names = sorted(snap.sites[site_id].name for site_id in snap.replica_site_ids)
+    """The replica sites, feeders before the sites they feed (a round run in this order carries a segment
+    down a whole cascade), else by name."""
+    feeder = {
+        r.site_id: r.feeder_site_id
+        for part in snap.partitions
+        for r in part.replicas
+        if r.feeder_site_id is not None and r.feeder_fallback_us is None
+    }
+
+    def depth(site_id: int) -> int:
+        n, seen = 0, set()
+        while site_id in feeder and site_id not in seen:
+            seen.add(site_id)
+            site_id, n = feeder[site_id] or -1, n + 1
+        return n
+
+    ordered = sorted(snap.replica_site_ids, key=lambda i: (depth(i), snap.sites[i].name))
+    names = [snap.sites[site_id].name for site_id in ordered]
     if target is not None:
         check_name("site", target)  # the same message for a malformed name as every other command
         if target not in {site.name for site in snap.sites.values()}:
@@ -118,7 +139,8 @@ def _target_sites(snap: TableSnapshot, target: str | None) -> list[str]:
             )
         if target not in names:
             raise NotFoundError(
-                f"site {target!r} holds no replica of {snap.info.name}; replica sites: {', '.join(names) or 'none'}"
+                f"site {target!r} holds no replica of {snap.info.name}; replica sites: "
+                f"{', '.join(sorted(names)) or 'none'}"
             )
         return [target]
     return names
@@ -155,10 +177,27 @@ def _plan_merges(
                 ):
                     incoming.append(file_ref(snap.sites[follower.site_id], follower, seg))
         if incoming:
-            items.append(round_item(snap, part, key, "merge", incoming))
+            forks = _origin_forks(part, incoming)
+            items.append(replace(round_item(snap, part, key, "merge", incoming), origin_forks=forks))
             summary.merges.append(part.partition.partition_id)
     summary.pushes = dict(pushes)
     return items
+
+
+def _origin_forks(part: PartitionSnapshot, incoming: list[FileRef]) -> dict[str, int]:
+    """Per origin site of the pushed segments: the newest row version their writers could have seen (the
+    max version of each segment's base, the oldest over the origin's segments): rows at the leader of another
+    origin and newer than that were written concurrently, and an overwrite between them is a conflict."""
+    forks: dict[str, int] = {}
+    for ref in incoming:
+        seg = part.segment(ref.holder_placement_id, ref.segment_id)
+        base = next(
+            (x for x in part.segments.get(ref.holder_placement_id, []) if x.segment_id == seg.base_segment_id), None
+        )
+        seen = base.max_version if base is not None else 0
+        origin = str(seg.origin_site_id)
+        forks[origin] = min(forks.get(origin, seen), seen)
+    return forks
 
 
 _UNREADABLE: tuple[type[Exception], ...] = (*STORE_ERRORS, SegrepError)

@@ -110,6 +110,8 @@ class TargetReport:
     outcomes: dict[str, int] = field(default_factory=dict)
     segments_copied: int = 0
     bytes_copied: int = 0
+    # bytes_copied by the site they came from: the link's traffic (the leader, or the feeder in a cascade)
+    bytes_from: dict[str, int] = field(default_factory=dict)
     needs_major: list[int] = field(default_factory=list)
     seconds: float = 0.0
     error: str | None = None
@@ -129,6 +131,8 @@ class TargetReport:
             self.outcomes[k] = self.outcomes.get(k, 0) + v
         self.segments_copied += other.segments_copied
         self.bytes_copied += other.bytes_copied
+        for source, n in other.bytes_from.items():
+            self.bytes_from[source] = self.bytes_from.get(source, 0) + n
         self.spark_apps += other.spark_apps
         self.needs_major += other.needs_major
         self.invalid += other.invalid

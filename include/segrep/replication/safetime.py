@@ -16,6 +16,8 @@ The table's safe time is the minimum over partitions, and it only ever moves for
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
@@ -135,27 +137,20 @@ def settled_prefix(part: PartitionSnapshot, placement: m.Placement) -> int:
     """
     old = placement.settled_entry_id if placement.settled_epoch == part.partition.epoch else 0
     segs = [x for x in part.segments.get(placement.placement_id, []) if x.entry_id > old]
-    if placement.placement_id == part.leader.placement_id:
-        chain = part.chain(placement)
-        visible = {r.segment_id for r in visible_segments(chain)}
-        major = newest_major(chain)
-        replicas = [r.placement_id for r in part.replicas]
-
-        def by_all(segment_id: str) -> bool:
-            return all(r in part.acks.get((placement.placement_id, segment_id), ()) for r in replicas)
+    is_leader = placement.placement_id == part.leader.placement_id
+    # a leader's entries wait for every replica; a feeder's (a cascade) also for the replicas it feeds
+    offered = part.replicas if is_leader else part.fed_by(placement)
+    offered_by_all = _offered_by_all(part, placement, [r.placement_id for r in offered])
+    if is_leader:
 
         def settled(seg: m.Segment) -> bool:
-            if seg.segment_id in visible:
-                return by_all(seg.segment_id)
-            if is_referenced(chain, seg.segment_id):
-                return major is not None and by_all(major.segment_id)
-            return False
+            return offered_by_all(seg) is True
     else:
         leader_has = {x.segment_id for x in part.segments.get(part.leader.placement_id, [])}
 
         def settled(seg: m.Segment) -> bool:
             acked = part.leader.placement_id in part.acks.get((placement.placement_id, seg.segment_id), ())
-            return seg.segment_id in leader_has or acked
+            return (seg.segment_id in leader_has or acked) and offered_by_all(seg) is not False
 
     mark = old
     for seg in segs:
@@ -163,6 +158,28 @@ def settled_prefix(part: PartitionSnapshot, placement: m.Placement) -> int:
             break
         mark = seg.entry_id
     return mark
+
+
+def _offered_by_all(
+    part: PartitionSnapshot, sender: m.Placement, targets: list[int]
+) -> Callable[[m.Segment], bool | None]:
+    """Whether every placement in ``targets`` has what ``sender`` offers of a segment: the segment itself if
+    visible, or a major covering it if it is behind one; None for a segment never offered (a fork)."""
+    chain = part.chain(sender)
+    visible = {r.segment_id for r in visible_segments(chain)}
+    major = newest_major(chain)
+
+    def by_all(segment_id: str) -> bool:
+        return all(t in part.acks.get((sender.placement_id, segment_id), ()) for t in targets)
+
+    def check(seg: m.Segment) -> bool | None:
+        if seg.segment_id in visible:
+            return by_all(seg.segment_id)
+        if is_referenced(chain, seg.segment_id):
+            return major is not None and by_all(major.segment_id)
+        return None
+
+    return check
 
 
 def _settle(s: Session, part: PartitionSnapshot) -> None:

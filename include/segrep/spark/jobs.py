@@ -30,6 +30,7 @@ from segrep.core import schema as sch
 from segrep.core.chain import MAX_SEGMENT_HISTORY
 from segrep.core.errors import CorruptSegmentError
 from segrep.data.spark_files import SegmentFile, segment_frame
+from segrep.spark.conflicts import Conflict, merge_conflicts
 from segrep.spark.manifest import MANIFEST_FORMAT, FileRef, Manifest, MergeItem
 from segrep.storage.segment_meta import SegmentEntry, entry_stats
 
@@ -57,7 +58,11 @@ def _run_item(spark: SparkSession, item: MergeItem) -> dict[str, Any]:
     except (CorruptSegmentError, OSError) as exc:  # a corrupt file, or a site that is down: this item only
         return {**base, "status": "invalid", "error": str(exc), "output": None, "rows_in": 0, "rows_out": 0}
     schema = sch.schema_from_columns(dict(item.columns))
-    rows_df, rows_in = _item_rows(spark, item)
+    if item.kind == "merge":
+        rows_df, rows_in, conflicts = _merge_rows(spark, item)
+        base = {**base, "conflicts": [asdict(c) for c in conflicts]}
+    else:
+        rows_df, rows_in = _item_rows(spark, item)
     rows = _to_segment_table(rows_df, schema, item.primary_key)
     if rows.num_rows == 0 and item.kind != "split":  # a split rewrite keeps its place in the chain, even empty
         return {**base, "status": "ok", "output": None, "rows_in": rows_in, "rows_out": 0}
@@ -65,7 +70,10 @@ def _run_item(spark: SparkSession, item: MergeItem) -> dict[str, Any]:
         is_major, included = item.is_major, tuple(item.included_segment_ids)
     else:
         is_major = item.kind == "major"
-        included = tuple(ref.segment_id for ref in item.visible)[-MAX_SEGMENT_HISTORY:] if is_major else ()
+        # a major folds the visible chain; a merge output names the pushed segments it merged, so a site
+        # that wrote one (active-active) sees it on its chain once the output arrives (DESIGN 12)
+        folded = item.visible if is_major else item.incoming
+        included = tuple(ref.segment_id for ref in folded)[-MAX_SEGMENT_HISTORY:]
     entry = SegmentEntry(
         segment_id=item.output_segment_id,
         table=item.table,
@@ -115,26 +123,28 @@ def latest_rows(df: DataFrame, primary_key: list[str]) -> DataFrame:
     return best.select(*primary_key, *[F.col("__row").getField(c).alias(c) for c in others])
 
 
-def _merge_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
-    """Incoming rows that beat the partition's current winner for their key (or whose key it lacks)."""
+def _merge_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int, list[Conflict]]:
+    """Incoming rows that beat the partition's current winner for their key (or whose key it lacks), and the
+    concurrent overwrites among them (``spark.conflicts``)."""
     from pyspark.sql import functions as F
 
     schema = sch.schema_from_columns(dict(item.columns))
-    incoming = _in_range(file_frame(spark, item.incoming, schema), item)
+    incoming_all = _in_range(file_frame(spark, item.incoming, schema), item)
     rows_in = _row_count(item.incoming)
-    incoming = latest_rows(incoming, item.primary_key)
+    incoming = latest_rows(incoming_all, item.primary_key)
     if not item.visible:
-        return incoming, rows_in
+        return incoming, rows_in, merge_conflicts(incoming_all, incoming, None, item.primary_key, item.origin_forks)
     v, o = sch.VERSION_COL, sch.ORIGIN_COL
     best = (
         file_frame(spark, item.visible, schema, [*item.primary_key, v, o])
         .groupBy(*item.primary_key)
         .agg(F.max(F.struct(F.col(v), F.col(o))).alias("__best"))
     )
+    conflicts = merge_conflicts(incoming_all, incoming, best, item.primary_key, item.origin_forks)
     joined = incoming.join(best, on=item.primary_key, how="left")
     bv, bo = F.col("__best").getField(v), F.col("__best").getField(o)
     wins = F.col("__best").isNull() | (F.col(v) > bv) | ((F.col(v) == bv) & (F.col(o) > bo))
-    return joined.where(wins).drop("__best"), rows_in
+    return joined.where(wins).drop("__best"), rows_in, conflicts
 
 
 def _major_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
@@ -181,8 +191,6 @@ def in_key_range(df: DataFrame, schema: pa.Schema, partition_key: str, begin: An
 
 
 def _item_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
-    if item.kind == "merge":
-        return _merge_rows(spark, item)
     if item.kind == "split":
         return _split_rows(spark, item)
     return _major_rows(spark, item)

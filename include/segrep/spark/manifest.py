@@ -74,6 +74,10 @@ class MergeItem:
     # split only: the source segment's shape, kept by the rewrite
     is_major: bool = False
     included_segment_ids: list[str] = field(default_factory=list)
+    # merge only: per origin site id (as a string: JSON keys) the newest row version its pushed segments'
+    # writers had seen (their base's); a leader row of another origin newer than that is a concurrent write
+    # (an active-active conflict, counted by the job)
+    origin_forks: dict[str, int] = field(default_factory=dict)
 
     @property
     def output_relpath(self) -> str:

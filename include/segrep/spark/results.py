@@ -25,6 +25,7 @@ from segrep.catalog.sql import record_ack
 from segrep.config.definitions import Definitions
 from segrep.core import hlc
 from segrep.core.errors import SegrepError
+from segrep.spark.conflicts import SAMPLE_KEYS
 from segrep.spark.manifest import Manifest, MergeItem
 from segrep.storage.atomic import FileFacts
 from segrep.storage.segment_meta import SegmentEntry
@@ -41,6 +42,17 @@ class ItemProblem:
 
 
 @dataclass
+class ConflictCount:
+    """Rows written at ``site`` that a concurrent write at ``by`` overwrote (last writer wins), with a few of
+    their primary keys (``spark.conflicts``)."""
+
+    site: str
+    by: str
+    rows: int
+    sample: list[list[Any]] = field(default_factory=list)
+
+
+@dataclass
 class CommitSummary:
     """What recording one Spark job's results did. ``ran`` is False when a manifest exists but its job has
     not written a result (the Spark step failed or was skipped)."""
@@ -53,6 +65,7 @@ class CommitSummary:
     dropped: list[ItemProblem] = field(default_factory=list)
     spark_apps: int = 0
     ran: bool = True
+    conflicts: list[ConflictCount] = field(default_factory=list)  # active-active overwrites, per site pair
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,6 +75,7 @@ class CommitSummary:
         doc = dict(doc)
         doc["invalid"] = [ItemProblem(**x) for x in doc.get("invalid", [])]
         doc["dropped"] = [ItemProblem(**x) for x in doc.get("dropped", [])]
+        doc["conflicts"] = [ConflictCount(**x) for x in doc.get("conflicts", [])]
         return cls(**doc)
 
 
@@ -81,20 +95,37 @@ def commit_results(catalog: Catalog, mpath: Path, rpath: Path) -> CommitSummary:
     by_id = {it.item_id: it for it in manifest.items}
     key = manifest.round_key
     summary = CommitSummary(items=len(manifest.items), spark_apps=1)
+    with catalog.read() as s:
+        names = {row.site_id: row.name for row in s.scalars(select(m.Site))}
     for res in result["items"]:
         item = by_id[res["item_id"]]
         summary.rows_in += int(res.get("rows_in", 0))
+        _count_conflicts(summary, res.get("conflicts", []), names)
         if res["status"] != "ok":
             summary.invalid.append(ItemProblem(item.item_id, res.get("error")))
             _release(catalog, item, key)
             continue
         outcome = _commit_item(catalog, item, res.get("output"), key)
-        if outcome == "committed":
+        if outcome == "committed":  # "present": a commit run again finds it registered (counted once, then)
             summary.committed += 1
             summary.rows_merged += int(res.get("rows_out", 0))
         elif outcome != "present":
             summary.dropped.append(ItemProblem(item.item_id, outcome))
     return summary
+
+
+def _count_conflicts(summary: CommitSummary, found: list[dict[str, Any]], names: dict[int, str]) -> None:
+    """Fold one item's conflicts into the summary's, per (site, by) pair, keeping a few sample keys."""
+    pairs = {(c.site, c.by): c for c in summary.conflicts}
+    for raw in found:
+        site, by = names.get(raw["site_id"], str(raw["site_id"])), names.get(raw["by_site_id"], str(raw["by_site_id"]))
+        count = pairs.get((site, by))
+        if count is None:
+            count = pairs[(site, by)] = ConflictCount(site, by, 0)
+            summary.conflicts.append(count)
+        count.rows += int(raw["rows"])
+        count.sample = (count.sample + list(raw.get("sample", [])))[:SAMPLE_KEYS]
+    summary.conflicts.sort(key=lambda c: (c.site, c.by))
 
 
 def _load_result(path: Path) -> dict[str, Any]:

@@ -145,7 +145,11 @@ def start_split(
                 if pl.state == PlacementState.REMOVED:
                     continue
                 cpl = m.Placement(
-                    partition_id=child.partition_id, site_id=pl.site_id, state=PlacementState.LIVE, created_us=now
+                    partition_id=child.partition_id,
+                    site_id=pl.site_id,
+                    state=PlacementState.LIVE,
+                    created_us=now,
+                    feeder_site_id=pl.feeder_site_id,  # a cascaded replica stays cascaded in the children
                 )
                 s.add(cpl)
                 s.flush()
