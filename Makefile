@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint format bench bench-rounds bench-maintenance bench-object-store bench-failover bench-chaos constraints clean spark-zip
+.PHONY: airflow venv demo test lint format bench bench-rounds bench-maintenance bench-object-store bench-failover bench-topologies bench-chaos constraints clean spark-zip
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	@scripts/check_prereqs.sh $(PYTHON)
@@ -22,11 +22,12 @@ demo: venv
 
 test: venv
 	@scripts/ensure_postgres.sh
+	@scripts/install_browser.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/pytest -n 2 --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .
@@ -37,6 +38,10 @@ lint: venv
 format: venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+# Airflow with segrep's DAGs and plugin on this machine (scripts/airflow.sh says where the admin password is).
+airflow: venv
+	@scripts/airflow.sh
 
 bench: venv
 	$(BIN)/python bench/write_read.py
@@ -56,6 +61,10 @@ bench-object-store: venv
 bench-failover: venv
 	@scripts/ensure_postgres.sh
 	$(BIN)/python bench/failover.py --scale 1 --json bench/results/failover.json
+
+# Bytes per link, broadcast vs cascade to 4 sites; a 3-site active-active ring's convergence vs 1:N.
+bench-topologies: venv
+	$(BIN)/python bench/topologies.py --scale 0.1 --json bench/results/topologies.json
 
 # Restarts the local PostgreSQL cluster once: run it on a machine nothing else is using.
 bench-chaos: venv

@@ -28,7 +28,7 @@ import pendulum
 from airflow.sdk import Param, dag, task
 
 from segrep_airflow.common import dag_definitions, segrep_context
-from segrep_airflow.forms import form
+from segrep_airflow.forms import flag, form
 
 
 def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-untyped-def]
@@ -54,6 +54,7 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
                 "",
                 type="string",
                 enum=["", *sites],
+                values_display={"": "the most advanced live replica", **{s: s for s in sites}},
                 description="The new leader. Empty: the most advanced live replica (failover only).",
             ),
             "action": Param("failover", type="string", enum=["failover", "switchover"]),
@@ -63,7 +64,7 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
                 enum=["latest", "safe-time"],
                 description="latest: keep all the new leader holds; safe-time: the rows as of the tables' safe time",
             ),
-            "dry_run": Param(True, type="boolean", description="Only assess (the loss, per partition)."),
+            "dry_run": flag(True, "Only assess (the loss, per partition)."),
             "timeout": Param("10m", type="string", description="Switchover: give up (and resume writes) after."),
         },
         default_args={"retries": 0},

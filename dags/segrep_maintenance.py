@@ -14,18 +14,28 @@
 
 Replicas take the new majors by fast-forward in the next replication round. Trigger form: `force` compacts
 every partition with a minor segment; `gc_dry_run` lists what GC would delete, and why, without deleting.
-Schedule: the table policy's `maintenance_schedule` (default daily).
+Schedule: the table policy's `maintenance_schedule` (default daily), no catch-up. A scheduled run that starts
+more than 15 minutes after its time (the one Airflow creates the moment the DAG is unpaused, e.g. by the
+Trigger form's "unpause") does nothing and says so, so a requested dry run is never preceded by a real GC.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import dag, task
 
 from segrep.config.definitions import TableDef
-from segrep_airflow.common import dag_definitions, hook_submit, segrep_context, spark_step, timetable, utc
-from segrep_airflow.forms import form
+from segrep_airflow.common import (
+    dag_definitions,
+    hook_submit,
+    segrep_context,
+    spark_step,
+    tables_to_build,
+    timetable,
+    utc,
+)
+from segrep_airflow.forms import flag, form
 
 
 def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
@@ -41,19 +51,31 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
         max_active_runs=1,
         tags=["segrep", "maintenance", name],
         params={
-            "force": Param(False, type="boolean", description="Compact every partition that has a minor segment."),
-            "gc_dry_run": Param(False, type="boolean", description="List what GC would delete; delete nothing."),
+            "force": flag(False, "Compact every partition that has a minor segment."),
+            "gc_dry_run": flag(False, "List what GC would delete; delete nothing."),
         },
         default_args={"retries": 0},
     )
     def maintenance() -> None:
+        def skip_if_late(dag_run: Any) -> None:
+            """A scheduled run that started long after its time does nothing (see segrep_airflow.runs)."""
+            import pendulum
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            from segrep_airflow.runs import late_scheduled_run
+
+            why = late_scheduled_run(dag_run.run_type, dag_run.run_after, pendulum.now("UTC"))
+            if why:
+                raise AirflowSkipException(why)
+
         @task
-        def plan_compaction() -> dict[str, Any]:
+        def plan_compaction(dag_run: Any = None) -> dict[str, Any]:
             from dataclasses import asdict
 
             from segrep.maintenance.compaction import plan_compaction as plan
 
             force = form()["force"]
+            skip_if_late(dag_run)
             with segrep_context() as (defs, catalog):
                 planned = plan(catalog, defs, name, force=force)
             for c in planned.candidates:
@@ -73,10 +95,11 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
                 return commit_results(catalog, Path(p["manifest"]), Path(p["result"])).to_dict()
 
         @task(trigger_rule="none_failed_min_one_success")
-        def gc() -> dict[str, Any]:
+        def gc(dag_run: Any = None) -> dict[str, Any]:
             from segrep.maintenance.gc import collect
 
             dry_run = form()["gc_dry_run"]
+            skip_if_late(dag_run)
             with segrep_context() as (defs, catalog):
                 report = collect(catalog, defs, name, dry_run=dry_run)
             verb = "would delete" if dry_run else "deleted"
@@ -92,10 +115,11 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
             }
 
         @task(trigger_rule="all_done")
-        def continue_splits() -> list[dict[str, Any]]:
+        def continue_splits(dag_run: Any = None) -> list[dict[str, Any]]:
             from segrep.split.run import resume_splits
 
             form()  # runs whatever compaction did (all_done), so it checks the run's conf itself
+            skip_if_late(dag_run)
             out = []
             with segrep_context() as (defs, catalog):
                 reports = resume_splits(catalog, defs, name, submit=hook_submit)
@@ -121,5 +145,5 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
 
 
 _defs = dag_definitions()  # invalid tables left out: dags/segrep_definitions.py reports them
-for _table in _defs.tables.values() if _defs else ():
+for _table in tables_to_build(_defs, "segrep_maintain_"):  # a task builds only its own DAG
     globals()[f"segrep_maintain_{_table.name}"] = build_maintenance_dag(_table)

@@ -1,21 +1,28 @@
 """
 ### segrep replication: one DAG per table policy
 
-Each run replicates the segments its table's leaders committed before the run's **data interval end** to every
-replica site, as the EventQL protocol prescribes (DESIGN section 6):
+Each run replicates to every replica site the segments its table's leaders committed before the round's end:
+a **scheduled** run ends at its data interval's end; a **manual** run (Trigger) ends at the moment it was
+triggered, not at the end of the last whole interval before it. Steps (DESIGN section 6):
 
 1. **plan**: reads the catalog, predicts every offer per target, leases the segments followers must push, and
-   writes the merge manifest when a chain has forked.
+   writes the merge manifest when a chain has forked (retried as the policy says).
 2. **fast_forward** (mapped, one instance per target site): copies each new segment file, verifies its sha256,
    registers it and moves the replica's root. No row is read. A target that is down fails only its own instance,
    after retries with exponential back-off; the other targets proceed.
 3. **merge** (SparkSubmitOperator, one Spark application for the whole round): last-writer-wins merge of
    pushed segments; skipped when nothing forked.
-4. **commit**: records the merge results, checkpoints and safe time.
-5. **report**: writes the round report and fails the run if a target failed or a copied file failed
-   verification (it names the file), so `airflow backfill create
-   --reprocess-behavior failed --max-active-runs 1` replays exactly the intervals that need it, in order (a
-   backfill ignores the DAG's max_active_runs and runs up to 10 intervals at once unless told otherwise).
+4. **commit**: records the merge results, checkpoints and safe time; emits an asset event on
+   `segrep://<site>/<table>` for each site whose safe time advanced.
+5. **report**: commits again from the catalog (idempotent: after "Clear only failed tasks" it counts the
+   re-run copies), logs one line per target (copied, safe time, lag, still pending), sends the metrics, and
+   fails the run if a target failed, a copied file failed verification, or a target ends behind the table's
+   RPO (`policy: {rpo: 15m}`), naming the table, site and lag.
+
+No catch-up: a round copies everything committed before its end, so the intervals missed while the DAG was
+paused need no replay. To re-run failed intervals in order: `airflow backfill create --dag-id DAG
+--from-date ... --to-date ... --reprocess-behavior failed --max-active-runs 1` (a backfill ignores the
+DAG's max_active_runs and runs up to 10 intervals at once unless told otherwise).
 
 Trigger form: narrow a manual run to one `target` site, or `reoffer` every segment (repairs lost acks; the
 receiver answers SEGMENT_EXISTS for what it holds). Scheduled runs use the defaults.
@@ -28,26 +35,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import dag, task
 
 from segrep.config.definitions import TableDef
+from segrep_airflow import assets
 from segrep_airflow.common import (
     dag_definitions,
     hook_submit,
     retry_args,
     segrep_context,
     spark_step,
+    tables_to_build,
     timetable,
     to_us,
     utc,
 )
-from segrep_airflow.forms import form
+from segrep_airflow.forms import every_or_one, flag, form
 
 
 def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
     policy = table.policy
     name = table.name
     retry = retry_args(policy)
+    alias = assets.alias(name)
 
     @dag(
         dag_id=f"segrep_replicate_{name}",
@@ -56,36 +66,36 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
         schedule=timetable(policy.schedule),
         start_date=utc(policy.start_date),
         end_date=utc(policy.end_date),
-        catchup=True,
+        catchup=False,
         max_active_runs=1,
         tags=["segrep", "replication", name],
         params={
-            "target": Param(
-                None,
-                type=["null", "string"],
-                enum=[None, *table.replicas],
+            "target": every_or_one(
+                list(table.replicas),
+                every="every replica site",
                 description="Only replicate to this site (empty: every replica site).",
             ),
-            "reoffer": Param(
-                False, type="boolean", description="Offer every segment again, ignoring acks and back-off."
-            ),
+            "reoffer": flag(False, "Offer every segment again, ignoring acks and back-off."),
         },
         default_args={"retries": 0},
     )
     def replication() -> None:
-        @task
-        def plan(data_interval_start: Any = None, data_interval_end: Any = None) -> dict[str, Any]:
+        @task(**retry)
+        def plan(data_interval_start: Any = None, data_interval_end: Any = None, dag_run: Any = None) -> dict[str, Any]:
             from segrep.replication.plan import plan_round
             from segrep.replication.round import round_key
             from segrep.storage.workdir import result_path
+            from segrep_airflow.rounds import round_end
 
             p = form()
+            run_type = getattr(dag_run, "run_type", None)
+            end = round_end(run_type, getattr(dag_run, "run_after", None), data_interval_end)
             with segrep_context() as (defs, catalog):
                 res = plan_round(
                     catalog,
                     defs,
                     name,
-                    to_us(data_interval_end),
+                    to_us(end),
                     start_us=to_us(data_interval_start),
                     target=p["target"],
                     reoffer=p["reoffer"],
@@ -115,28 +125,48 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
                 )
             return report.to_dict()
 
-        def commit(p: dict[str, Any]) -> dict[str, Any]:
-            from segrep.replication.commit import commit_round
+        def commit(p: dict[str, Any], outlet_events: Any = None) -> dict[str, Any]:
             from segrep.split.run import finish_unloaded
+            from segrep_airflow.rounds import advanced, recommit, safe_times
 
             with segrep_context() as (defs, catalog):
-                report = commit_round(catalog, defs, name, p["end_us"], merge_ran=bool(p["manifest"]))
+                before = safe_times(catalog, name)
+                report = recommit(catalog, defs, name, p["end_us"], merge_ran=bool(p["manifest"]))
                 finish_unloaded(catalog, defs, name)  # a split parent goes once every replica holds its children
-                return report.to_dict()
+            if outlet_events is not None:
+                assets.emit(outlet_events, report, advanced(before, report.safe_time_us))
+            return report.to_dict()
 
-        @task(trigger_rule="all_done", retries=0)
-        def report(ti: Any = None) -> dict[str, Any]:
-            from segrep.cli.format import format_report
-            from segrep.replication.reports import RoundReport
+        @task(trigger_rule="all_done", retries=0, outlets=[alias])
+        def report(ti: Any = None, outlet_events: Any = None) -> dict[str, Any]:
+            import structlog
 
-            raw = ti.xcom_pull(task_ids="commit") if ti is not None else None
-            if not raw:
-                raise RuntimeError(f"round of {name} did not commit (see the merge and commit tasks)")
-            result = RoundReport.from_dict(raw)
-            print(format_report(result))
-            if result.has_problems:  # a failed target, or a file that failed verification
-                raise RuntimeError(f"round of {name}: {'; '.join(result.problems())}")
-            return {"status": str(result.status), "safe_time_us": result.safe_time_us}
+            from segrep_airflow.metrics import emit_round
+            from segrep_airflow.rounds import advanced, recommit, report_lines, round_view, safe_times
+
+            planned = ti.xcom_pull(task_ids="plan") if ti is not None else None
+            if not planned:
+                raise RuntimeError(
+                    f"round of {name}: the plan task did not finish, so there is no round to report "
+                    "(see the plan task's log; clear it to run the round again)"
+                )
+            with segrep_context() as (defs, catalog):
+                before = safe_times(catalog, name)
+                result = recommit(catalog, defs, name, planned["end_us"], merge_ran=bool(planned["manifest"]))
+                view = round_view(catalog, result, defs.policy(name).rpo_s)
+            # Logged, not printed: a task's stdout reaches its log through a pipe and is stamped when read,
+            # after the task runner has opened its collapsed "Post Execute" group; a log record is stamped now.
+            # Through structlog, as Airflow's own task lines are (a stdlib logger's INFO may be filtered out).
+            log = structlog.get_logger("segrep.round")
+            for line in report_lines(view):
+                log.info(line)
+            emit_round(view)
+            if outlet_events is not None:
+                assets.emit(outlet_events, result, advanced(before, result.safe_time_us))
+            failure = view.failure()
+            if failure:  # a failed target, a file that failed verification, or a target behind its RPO
+                raise RuntimeError(failure)
+            return view.to_xcom()
 
         planned = plan()
         copied = fast_forward.partial(p=planned).expand(target=targets_of(planned))
@@ -151,6 +181,7 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
             name=f"segrep-merge-{name}",
             policy=policy,
             choose_trigger_rule="all_done",
+            commit_outlets=[alias],
         )
         copied >> merged
         [merged, copied] >> report()
@@ -159,5 +190,5 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
 
 
 _defs = dag_definitions()  # invalid tables left out: dags/segrep_definitions.py reports them
-for _table in _defs.tables.values() if _defs else ():
+for _table in tables_to_build(_defs, "segrep_replicate_"):  # a task builds only its own DAG
     globals()[f"segrep_replicate_{_table.name}"] = build_replication_dag(_table)

@@ -2,7 +2,8 @@
 ### segrep split: split a partition of one table while writes continue (EventQL 3.8)
 
 One DAG per table (`segrep_split_<table>`), so its Spark steps retry as the table's policy says. Trigger it
-from the UI with the form: `partition` (its id: `segrep table describe TABLE` lists them), `split_keys` (one
+from the UI with the form: `partition` (its id: `segrep table describe TABLE` lists them; left empty, the
+run fails at once listing the live partitions with their key ranges), `split_keys` (one
 or more keys of the partition key, strictly inside the partition's range) and `async`. Leave `split_keys`
 empty to **resume** the partition's split where it stopped (after a failure, a leader change, or a parent
 replica that was down).
@@ -37,8 +38,8 @@ from airflow.sdk import Param, dag, task
 
 from segrep.catalog.models import MAX_PARTITION_ID
 from segrep.config.definitions import TableDef
-from segrep_airflow.common import dag_definitions, segrep_context, spark_step
-from segrep_airflow.forms import form, key_schema
+from segrep_airflow.common import dag_definitions, segrep_context, spark_step, tables_to_build
+from segrep_airflow.forms import flag, form, key_schema
 
 
 def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
@@ -54,12 +55,17 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
         max_active_runs=1,
         tags=["segrep", "split", name],
         params={
+            # No default: partition 1 of the definitions may be retired by a split, and the catalog (which
+            # knows the live ones) is not read at parse time. Left empty, the run's first task lists them.
             "partition": Param(
-                1,
-                type="integer",
+                None,
+                type=["null", "integer"],
                 minimum=1,
                 maximum=MAX_PARTITION_ID,
-                description=f"Partition id: segrep table describe {name}",
+                description=(
+                    f"Partition id (required): `segrep table describe {name}` lists the live partitions and their "
+                    "ranges; a run left empty fails at once listing them, changing nothing."
+                ),
             ),
             "split_keys": Param(
                 [],
@@ -68,7 +74,7 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
                 uniqueItems=True,
                 description=f"Split keys ({table.partition_key}) inside the partition's range; empty: resume.",
             ),
-            "async": Param(False, type="boolean", description="Finalize at once; the data follows through UNLOAD."),
+            "async": flag(False, "Finalize at once; the data follows through UNLOAD."),
         },
         default_args={"retries": 0},
     )
@@ -77,12 +83,23 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
         def start() -> dict[str, Any]:
             from dataclasses import asdict
 
+            from segrep.core.errors import SegrepError
             from segrep.split.run import begin_split
+            from segrep_airflow.partitions import live_partitions
 
             p = form()
-            partition = int(p["partition"])  # the form took an integral number (JSON: 5 or 5.0) in range
             with segrep_context() as (_defs, catalog):
-                ref = begin_split(catalog, name, partition, p["split_keys"], is_async=p["async"])
+                if p["partition"] is None:
+                    raise SegrepError(
+                        f"choose a partition of {name} to split; the live ones (id, key range, state): "
+                        + "; ".join(live_partitions(catalog, name))
+                    )
+                partition = int(p["partition"])  # the form took an integral number (JSON: 5 or 5.0) in range
+                try:
+                    ref = begin_split(catalog, name, partition, p["split_keys"], is_async=p["async"])
+                except SegrepError as exc:
+                    live = "; ".join(live_partitions(catalog, name))
+                    raise SegrepError(f"{exc} (live partitions of {name}: {live})") from None
             print(f"split {ref.split_id} of {name} partition {partition}: {ref.state}, children {ref.children}")
             return asdict(ref)
 
@@ -158,5 +175,5 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
 
 
 _defs = dag_definitions()  # invalid tables left out: dags/segrep_definitions.py reports them
-for _table in _defs.tables.values() if _defs else ():
+for _table in tables_to_build(_defs, "segrep_split_"):  # a task builds only its own DAG
     globals()[f"segrep_split_{_table.name}"] = build_split_dag(_table)

@@ -21,8 +21,8 @@ from airflow.sdk import Param, dag, task
 
 from segrep.config.definitions import TableDef
 from segrep.core.settings import MAX_SCRUB_BYTES_PER_S
-from segrep_airflow.common import dag_definitions, hook_submit, segrep_context, timetable, utc
-from segrep_airflow.forms import form
+from segrep_airflow.common import dag_definitions, hook_submit, segrep_context, tables_to_build, timetable, utc
+from segrep_airflow.forms import flag, form
 
 
 def build_verify_dag(table: TableDef):  # type: ignore[no-untyped-def]
@@ -38,7 +38,7 @@ def build_verify_dag(table: TableDef):  # type: ignore[no-untyped-def]
         max_active_runs=1,
         tags=["segrep", "verify", name],
         params={
-            "files": Param(True, type="boolean", description="Also hash every segment file against the catalog."),
+            "files": flag(True, "Also hash every segment file against the catalog."),
             "max_bytes_per_second": Param(
                 None,
                 type=["null", "integer"],
@@ -77,5 +77,5 @@ def build_verify_dag(table: TableDef):  # type: ignore[no-untyped-def]
 
 
 _defs = dag_definitions()  # invalid tables left out: dags/segrep_definitions.py reports them
-for _table in _defs.tables.values() if _defs else ():
+for _table in tables_to_build(_defs, "segrep_verify_"):  # a task builds only its own DAG
     globals()[f"segrep_verify_{_table.name}"] = build_verify_dag(_table)

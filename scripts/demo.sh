@@ -50,7 +50,7 @@ round() {
   if ! airflow dags test segrep_replicate_orders "$when" > "$log" 2>&1; then
     tail -40 "$log"; echo "the replication run failed; full log in $log" >&2; exit 1
   fi
-  grep -E "^\s*(round [0-9]+ of|  (dr|primary|merges|safe time|spark applications))" "$log" | sed 's/^.*\(round [0-9]\)/\1/' || true
+  grep -F "[segrep.round]" "$log" | sed -E 's/^[^]]*\] (.*[^ ]) +\[segrep\.round\].*$/\1/' || true
 }
 
 say "segrep init && segrep apply"

@@ -21,10 +21,9 @@ import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import CronDataIntervalTimetable, DeltaDataIntervalTimetable, TaskGroup, task
 
-from segrep.config.definitions import Definitions, Policy, load_definitions
+from segrep.config.definitions import Definitions, Policy, TableDef, load_definitions
 from segrep.config.schedule import parse_schedule
 from segrep.core.errors import SegrepError
-from segrep.replication.heartbeat import heartbeat
 from segrep.spark import launch
 from segrep_airflow.credentials import connection_env, connection_ids, use_airflow_connections
 
@@ -84,6 +83,19 @@ def dag_definitions() -> Definitions | None:
         return load_definitions(isolate_tables=True)
     except SegrepError:
         return None
+
+
+def tables_to_build(defs: Definitions | None, prefix: str) -> list[TableDef]:
+    """The tables whose DAG (``prefix + table``) a DAG file builds: all of them when the dag-processor parses
+    the file, only the one a task belongs to when a task process parses it (Airflow names that DAG in the
+    parsing context), so a task of one table does not pay for building every other table's DAG."""
+    from airflow.sdk import get_parsing_context
+
+    tables = list(defs.tables.values()) if defs is not None else []
+    wanted = get_parsing_context().dag_id
+    if wanted and wanted.startswith(prefix):
+        return [t for t in tables if prefix + t.name == wanted]
+    return tables
 
 
 def definitions_problems() -> str | None:
@@ -174,6 +186,8 @@ class LeasedSparkSubmitOperator(SparkSubmitOperator):
         self.lease_holder = lease_holder
 
     def execute(self, context: Any) -> None:
+        from segrep.replication.heartbeat import heartbeat  # imported by the task, not at parse time
+
         with segrep_context() as (defs, catalog):
             # After rendering: the secrets never reach the rendered fields Airflow keeps.
             self.env_vars = {**(self.env_vars or {}), **spark_env_with_credentials(defs)}
@@ -213,6 +227,7 @@ def spark_step(
     name: str,
     policy: Policy,
     choose_trigger_rule: str = "all_success",
+    commit_outlets: list[Any] | None = None,
 ) -> TaskGroup:
     """The "branch, Spark, commit" step of every DAG, as one task group: ``choose_id`` (a branch) runs the
     SparkSubmitOperator ``spark_id`` (spark_jobs/merge.py, :func:`merge_job`) when the ``plan`` task's XCom
@@ -222,10 +237,18 @@ def spark_step(
     The group does not prefix its task ids: they are exactly ``choose_id``, ``spark_id`` and ``commit_id``.
     ``upstream >> group`` makes ``choose_id`` wait for ``upstream``; ``group >> downstream`` waits for
     ``commit_id``. The Spark task takes the table's ``policy`` retries; ``name`` is its Spark application name.
+    ``commit_outlets``: the commit task's outlets (the replication DAG's asset alias).
+
+    With ``choose_trigger_rule="all_done"`` the branch also runs when the plan task failed; it then skips the
+    group with a message (rather than failing on the missing XCom), so the error shown is the plan's own.
     """
     plan_task_id = plan.operator.task_id
 
-    def choose(p: dict[str, Any]) -> str:
+    def choose(p: dict[str, Any] | None) -> str:
+        if p is None:
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            raise AirflowSkipException(f"{plan_task_id} did not finish: nothing to merge or commit (see its log)")
         return spark_id if p["manifest"] else commit_id
 
     with TaskGroup(
@@ -233,7 +256,9 @@ def spark_step(
     ) as group:
         branch = task.branch(task_id=choose_id, trigger_rule=choose_trigger_rule)(choose)(plan)
         spark = merge_job(spark_id, plan_task_id, name, policy)
-        committed = task(task_id=commit_id, trigger_rule=COMMIT_TRIGGER_RULE)(commit)(plan)
+        committed = task(task_id=commit_id, trigger_rule=COMMIT_TRIGGER_RULE, outlets=commit_outlets or [])(commit)(
+            plan
+        )
         branch >> [spark, committed]
         spark >> committed
     return group

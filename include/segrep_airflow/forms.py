@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from airflow.sdk import get_current_context
 
 from segrep.core.errors import SegrepError
 
@@ -37,6 +36,8 @@ def check_conf(conf: Mapping[str, Any] | None, known: Iterable[str]) -> None:
 def form() -> dict[str, Any]:
     """The running task's form values (its DAG's Params, as the trigger set them); FormError if the run's conf
     has a key that is not a Param of the DAG."""
+    from airflow.sdk import get_current_context
+
     context = get_current_context()
     known = list(context["dag"].params)
     check_conf(context["dag_run"].conf, known)
@@ -61,3 +62,29 @@ def key_schema(dtype: pa.DataType) -> dict[str, Any]:
     if pa.types.is_binary(dtype):
         return {"type": "string", "pattern": "^([0-9a-fA-F]{2})*$"}
     return {"type": "string"}  # strings, and timestamps as ISO-8601 text (checked by the task)
+
+
+def flag(default: bool, description: str) -> Any:
+    """A yes/no Param that the form shows as a plain switch, not as a required field.
+
+    Airflow's trigger form marks every Param whose schema ``type`` lacks ``"null"`` as required, and a
+    switch cannot be empty anyway, so the schema is ``{"enum": [true, false]}`` without a ``type``: the form
+    still draws a switch (from the default's type), and the server still refuses anything but true or false
+    (``1``, ``"yes"``, ``null``), since JSON-schema's ``enum`` tells booleans from numbers."""
+    from airflow.sdk import Param
+
+    return Param(default, enum=[True, False], description=description)
+
+
+def every_or_one(choices: list[str], *, every: str, description: str) -> Any:
+    """An optional choice among ``choices`` where null means "all of them", shown with the label ``every``
+    instead of a literal "null" (``values_display``, which the form reads for the null entry too)."""
+    from airflow.sdk import Param
+
+    return Param(
+        None,
+        type=["null", "string"],
+        enum=[None, *choices],
+        values_display={"null": every, **{c: c for c in choices}},
+        description=description,
+    )

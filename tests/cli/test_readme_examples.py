@@ -1,4 +1,6 @@
-"""The definitions examples in the documentation are valid definitions files, as written."""
+"""The definitions examples in the documentation are valid definitions files, as written. A YAML block is a
+definitions example when it has a top-level `sites:` or `tables:` (other YAML, such as a Prometheus scrape
+configuration, is not checked here)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,12 @@ from segrep.config.definitions import load_definitions
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"```yaml\n(.*?)```", re.S)
-EXAMPLES = [(doc.name, i, body) for doc in DOCS for i, body in enumerate(BLOCK.findall(doc.read_text()))]
+DEFINITIONS = re.compile(r"^(sites|tables):", re.M)
+EXAMPLES = [
+    (doc.name, i, body)
+    for doc in DOCS
+    for i, body in enumerate(b for b in BLOCK.findall(doc.read_text()) if DEFINITIONS.search(b))
+]
 
 
 @pytest.mark.parametrize(("doc", "index", "body"), EXAMPLES, ids=[f"{d}#{i}" for d, i, _ in EXAMPLES])

@@ -13,8 +13,9 @@ only offers what was committed before its interval end, however late it runs, an
 how long a dag.test takes on a busy machine. Interval k is [S_k, S_k+1). A run triggered by hand at X covers
 the interval that *ends* at X (Airflow's manual data interval for a fixed-delta timetable is [X - delta, X)),
 so interval k's run is dag.test(logical_date=S_k+1). The DAG's start_date is S_1 and its end_date S_3, so its
-schedule is exactly the logical dates S_1..S_3: the backfill selects those runs, and the scheduler has no
-interval of its own left to create.
+schedule is exactly the logical dates S_1..S_3: the backfill selects those runs; the scheduler creates no
+scheduled run of its own (``use_job_schedule`` off: the DAG does not catch up, so it would add the interval
+ending now).
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ class Services:
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.log_port),  # the scheduler's log server, not :8793
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
             "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
+            # The DAG does not catch up, so on start the scheduler would add a run of the interval ending now
+            # (after the outage): no scheduled runs here, only the backfill's.
+            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
         }
 
     def start(self, name: str, *args: str) -> None:
@@ -291,7 +295,9 @@ def _outage_run(env: Any, dag: Any, end_s: float, dr_safe_history: list[int], ro
     Edge then holds exactly the rows committed before the interval end (``rows_due`` keys), nothing later."""
     import pendulum
 
-    run = dag.test(logical_date=pendulum.instance(datetime.fromtimestamp(end_s, UTC)))
+    end = pendulum.instance(datetime.fromtimestamp(end_s, UTC))
+    # A manual run ends at its run_after (the moment it was triggered): here, as a scheduler would have run it.
+    run = dag.test(logical_date=end, run_after=end)
 
     states = ti_states(run)
     assert run.state == "failed", states

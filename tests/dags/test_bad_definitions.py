@@ -19,6 +19,7 @@ GOOD_DAGS = {
     "segrep_replicate_orders",
     "segrep_split_orders",
     "segrep_verify_orders",
+    "segrep_example_fresh_replica",  # dags/examples: orders replicates to dr
 }
 DEFINITIONS_FILE = "segrep_definitions.py"
 

@@ -69,6 +69,7 @@ DEFAULT_DAGS = {
     "segrep_replicate_orders": "segrep_replication.py",
     "segrep_split_orders": "segrep_split.py",
     "segrep_verify_orders": "segrep_verify.py",
+    "segrep_example_fresh_replica": "segrep_fresh_replica.py",  # dags/examples/: the asset consumer
 }
 
 
@@ -103,6 +104,7 @@ SPARK_STEPS = {
         "unload_step": ("unload_choose", "unload_merge", "unload_commit"),
     },
     "segrep_verify_orders": {},  # its one task starts the digest application itself (hook_submit)
+    "segrep_example_fresh_replica": {},
 }
 
 
@@ -195,11 +197,11 @@ def test_replication_dag_structure(default_definitions: Path) -> None:
     assert dag.get_task("fast_forward").partial_kwargs["retries"] == 3
     assert dag.get_task("merge").retries == 3
     assert dag.get_task("report").retries == 0
-    assert dag.get_task("plan").retries == 0
+    assert dag.get_task("plan").retries == 3  # plan_round finds its round again: a retry is safe
     group = dag.task_group.get_task_group_dict()["merge_step"]  # segrep_airflow.common.spark_step
     assert set(group.children) == {"choose", "merge", "commit"} and not group.prefix_group_id
 
-    assert dag.catchup is True
+    assert dag.catchup is False  # a round copies all committed before its end: no empty intervals replayed
     assert dag.max_active_runs == 1
     assert dag.doc_md and "fast_forward" in dag.doc_md
     assert "--reprocess-behavior failed --max-active-runs 1" in dag.doc_md  # a backfill replays in order
@@ -216,9 +218,12 @@ def test_replication_dag_structure(default_definitions: Path) -> None:
     assert target.value is None
     assert target.schema["type"] == ["null", "string"]
     assert target.schema["enum"] == [None, "dr"]
+    # the form's label for null (the UI reads values_display["null"]), not a literal "null"
+    assert target.schema["values_display"]["null"] == "every replica site"
     reoffer = params.get_param("reoffer")
     assert reoffer.value is False
-    assert reoffer.schema["type"] == "boolean"
+    # a switch that is not marked required: no "type" (the UI marks a type without null required)
+    assert reoffer.schema == {"enum": [True, False]}
 
 
 def test_fixed_interval_policy_with_date_times(segrep_env: Any) -> None:

@@ -39,9 +39,9 @@ from tests.failover.test_tpch_failover import (
     tpch_orders_batches,
     write,
 )
-from tests.support.airflow import load_dag, ti_states
+from tests.support.airflow import load_dag, postgres_dag_env, ti_states
 from tests.support.checks import leaders
-from tests.support.env import Env, make_env, pg_schema_url
+from tests.support.env import Env
 from tests.support.rounds import bring_up, take_down
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.postgres]
@@ -53,14 +53,7 @@ SITES = ("primary", "dr", "edge")
 def pg_dag_env(airflow_home: Path, pg_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
     """The definitions and a migrated, applied catalog in a fresh PostgreSQL schema, exported for the DAG file
     and its tasks as SEGREP_CONFIG / SEGREP_CATALOG_URL (tests/dags/conftest.py's segrep_env, on PostgreSQL)."""
-    for url in pg_schema_url(pg_server):
-        env = make_env(tmp_path, url, definitions())
-        monkeypatch.setenv("SEGREP_CONFIG", str(env.config))
-        monkeypatch.setenv("SEGREP_CATALOG_URL", env.url)
-        for var in ("SEGREP_SPARK_PY_FILES", "SEGREP_SPARK_PYTHON", "SEGREP_SPARK_JOBS", "SEGREP_SPARK_CONN_ID"):
-            monkeypatch.delenv(var, raising=False)
-        yield env
-        env.catalog.dispose()
+    yield from postgres_dag_env(pg_server, tmp_path, monkeypatch, definitions())
 
 
 def _run(dag: Any, conf: dict[str, Any]) -> Any:

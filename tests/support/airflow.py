@@ -122,3 +122,19 @@ def wait_until(deadline: float) -> None:
     """Sleep until the wall clock reaches ``deadline`` (epoch seconds)."""
     while (left := deadline - time.time()) > 0:
         time.sleep(min(left, 0.2))
+
+
+def postgres_dag_env(pg_server: str, tmp_path: Path, monkeypatch: Any, yaml_text: str) -> Any:
+    """The body of a DAG test's PostgreSQL environment fixture: the definitions and a migrated, applied catalog
+    in a fresh schema, exported for the DAG file and its tasks as SEGREP_CONFIG / SEGREP_CATALOG_URL (as
+    tests/dags/conftest.py's segrep_env does on SQLite), with no Spark override from the environment."""
+    from tests.support.env import make_env, pg_schema_url
+
+    for url in pg_schema_url(pg_server):
+        env = make_env(tmp_path, url, yaml_text)
+        monkeypatch.setenv("SEGREP_CONFIG", str(env.config))
+        monkeypatch.setenv("SEGREP_CATALOG_URL", env.url)
+        for var in ("SEGREP_SPARK_PY_FILES", "SEGREP_SPARK_PYTHON", "SEGREP_SPARK_JOBS", "SEGREP_SPARK_CONN_ID"):
+            monkeypatch.delenv(var, raising=False)
+        yield env
+        env.catalog.dispose()

@@ -6,6 +6,7 @@ logs of the DAGs, which print the same text).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,6 +63,8 @@ def format_report(report: RoundReport, sites: Sequence[str] | None = None) -> st
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r.outcomes.items())) or "nothing to offer"
         extra = f"; {r.error}" if r.error else ""
         copied = f"; copied {r.segments_copied} segments, {r.bytes_copied:,} bytes"
+        if set(r.bytes_from) - {site}:  # which link the bytes crossed (the leader, or a feeder: a cascade)
+            copied += " (" + ", ".join(f"{n:,} from {src}" for src, n in sorted(r.bytes_from.items())) + ")"
         lines.append(f"  {site}: {r.status} ({outcomes}{copied}){extra}")
         for bad in r.invalid:
             lines.append(
@@ -76,6 +79,9 @@ def format_report(report: RoundReport, sites: Sequence[str] | None = None) -> st
             f"  merges: {merges.committed}/{merges.items} committed, {merges.rows_merged:,} rows"
             f" kept of {merges.rows_in:,} pushed"
         )
+    for c in merges.conflicts:
+        keys = "; ".join(json.dumps(k) for k in c.sample)
+        lines.append(f"  conflicts: {c.rows:,} row(s) written at {c.site} overwritten by {c.by} (e.g. {keys})")
     for site, us in sorted(report.safe_time_us.items()):
         lines.append(f"  safe time at {site}: {hlc.iso(us)}")
     lines.append(f"  spark applications: {report.spark_apps}")

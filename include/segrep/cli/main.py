@@ -286,9 +286,14 @@ def table_describe(obj: Context, table: str) -> None:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(["parquet", "csv"]), default=None, help="Default: from the suffix.")
 @click.option("--delete", is_flag=True, help="FILE holds primary keys to delete (only the key columns).")
+@click.option(
+    "--site",
+    default=None,
+    help="Write at this site (a table with `writes: any_site` takes writes anywhere). Default: each leader.",
+)
 @click.pass_obj
 @_user_errors
-def write(obj: Context, table: str, file: Path, fmt: str | None, delete: bool) -> None:
+def write(obj: Context, table: str, file: Path, fmt: str | None, delete: bool, site: str | None) -> None:
     """Write a batch of rows (upsert by primary key) or of keys to delete, at each partition's leader."""
     from segrep.data.writer import write_batch
 
@@ -296,7 +301,7 @@ def write(obj: Context, table: str, file: Path, fmt: str | None, delete: bool) -
     with catalog.read() as s:
         info = q.table_info(s, table)
     batch = _read_input(file, fmt, info, keys_only=delete)
-    result = write_batch(catalog, table, batch, delete=delete)
+    result = write_batch(catalog, table, batch, delete=delete, site=site)
     action = "deleted" if delete else "wrote"
     click.echo(
         f"{action} {result.rows_written} row(s) of {table} from {file} "
@@ -757,37 +762,11 @@ def repair_(obj: Context, table: str, site: str | None, dry_run: bool, rate: int
 @click.pass_obj
 @_user_errors
 def status(obj: Context, table: str | None, as_json: bool) -> None:
-    """Per table and target site: safe time, lag, pending segments and bytes, last round, declines."""
-    import json
+    """Per table and target site: safe time, lag, RPO, pending segments and bytes, last round, declines; the
+    splits under way; the conflicts of active-active tables in the last 24 h."""
+    from segrep.cli.views import status_output
 
-    from segrep.catalog.leadership import leadership
-    from segrep.cli.format import (
-        STATUS_HEADER,
-        format_leadership,
-        format_progress,
-        last_round,
-        status_note,
-        status_table,
-    )
-    from segrep.replication.status import status_rows
-    from segrep.split.progress import split_progress
-
-    rows = status_rows(obj.catalog(), table)
-    splits = split_progress(obj.catalog(), table)
-    leaders = leadership(obj.catalog(), table)
-    if as_json:
-        replication = [{**r.to_dict(), "note": status_note(r), "last_round": last_round(r)} for r in rows]
-        doc = {
-            "replication": replication,
-            "splits": [sp.to_dict() for sp in splits],
-            "leadership": [x.to_dict() for x in leaders],
-        }
-        click.echo(json.dumps(doc, indent=2, sort_keys=True))
-        return
-    click.echo(format_leadership(leaders))
-    click.echo(format_rows(STATUS_HEADER, status_table(rows)) if rows else "no replicas")
-    if splits:
-        click.echo(format_progress(splits))
+    click.echo(status_output(obj.catalog(), obj.defs_if_any(), table, as_json=as_json))
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:

@@ -1,6 +1,9 @@
-"""Read-only views of the catalog for people: table overview, table description, segment chains."""
+"""Read-only views of the catalog for people: table overview, table description, segment chains, and
+``segrep status`` (with each table's RPO from the definitions, which the catalog does not keep)."""
 
 from __future__ import annotations
+
+import json
 
 from sqlalchemy import select
 
@@ -8,9 +11,21 @@ from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.leadership import leadership
-from segrep.cli.format import format_leadership, format_rows
+from segrep.cli.format import (
+    STATUS_HEADER,
+    format_leadership,
+    format_progress,
+    format_rows,
+    last_round,
+    status_note,
+    status_table,
+)
+from segrep.config.definitions import Definitions
 from segrep.core.chain import is_reference_weak, is_referenced, visible_segments
 from segrep.core.errors import NotFoundError
+from segrep.replication.conflicts import recent_conflicts
+from segrep.replication.status import TargetState, status_rows
+from segrep.split.progress import split_progress
 
 
 def _range(info: q.TableInfo, begin: object, end: object) -> str:
@@ -103,16 +118,18 @@ def segment_listing(catalog: Catalog, table: str, site: str | None, partition_id
         parts = [p for p in q.partitions_of(s, info) if partition_id is None or p.partition_id == partition_id]
         if partition_id is not None and not parts:
             raise NotFoundError(f"table {table} has no partition {partition_id}")
-        placements = [
-            pl
-            for pl in q.active_placements(s, [p.partition_id for p in parts])
-            if site_row is None or pl.site_id == site_row.site_id
-        ]
-        seg_lists = q.segments_of(s, [pl.placement_id for pl in placements])
+        every = q.active_placements(s, [p.partition_id for p in parts])
+        placements = [pl for pl in every if site_row is None or pl.site_id == site_row.site_id]
+        seg_lists = q.segments_of(s, [pl.placement_id for pl in every])
         acks = q.acks_of(s, [pl.placement_id for pl in placements])
         pl_site = {
             pl.placement_id: sites[pl.site_id].name for pl in s.scalars(select(m.Placement))
         }  # acks name placements that may since have been removed
+    # provenance: the sites whose placement of the partition lists each segment (it was applied there)
+    applied: dict[tuple[int, str], set[str]] = {}
+    for pl in every:
+        for seg in seg_lists.get(pl.placement_id, []):
+            applied.setdefault((pl.partition_id, seg.segment_id), set()).add(sites[pl.site_id].name)
     blocks = []
     for pl in placements:
         part = next(p for p in parts if p.partition_id == pl.partition_id)
@@ -144,11 +161,69 @@ def segment_listing(catalog: Catalog, table: str, site: str | None, partition_id
                     seg.byte_size,
                     f"{seg.min_version}..{seg.max_version}",
                     seg.epoch,
+                    sites[seg.origin_site_id].name if seg.origin_site_id in sites else seg.origin_site_id,
+                    ",".join(sorted(applied.get((pl.partition_id, seg.segment_id), ()))),
                     ",".join(acked) or "-",
                 ]
             )
-        table_text = format_rows(
-            ["segment", "base", "kind", "ref", "rows", "deletes", "bytes", "versions", "epoch", "acked by"], rows
-        )
+        header_row = ["segment", "base", "kind", "ref", "rows", "deletes", "bytes", "versions", "epoch"]
+        table_text = format_rows([*header_row, "origin", "held at", "acked by"], rows)
         blocks.append(f"{header}\n{table_text}")
     return "\n\n".join(blocks) if blocks else f"no placements of {table} match"
+
+
+# -- segrep status ------------------------------------------------------------------------------------------------
+
+
+def rpo_cell(state: TargetState) -> str:
+    """The objective and whether the lag meets it: ``15m ok``, ``15m BREACHED``, ``15m ?`` (no safe time yet),
+    ``-`` (no objective)."""
+    if state.rpo_s is None:
+        return "-"
+    verdict = "BREACHED" if state.rpo_breached else ("?" if state.lag_s is None else "ok")
+    return f"{_duration(state.rpo_s)} {verdict}"
+
+
+def _duration(seconds: int) -> str:
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def status_objectives(defs: Definitions | None) -> dict[str, int | None]:
+    """Each table's RPO from the definitions (the catalog keeps no policy); none without a definitions file."""
+    return {} if defs is None else {name: t.policy.rpo_s for name, t in defs.tables.items()}
+
+
+def status_output(catalog: Catalog, defs: Definitions | None, table: str | None, *, as_json: bool) -> str:
+    """``segrep status``: leadership, one row per table and replica site (with the RPO column, BREACHED when
+    the lag is past the table's objective) and the splits under way; or the same as one JSON document."""
+    rows = status_rows(catalog, table, rpo=status_objectives(defs))
+    splits = split_progress(catalog, table)
+    leaders = leadership(catalog, table)
+    conflicts = recent_conflicts(catalog, table)
+    if as_json:
+        replication = [{**r.to_dict(), "note": status_note(r), "last_round": last_round(r)} for r in rows]
+        doc = {
+            "replication": replication,
+            "splits": [sp.to_dict() for sp in splits],
+            "leadership": [x.to_dict() for x in leaders],
+            "conflicts": [c.to_dict() for c in conflicts],
+        }
+        return json.dumps(doc, indent=2, sort_keys=True)
+    header = [*STATUS_HEADER[:4], "rpo", *STATUS_HEADER[4:]]
+    lines = [format_leadership(leaders)]
+    if rows:
+        cells = [[*row[:4], rpo_cell(r), *row[4:]] for r, row in zip(rows, status_table(rows), strict=True)]
+        lines.append(format_rows(header, cells))
+    else:
+        lines.append("no replicas")
+    if splits:
+        lines.append(format_progress(splits))
+    if conflicts:
+        lines.append("conflicts in the last 24 h (active-active: rows overwritten by a concurrent write elsewhere):")
+        for c in conflicts:
+            keys = "; ".join(json.dumps(k) for k in c.sample)
+            lines.append(f"  {c.table}: {c.rows:,} row(s) written at {c.site} overwritten by {c.by} (e.g. {keys})")
+    return "\n".join(lines)

@@ -1,0 +1,88 @@
+"""Who may see what: Airflow's own authentication and authorization, enforced by the page itself.
+
+The api-server mounts plugin apps without authenticating their requests (apache/airflow #72655), so every
+route of this app asks for the user the way Airflow's REST API does (``airflow.api_fastapi.core_api.security
+.get_user``: the ``Authorization: Bearer`` token, else the UI's session cookie) and asks the configured auth
+manager, table by table, whether that user may read the table's replication DAG (``segrep_replicate_<table>``;
+the DAG whose runs produce the page's numbers). Tables the user may not read are left out; a user who may
+read none gets 403, one without a valid token 401.
+
+Airflow is imported inside the functions: the plugin module is loaded by every Airflow component, and only
+the api-server serves the page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import HTTPException, Request, status
+
+REPLICATION_DAG = "segrep_replicate_{table}"
+
+
+def replication_dag_id(table: str) -> str:
+    return REPLICATION_DAG.format(table=table)
+
+
+@dataclass(frozen=True)
+class Viewer:
+    name: str
+    tables: frozenset[str]  # the tables whose replication DAG the user may read
+
+
+async def current_user(request: Request) -> Any:
+    """The authenticated Airflow user of the request; HTTPException 401 (no or expired token) or 403."""
+    from airflow.api_fastapi.core_api.security import bearer_scheme, get_user
+
+    credentials = await bearer_scheme(request)
+    return await get_user(request, None, credentials)
+
+
+def readable_tables(user: Any, tables: Collection[str]) -> frozenset[str]:
+    """The tables whose replication DAG ``user`` may read (GET), as the auth manager decides."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+
+    manager = get_auth_manager()
+    teams = _teams([replication_dag_id(t) for t in tables])
+    return frozenset(
+        t
+        for t in tables
+        if manager.is_authorized_dag(
+            method="GET",
+            details=DagDetails(id=replication_dag_id(t), team_name=teams.get(replication_dag_id(t))),
+            user=user,
+        )
+    )
+
+
+def may_read_dags(user: Any) -> bool:
+    """Whether ``user`` may read DAGs at all (the check when there is no table yet)."""
+    from airflow.api_fastapi.app import get_auth_manager
+
+    return bool(get_auth_manager().is_authorized_dag(method="GET", user=user))
+
+
+def authorize(user: Any, tables: Collection[str]) -> Viewer:
+    """The user's view of ``tables``; 403 when the user may read none of their DAGs (or no DAG at all)."""
+    allowed = readable_tables(user, tables) if tables else frozenset()
+    if not allowed and (tables or not may_read_dags(user)):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            "you may not read the segrep DAGs (segrep_replicate_<table>): ask an Airflow admin for read access",
+        )
+    return Viewer(str(user.get_name()), allowed)
+
+
+def _teams(dag_ids: list[str]) -> dict[str, str | None]:
+    """The DAGs' teams, which a multi-team auth manager decides on (Airflow's metadata, not segrep's data);
+    none to look up unless ``[core] multi_team`` is on."""
+    from airflow.configuration import conf
+
+    if not conf.getboolean("core", "multi_team", fallback=False):
+        return {}
+    from airflow.models.dag import DagModel
+
+    return dict(DagModel.get_dag_id_to_team_name_mapping(dag_ids))

@@ -1,0 +1,183 @@
+"""The page's records made readable: times as ISO with their age, sizes and durations for people, links to the
+Airflow runs that produced each number, and the chart data. Pure functions of the records (no I/O), so the
+HTML and the JSON of one request show the same numbers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from segrep.core import hlc
+from segrep.replication.overview import Overview, SiteRow, TableOverview
+from segrep.replication.status import TargetState
+from segrep.split.progress import SplitProgress
+from segrep_page.access import replication_dag_id
+
+_UNITS = ("B", "KB", "MB", "GB", "TB", "PB")
+
+
+def human_bytes(n: int) -> str:
+    """1,234,567 -> '1.2 MB' (powers of 1000, as the round report's sizes)."""
+    value = float(n)
+    for unit in _UNITS:
+        if abs(value) < 1000 or unit == _UNITS[-1]:
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+def human_seconds(seconds: float | None) -> str:
+    """42.0 -> '42 s', 3720 -> '1 h 2 min', 90061 -> '1 d 1 h'; None -> '-'."""
+    if seconds is None:
+        return "-"
+    s = round(seconds)
+    if s < 120:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min {s % 60} s" if s < 600 else f"{s // 60} min"
+    if s < 2 * 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
+def iso(us: int | None) -> str:
+    return "-" if us is None else hlc.iso(us)
+
+
+@dataclass(frozen=True)
+class Links:
+    """URLs of the Airflow UI (under its base path) for the DAGs and runs behind the numbers."""
+
+    ui_base: str = ""
+
+    def dag(self, dag_id: str) -> str:
+        return f"{self.ui_base}/dags/{quote(dag_id, safe='')}"
+
+    def runs(self, dag_id: str, **filters: str) -> str:
+        query = f"?{urlencode(filters)}" if filters else ""
+        return f"{self.dag(dag_id)}/runs{query}"
+
+    def round_run(self, table: str, end_us: int) -> str:
+        """The replication run whose data interval ended at ``end_us`` (its run_after; a scheduled run's is
+        exactly its interval end): a one-second window, so the UI's run list shows that run."""
+        return self.runs(
+            replication_dag_id(table),
+            run_after_gte=hlc.iso(end_us - 1_000_000),
+            run_after_lte=hlc.iso(end_us + 1_000_000),
+        )
+
+    def runs_around(self, dag_id: str, at_us: int) -> str:
+        """The runs of ``dag_id`` under way at ``at_us`` (a failover recorded, a split started)."""
+        return self.runs(dag_id, start_date_lte=hlc.iso(at_us), end_date_gte=hlc.iso(at_us))
+
+
+def row_view(row: SiteRow, now_us: int, links: Links) -> dict[str, Any]:
+    t = row.target
+    out: dict[str, Any] = {
+        "table": row.table,
+        "site": row.site,
+        "role": str(row.role),
+        "led_partitions": row.led_partitions,
+        "state": str(row.state),
+        "replica": t is not None,
+    }
+    if t is None:
+        return out
+    return out | target_view(t, now_us, links)
+
+
+def target_view(t: TargetState, now_us: int, links: Links) -> dict[str, Any]:
+    """One replica's numbers as the page prints them, with the raw values beside them (``data-value``)."""
+    seconds = t.last_round_seconds
+    return {
+        "safe_time_us": t.safe_time_us,
+        "safe_time": iso(t.safe_time_us),
+        "lag_s": t.lag_s,
+        "lag": human_seconds(t.lag_s),
+        "pending_segments": t.pending_segments,
+        "pending_bytes": t.pending_bytes,
+        "pending_bytes_human": human_bytes(t.pending_bytes),
+        "last_round_end_us": t.last_round_end_us,
+        "last_round_end": iso(t.last_round_end_us),
+        "last_round_status": t.last_round_status,
+        "last_status": t.last_status,
+        "last_round_seconds": seconds,
+        "last_round_duration": human_seconds(seconds),
+        "last_round_url": None if t.last_round_end_us is None else links.round_run(t.table, t.last_round_end_us),
+        "declines": dict(sorted(t.declines.items())),
+        "backing_off": t.backing_off,
+        "backoff_until_us": t.backoff_until_us,
+        "backoff_until": iso(t.backoff_until_us),
+        "backoff_in": None if t.backoff_until_us is None else human_seconds((t.backoff_until_us - now_us) / 1e6),
+        "rpo_s": t.rpo_s,
+        "rpo": human_seconds(t.rpo_s) if t.rpo_s is not None else "-",
+        "rpo_breached": t.rpo_breached,
+        "rpo_met": None if t.rpo_s is None or t.lag_s is None else not t.rpo_breached,
+        "needs_major": t.needs_major,
+        "invalid": len(t.invalid),
+    }
+
+
+def table_view(table: TableOverview, now_us: int, links: Links) -> dict[str, Any]:
+    lead = table.leadership
+    epochs = str(lead.min_epoch) if lead.min_epoch == lead.max_epoch else f"{lead.min_epoch}..{lead.max_epoch}"
+    return {
+        "name": table.name,
+        "dag_id": replication_dag_id(table.name),
+        "dag_url": links.dag(replication_dag_id(table.name)),
+        "runs_url": links.runs(replication_dag_id(table.name)),
+        "epochs": epochs,
+        "leaders": dict(sorted(lead.leaders.items())),
+        "paused_since": None if lead.paused_since_us is None else iso(lead.paused_since_us),
+        "rpo_s": table.rpo_s,
+        "rpo": "-" if table.rpo_s is None else human_seconds(table.rpo_s),
+        "breached": table.breached,
+        "rows": [row_view(r, now_us, links) for r in table.rows],
+    }
+
+
+def chart_data(overview: Overview) -> list[dict[str, Any]]:
+    """One entry per table, site and window: points as [ms since the epoch, lag s, round end µs, status]."""
+    return [
+        {
+            "table": table.name,
+            "site": series.site,
+            "window_s": series.window_s,
+            "rpo_s": table.rpo_s,
+            "now_ms": overview.now_us // 1000,
+            "points": [[p.at_us // 1000, p.lag_s, p.round_end_us, p.status] for p in series.points],
+        }
+        for table in overview.tables
+        for series in table.history
+    ]
+
+
+def split_view(split: SplitProgress, links: Links) -> dict[str, Any]:
+    dag_id = f"segrep_split_{split.table}"
+    return {
+        "split_id": split.split_id,
+        "table": split.table,
+        "parent": split.parent_partition_id,
+        "parent_state": split.parent_state,
+        "keys": split.split_keys,
+        "mode": "async" if split.is_async else "sync",
+        "state": str(split.state),
+        "started": iso(split.started_us),
+        "sources": split.sources,
+        "runs_url": links.runs(dag_id),
+        "children": [
+            {
+                "partition_id": c.partition_id,
+                "range": f"[{'-inf' if c.begin_key is None else c.begin_key}, "
+                f"{'+inf' if c.end_key is None else c.end_key})",
+                "state": c.state,
+                "site": c.site,
+                "acked": c.acked,
+                "lacking": c.lacking,
+                "percent": 100 if c.acked + c.lacking == 0 else round(100 * c.acked / (c.acked + c.lacking)),
+            }
+            for c in split.children
+        ],
+        "replicas_behind": dict(sorted(split.replicas_behind.items())),
+    }

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# `make airflow`: Airflow on this machine with segrep's DAGs (dags/) and plugins (plugins/), as one command.
+#
+# `airflow standalone` starts its parts (scheduler, dag-processor, triggerer, api-server) as child processes
+# found by name on PATH, so the venv's bin directory goes first on PATH (without it: FileNotFoundError:
+# 'airflow'). Airflow's own metadata database and logs live in $AIRFLOW_HOME (default data/airflow, SQLite:
+# fine for trying things; use PostgreSQL for backfills, see docs/airflow.md). segrep's catalog is separate.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+export PATH="$ROOT/.venv/bin:$PATH"
+export AIRFLOW_HOME="${AIRFLOW_HOME:-$ROOT/data/airflow}"
+export AIRFLOW__CORE__DAGS_FOLDER="$ROOT/dags"
+export AIRFLOW__CORE__PLUGINS_FOLDER="$ROOT/plugins"
+export AIRFLOW__CORE__LOAD_EXAMPLES="${AIRFLOW__CORE__LOAD_EXAMPLES:-False}"
+export SEGREP_CONFIG="${SEGREP_CONFIG:-$ROOT/include/segrep.yaml}"
+export AIRFLOW_CONN_SPARK_DEFAULT="${AIRFLOW_CONN_SPARK_DEFAULT:-{\"conn_type\": \"spark\", \"host\": \"local[*]\"\}}"
+# Airflow's api-server imports FastAPI's test client, which warns about httpx on every start.
+export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore:Using \`httpx\` with}"
+mkdir -p "$AIRFLOW_HOME"
+
+if [ -z "${SEGREP_CATALOG_URL:-}" ] && [ ! -f "$ROOT/data/catalog.db" ]; then
+  echo "segrep: no catalog yet: segrep init && segrep apply (definitions: $SEGREP_CONFIG)"
+  segrep init
+  segrep apply
+fi
+
+PASSWORDS="$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated"
+cat <<MSG
+Airflow for segrep: http://localhost:${AIRFLOW__API__PORT:-8080} (Ctrl-C stops every part)
+  AIRFLOW_HOME  $AIRFLOW_HOME
+  DAGs          $AIRFLOW__CORE__DAGS_FOLDER   (definitions: $SEGREP_CONFIG)
+  plugins       $AIRFLOW__CORE__PLUGINS_FOLDER
+  log in as     admin, password in $PASSWORDS
+                (written on the first start; also printed below as "Password for user 'admin'")
+MSG
+exec airflow standalone

@@ -1,0 +1,113 @@
+"""The operator page's tests: an Airflow home for the in-process app tests, users and their tokens, and a
+segrep environment with lag.
+
+Airflow reads its home when first imported. ``tests/dags/conftest.py`` gives a run a throw-away home when it
+is collected (before this folder, in any whole-suite run); when it was not (this folder run alone) this file
+does the same, so no test ever touches a developer's ``~/airflow``. Nothing here imports Airflow at import
+time; the plugin package (``plugins/``) is put on ``sys.path`` as the api-server does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.env import ORDERS_YAML, Env, make_env
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGINS = REPO / "plugins"
+AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+JWT_SECRET = "segrep-plugin-tests-only-" + "0123456789abcdef" * 4
+USERS = "admin:admin,viewer:viewer,nobody:"  # nobody: no role, so the auth manager allows nothing
+
+if str(PLUGINS) not in sys.path:
+    sys.path.append(str(PLUGINS))
+if "tests.dags.conftest" not in sys.modules:
+    _home = Path(tempfile.mkdtemp(prefix="segrep-plugin-airflow-"))
+    atexit.register(shutil.rmtree, _home, ignore_errors=True)
+    os.environ.update(
+        {
+            "AIRFLOW_HOME": str(_home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_home / 'airflow.db'}",
+            "AIRFLOW__API_AUTH__JWT_SECRET": JWT_SECRET,
+        }
+    )
+
+# `events` (3 sites) with an objective, `orders` without: the page's rows, chart and RPO column.
+RPO_YAML = ORDERS_YAML.replace("    replicas: [dr, edge]\n", "    replicas: [dr, edge]\n    policy: {rpo: 15m}\n")
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> None:
+    """Airflow's metadata database, migrated (the auth manager checks token revocations there)."""
+    proc = subprocess.run([AIRFLOW, "db", "migrate"], capture_output=True, text=True, env=os.environ.copy())
+    assert proc.returncode == 0, f"airflow db migrate failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+@dataclass(frozen=True)
+class Tokens:
+    admin: str
+    viewer: str
+    nobody: str
+
+    def header(self, who: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {getattr(self, who)}"}
+
+
+@pytest.fixture
+def tokens(airflow_db: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Tokens]:
+    """Airflow's SimpleAuthManager with three users, initialised as the api-server does, and a JWT for each."""
+    monkeypatch.setenv(
+        "AIRFLOW__CORE__AUTH_MANAGER", "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+    )
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", USERS)
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(tmp_path / "passwords.json"))
+    from airflow.api_fastapi.app import init_auth_manager, purge_cached_app
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    manager = init_auth_manager()
+    yield Tokens(*(manager.generate_jwt(SimpleAuthManagerUser(username=n, role=r or "")) for n, r in _users()))
+    purge_cached_app()
+
+
+def _users() -> list[tuple[str, str]]:
+    return [(name, role) for name, _, role in (u.partition(":") for u in USERS.split(","))]
+
+
+@pytest.fixture
+def lag_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
+    """`events` replicated once to dr and edge, then written again (2 segments pending at each); `orders`
+    written, never replicated. SEGREP_CATALOG_URL names the catalog, as for the DAGs."""
+    from segrep.data.writer import write_batch
+    from segrep.replication.run import run_round
+    from tests.support.rounds import no_spark
+    from tests.support.tables import TABLE, batch, orders
+
+    (tmp_path / "segrep").mkdir()
+    env = make_env(tmp_path / "segrep", f"sqlite:///{tmp_path / 'catalog.db'}", RPO_YAML)
+    monkeypatch.setenv("SEGREP_CATALOG_URL", env.url)
+    monkeypatch.setenv("SEGREP_CONFIG", str(env.config))
+    write_batch(env.catalog, TABLE, batch(range(20), "a"))
+    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark).status == "ok"
+    write_batch(env.catalog, TABLE, batch(range(20, 30), "b"))
+    write_batch(env.catalog, "orders", orders(list(range(1, 6))))
+    return env
+
+
+def app_for(env: Env) -> Any:
+    """The plugin's app reading ``env`` (its definitions file; the catalog from SEGREP_CATALOG_URL)."""
+    from segrep_page.app import create_app
+    from segrep_page.source import Source
+
+    return create_app(Source(str(env.config)))

@@ -1,0 +1,192 @@
+"""The page in a real browser, as an operator opens it: Debian's Chromium driven by Selenium against a real
+``airflow api-server`` with the plugin (its own Airflow home, SimpleAuthManager users), logging in through
+Airflow's login form, opening "Replication" from the UI, reading the rows and the chart inside the UI's frame;
+then a user without rights is refused. Never skipped: without Chromium and ChromeDriver (``make test``
+installs them, scripts/install_browser.sh) the test fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.plugins.conftest import AIRFLOW, JWT_SECRET, PLUGINS, USERS
+from tests.support.cli import cli
+from tests.support.env import Env
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+START_TIMEOUT_S = 120
+WAIT_S = 30
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    passwords: dict[str, str]
+    log: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _airflow_env(home: Path) -> dict[str, str]:
+    """A throw-away Airflow of its own (the api-server reads nothing of the test process's Airflow)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    (home / "dags").mkdir(parents=True)
+    return env | {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__API_AUTH__JWT_SECRET": JWT_SECRET,
+        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": USERS,
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+    }
+
+
+@pytest.fixture
+def api_server(lag_env: Env, tmp_path: Path) -> Iterator[Server]:
+    """``airflow db migrate``, then ``airflow api-server`` on a free loopback port with the plugin and
+    ``lag_env``'s SEGREP_CONFIG / SEGREP_CATALOG_URL; stopped (its process group) afterwards."""
+    home = tmp_path / "airflow"
+    env = _airflow_env(home)
+    migrate = subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
+    assert migrate.returncode == 0, f"airflow db migrate failed:\n{migrate.stdout[-2000:]}{migrate.stderr[-2000:]}"
+    port = _free_port()
+    log = home / "api-server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [AIRFLOW, "api-server", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its workers are in its process group: stopped together below
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            assert proc.poll() is None, f"api-server exited:\n{log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"{url}/api/v2/monitor/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, (
+                    f"api-server not up in {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}"
+                )
+                time.sleep(0.5)
+        yield Server(url, json.loads((home / "passwords.json").read_text()), log)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    assert not missing, f"{', '.join(missing)} missing: run scripts/install_browser.sh (make test does)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1200"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.implicitly_wait(0)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait(driver: Any, condition: Any, what: str) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.2).until(condition, message=what)
+
+
+def _login(driver: Any, server: Server, user: str) -> None:
+    """Airflow's own login form, as a person fills it in."""
+    from selenium.webdriver.common.by import By
+
+    driver.delete_all_cookies()
+    driver.get(f"{server.url}/auth/login")
+    username = _wait(driver, lambda d: d.find_element(By.NAME, "username"), "the login form")
+    username.send_keys(user)
+    driver.find_element(By.NAME, "password").send_keys(server.passwords[user])
+    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    _wait(driver, lambda d: any(c["name"] == "_token" for c in d.get_cookies()), f"{user}'s session cookie")
+
+
+def test_operator_opens_the_replication_page_and_sees_rows_and_chart(
+    api_server: Server, browser: Any, lag_env: Env
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    code, out, err = cli(lag_env, "status", "--json")
+    assert code == 0, err
+    status = {(r["table"], r["target"]): r for r in json.loads(out)["replication"]}
+
+    _login(browser, api_server, "viewer")
+    browser.get(f"{api_server.url}/")
+    link = _wait(browser, lambda d: d.find_element(By.XPATH, "//a[contains(@href, '/plugin/segrep')]"), "the UI's link")
+    browser.get(link.get_attribute("href"))  # the navigation entry the plugin adds ("Replication")
+    frame = _wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "iframe[title=Replication]"), "the frame")
+    browser.switch_to.frame(frame)
+    _wait(browser, lambda d: d.execute_script("return document.body.dataset.chartsReady") == "true", "the page")
+
+    rows = browser.find_elements(By.CSS_SELECTOR, "tr.site-row")
+    seen = {(r.get_attribute("data-table"), r.get_attribute("data-site")): r for r in rows}
+    assert set(seen) == {*status, ("events", "primary"), ("orders", "primary")}
+    for key, want in status.items():
+        row = seen[key]
+        cell = {
+            f: row.find_element(By.CSS_SELECTOR, f"td[data-field={f}]").get_attribute("data-value")
+            for f in ("pending_segments", "pending_bytes", "safe_time")
+        }
+        assert cell["pending_segments"] == str(want["pending_segments"])
+        assert cell["pending_bytes"] == str(want["pending_bytes"])
+        assert cell["safe_time"] == ("" if want["safe_time_us"] is None else str(want["safe_time_us"]))
+    dr = seen[("events", "dr")]
+    assert dr.find_element(By.CSS_SELECTOR, "td[data-field=state]").text == "LIVE"
+    assert dr.find_element(By.CSS_SELECTOR, "td[data-field=rpo]").text == "15 min met"
+
+    # the chart of events at dr: drawn by Chart.js from the round's report, with the RPO line
+    drawn = browser.execute_script(
+        "const c = Chart.getChart(document.getElementById('lag-events-dr'));"
+        "return c ? [c.data.datasets.length, c.data.datasets[0].data.length, c.canvas.width] : null;"
+    )
+    assert drawn is not None and drawn[0] == 2 and drawn[1] >= 1 and drawn[2] > 0, drawn
+    browser.find_element(By.CSS_SELECTOR, "button[data-window='604800']").click()
+    assert browser.find_element(By.ID, "lag-events-dr").get_attribute("data-window") == "604800"
+    browser.switch_to.default_content()
+
+    # a user without rights: the same entry shows the refusal, and the app answers 403
+    _login(browser, api_server, "nobody")
+    browser.get(f"{api_server.url}/segrep/")
+    assert "may not read the segrep DAGs" in browser.find_element(By.TAG_NAME, "body").text
+    assert (
+        browser.execute_script("return fetch('/segrep/api/overview', {credentials: 'same-origin'}).then(r => r.status)")
+        == 403
+    )
