@@ -87,6 +87,32 @@ def test_the_old_leader_returns_with_its_lost_rows_in_a_rollback_file(outage_env
     assert out.strip() == "no rollback files"
 
 
+def test_a_site_still_holding_what_a_failover_gave_up_cannot_lead_until_it_is_rolled_back(outage_env: Env) -> None:
+    """Found by the failover state machine: `primary` gave up rows, stayed down, and was promoted again; its
+    chain still held the given-up segments, so they were served again. Now it is refused by name until a
+    round has set them aside; then it can lead, and the given-up rows stay in the rollback file only."""
+    env = outage_env
+    kept, lost, aside = _lose_primary(env, Model())
+    code, _out, err = cli(env, "failover", TABLE, "--to", "primary")
+    assert code == 2 and "primary cannot lead" in err and "that failover #1 gave up" in err, err
+    code, out, err = cli(env, "failover", TABLE)  # the automatic choice (a tie, to the lower id) passes it over
+    assert code == 0 and "failover of events: dr -> edge" in out, out + err
+    assert "candidate primary: holds 40 rows, lacks 0 (cannot lead: it still holds 2 segment(s)" in out, out
+
+    bring_up(env, "primary", aside)
+    run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # primary's given-up rows go to its rollback file
+    code, out, err = cli(env, "failover", TABLE, "--to", "primary")
+    assert code == 0, err
+    for _ in range(2):
+        run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    assert triples(env.catalog) == kept.snapshot()  # the given-up rows did not come back
+    assert_replicas_equal_leader(env.catalog, ("dr", "edge"))
+    code, out, err = cli(env, "rollback", "list", TABLE)
+    assert code == 0 and sum(int(line.split()[4]) for line in out.splitlines()[1:] if " primary " in line) == len(
+        lost
+    ), out
+
+
 def test_with_on_return_merge_the_lost_rows_are_merged_into_the_new_leader(merge_env: Env, spark: Any) -> None:
     env = merge_env
     model = Model()

@@ -18,7 +18,7 @@ from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
-from sqlalchemy import Text, case, cast, select
+from sqlalchemy import Connection, Text, case, cast, select
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
@@ -160,6 +160,13 @@ def _candidates(snap: TableView) -> list[Candidate]:
             if pl.state != PlacementState.LIVE or pl.needs_bootstrap:
                 state = "needs a bootstrap" if pl.needs_bootstrap else f"is {pl.state}"
                 problem = problem or f"its replica of partition {part.partition_id} {state}"
+            kept = [snap.given_up[sid] for sid in part.lists.get(pl.placement_id, ()) if sid in snap.given_up]
+            if kept:
+                problem = problem or (
+                    f"it still holds {len(kept)} segment(s) of partition {part.partition_id} that failover "
+                    f"#{min(kept)} gave up (on_return: rollback), not yet set aside: the next round that can "
+                    "read the site sets them aside"
+                )
             has = part.referenced(pl)
             for seg in part.leader_visible:
                 if seg[_ID] in has:
@@ -282,6 +289,7 @@ class TableView:
     partitions: list[_Part]  # those whose leader placement is active, in key order
     rows: list[PartitionRow]  # every partition in a replicating state with a leader, by partition id
     placements: list[PlacementRow]  # their active placements, by placement id
+    given_up: dict[str, int] = field(default_factory=dict)  # segment id -> the rollback failover that gave it up
 
 
 def read_view(s: Session, info: q.TableInfo, *, lock: bool = False) -> TableView:
@@ -349,7 +357,20 @@ def read_view(s: Session, info: q.TableInfo, *, lock: bool = False) -> TableView
         for x in replicas:
             at_site.setdefault(x.site_id, x)
         out.append(_Part(part.partition_id, leader, replicas, at_site, lists, folded))
-    return TableView(info.name, q.sites_by_id(s), out, rows, placements)
+    return TableView(info.name, q.sites_by_id(s), out, rows, placements, _given_up(conn, info))
+
+
+def _given_up(conn: Connection, info: q.TableInfo) -> dict[str, int]:
+    """The segments earlier failovers of the table gave up with ``on_return: rollback``: a site still holding
+    one has not been rolled back yet (its rows would come back if it led)."""
+    f = m.Failover
+    found = conn.execute(
+        select(f.failover_id, cast(f.loss, Text)).where(f.table_id == info.table_id, f.on_return == "rollback")
+    ).all()
+    losses = _json_values([text for _, text in found])
+    return {
+        sid: fid for (fid, _), loss in zip(found, losses, strict=True) for x in loss or () for sid in x["segment_ids"]
+    }
 
 
 def _json_values(texts: list[str | None]) -> list[Any]:
