@@ -26,10 +26,14 @@ import os
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
+from unittest import mock
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -41,11 +45,15 @@ from segrep.cli.format import format_report
 from segrep.core import faults, hlc
 from segrep.core.errors import NotFoundError, RefusedError, SegrepError, SplitIncompleteError
 from segrep.core.states import SplitState
+from segrep.data import writer
 from segrep.data.reader import read_table
-from segrep.data.writer import write_batch
-from segrep.failover.promote import failover
+from segrep.data.writer import WriteResult, write_batch
+from segrep.failover.assess import PartitionLoss
+from segrep.failover.promote import Cut, FailoverReport, failover
 from segrep.failover.switchover import switchover
 from segrep.replication.fast_forward import CopyItem, CopyOutcome, copy_one, local_copier
+from segrep.replication.reports import RoundReport
+from segrep.replication.rollback import list_rollbacks
 from segrep.replication.run import run_round
 from segrep.split.run import finish_unloaded
 from segrep.split.workflow import commit_pass, finalize, finish, plan_pass, start_split
@@ -74,6 +82,32 @@ POINTS = ("before_copy", "after_copy_before_commit", "after_commit_before_ack", 
 FAULTS = ("none", "none", *POINTS, "corrupt", "down")
 
 
+@dataclass(frozen=True)
+class Written:
+    """One key of one write batch, as the writer reported it: what a rollback file must reproduce exactly."""
+
+    key: int
+    version: int
+    origin: int
+    deleted: bool
+    value: str | None
+    partition_id: int
+
+    @property
+    def row(self) -> tuple[int, int, int, bool, str | None]:
+        return (self.key, self.version, self.origin, self.deleted, self.value)
+
+
+def replay(writes: list[Written]) -> dict[int, tuple[int, int, bool, str]]:
+    """Last writer wins over ``writes``: key -> (version, origin, deleted, value)."""
+    out: dict[int, tuple[int, int, bool, str]] = {}
+    for w in writes:
+        old = out.get(w.key)
+        if old is None or (w.version, w.origin) > old[:2]:
+            out[w.key] = (w.version, w.origin, w.deleted, w.value or "")
+    return out
+
+
 def corrupting_to(site: str) -> Any:
     def copy(items: list[CopyItem]) -> list[CopyOutcome]:
         return [corrupting_copier([i])[0] if i.target == site else copy_one(i) for i in items]
@@ -84,15 +118,19 @@ def corrupting_to(site: str) -> Any:
 class RoundsMachine(RuleBasedStateMachine):
     spark: ClassVar[Any] = None
     stats: ClassVar[Counter[str]] = Counter()
+    DEFINITIONS: ClassVar[str] = MODEL_YAML
+    FAILBACK: ClassVar[bool] = False  # the failover machine below: no direct leader changes, no split
 
     def __init__(self) -> None:
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp(prefix="segrep-model-"))
-        self.env = make_env(self.tmp, f"sqlite:///{self.tmp}/catalog.db", MODEL_YAML)
+        self.env = make_env(self.tmp, f"sqlite:///{self.tmp}/catalog.db", self.DEFINITIONS)
         self.pids = partitions(self.env.catalog, TABLE)
         assert len(self.pids) == 2
         self.split_id: int | None = None
         self.expected: dict[int, tuple[int, int, bool, str]] = {}  # key -> winning (version, origin, deleted, v)
+        self.writes: list[Written] = []  # every write ever made, in order
+        self.away: dict[str, Path] = {}  # sites down across steps (the failover machine's outages)
         self.safe: dict[str, int] = {}
         self.pending_end: int | None = None  # a crashed round's interval, retried next
         self.counter = 0
@@ -125,16 +163,26 @@ class RoundsMachine(RuleBasedStateMachine):
 
     # -- rules ---------------------------------------------------------------------------------------------
 
+    def writable(self) -> bool:
+        """Writes go to the leaders: none while a leader's site is down."""
+        return not self.away or not {self.leader_site(pid) for pid in self.live_pids()} & set(self.away)
+
+    @precondition(lambda self: self.writable())
     @rule(keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=4, unique=True), deleting=st.booleans())
     def write(self, keys: list[int], deleting: bool) -> None:
         self.counter += 1
         rows = pa.table({"k": pa.array(keys, pa.int64()), "v": [f"w{self.counter}k{k}" for k in keys]})
         result = write_batch(self.env.catalog, TABLE, rows.select(["k"]) if deleting else rows, delete=deleting)
+        self.record(keys, deleting, result)
+
+    def record(self, keys: list[int], deleting: bool, result: WriteResult) -> None:
         version = {seg.partition_id: (seg.version, SITE_IDS[seg.site]) for seg in result.segments}
         for k in keys:
             pid = self.pid_of(k)
             v, origin = version[pid]
             assert SITE_IDS[self.leader_site(pid)] == origin  # written at the partition's leader
+            value = None if deleting else f"w{self.counter}k{k}"
+            self.writes.append(Written(k, v, origin, deleting, value, pid))
             old = self.expected.get(k)
             if old is None or (v, origin) > old[:2]:
                 self.expected[k] = (v, origin, deleting, f"w{self.counter}k{k}")
@@ -144,7 +192,7 @@ class RoundsMachine(RuleBasedStateMachine):
     def replication_round(self, fault: str, site: str) -> None:
         end = self.pending_end or hlc.now_us()
         self.log.append(f"round end={end} fault={fault} site={site} retry={self.pending_end is not None}")
-        aside = take_down(self.env, site) if fault == "down" else None
+        aside = take_down(self.env, site) if fault == "down" and site not in self.away else None
         copier = corrupting_to(site) if fault == "corrupt" else local_copier
         if fault in POINTS:
             os.environ[faults.FAULTS_ENV] = fault
@@ -156,7 +204,7 @@ class RoundsMachine(RuleBasedStateMachine):
             self.pending_end = end
             return
         except SegrepError as exc:  # a merge could not read the files of a site that is down
-            assert fault == "down" and "Spark job merge failed" in str(exc), exc
+            assert (fault == "down" or self.away) and "Spark job merge failed" in str(exc), exc
             self.stats["merge failed, site down"] += 1
             self.pending_end = end
             return
@@ -169,11 +217,12 @@ class RoundsMachine(RuleBasedStateMachine):
         self.count(report)
         for done in finish_unloaded(self.env.catalog, self.env.defs, TABLE):  # as the DAG's commit task does
             self.stats[f"split {done.state} after a round"] += 1
-        if fault == "none":
+        if fault == "none" and not self.away:
             assert report.status in ("ok", "partial"), format_report(report)
         if report.failed:
-            assert fault == "down", format_report(report)
+            assert fault == "down" or self.away, format_report(report)
 
+    @precondition(lambda self: not self.FAILBACK)
     @rule(
         site=st.sampled_from(SITES),
         which=st.sampled_from(("first", "second", "both")),
@@ -189,6 +238,7 @@ class RoundsMachine(RuleBasedStateMachine):
         if then_write:
             self.write(then_write, False)
 
+    @precondition(lambda self: not self.FAILBACK)
     @rule(site=st.sampled_from(SITES), then_write=st.lists(st.sampled_from(KEYS), max_size=3, unique=True))
     def failover_to(self, site: str, then_write: list[int]) -> None:
         """`segrep failover` (at latest, `on_return: merge`): every partition's leader moves with an epoch
@@ -211,6 +261,7 @@ class RoundsMachine(RuleBasedStateMachine):
         if then_write:
             self.write(then_write, False)
 
+    @precondition(lambda self: not self.away)
     @rule(site=st.sampled_from(SITES))
     def switchover_to(self, site: str) -> None:
         """`segrep switchover`: writes pause, rounds drain `site`, the leaders move with nothing lacking, or on
@@ -233,7 +284,7 @@ class RoundsMachine(RuleBasedStateMachine):
     def leaders(self) -> dict[int, tuple[str, int]]:
         return leaders(self.env.catalog, TABLE)
 
-    @precondition(lambda self: self.split_id is None)
+    @precondition(lambda self: self.split_id is None and not self.FAILBACK)
     @rule(at=st.sampled_from([2, 3]), is_async=st.booleans())
     def split_start(self, at: int, is_async: bool) -> None:
         """Split the first partition (keys 0-4) while everything else goes on (EventQL 3.8)."""
@@ -262,7 +313,7 @@ class RoundsMachine(RuleBasedStateMachine):
             self.stats[f"split {done.state}"] += 1
         self.log.append(f"split pass {plan.phase}: {plan.rewrites} rewrites, {plan.merges} merges")
 
-    def count(self, report: dict[str, Any]) -> None:
+    def count(self, report: RoundReport) -> None:
         merges = report.merges
         self.stats["rounds"] += 1
         self.stats["merges committed"] += merges.committed
@@ -276,7 +327,7 @@ class RoundsMachine(RuleBasedStateMachine):
 
     @invariant()
     def committed_files_never_change(self) -> None:
-        assert_files_match_catalog(self.env)
+        assert_files_match_catalog(self.env, self.away)
 
     @invariant()
     def safe_time_never_decreases_and_is_honest(self) -> None:
@@ -284,7 +335,11 @@ class RoundsMachine(RuleBasedStateMachine):
         that a later write superseded is nowhere (not even at the leader) as of its time. The check is
         therefore: every key whose last write of all (the model's replay) is at or before a site's safe
         time resolves at that site to exactly that write (tombstones included)."""
-        self.safe = check_safe_times(self.env.catalog, TABLE, self.expected, self.safe, self.log)
+        self.safe = check_safe_times(self.env.catalog, TABLE, self.checked(), self.safe, self.log, self.away)
+
+    def checked(self) -> dict[int, tuple[int, int, bool, str]]:
+        """The keys the safe-time invariant checks after each step, with their last write: all of them here."""
+        return self.expected
 
     @invariant()
     def acks_follow_offer_order(self) -> None:
@@ -299,7 +354,14 @@ class RoundsMachine(RuleBasedStateMachine):
             self.env.catalog.dispose()
             shutil.rmtree(self.tmp, ignore_errors=True)
 
+    def kept(self) -> dict[int, tuple[int, int, bool, str]]:
+        """What the leaders must hold at the end: here the replay of every write (nothing is set aside)."""
+        return self.expected
+
     def quiesce(self) -> None:
+        for site, aside in list(self.away.items()):
+            bring_up(self.env, site, aside)
+            del self.away[site]
         if self.split_id is not None:
             for _ in range(4):  # a pass can meet a root that moved (a leader change): the next one re-plans
                 self.split_pass()
@@ -319,9 +381,10 @@ class RoundsMachine(RuleBasedStateMachine):
         if self.split_id is not None:
             with self.env.catalog.read() as s:
                 assert s.get(m.Split, self.split_id).state == SplitState.DONE, "\n".join(self.log)
-        self.safe_time_never_decreases_and_is_honest()
+        kept = self.kept()
+        self.safe = check_safe_times(self.env.catalog, TABLE, kept, self.safe, self.log)  # every key, now
         self.acks_follow_offer_order()
-        want = sorted((k, v) for k, (_ver, _o, deleted, v) in self.expected.items() if not deleted)
+        want = sorted((k, v) for k, (_ver, _o, deleted, v) in kept.items() if not deleted)
         leader = read_table(self.env.catalog, TABLE).sort_by("k")
         assert list(zip(leader["k"].to_pylist(), leader["v"].to_pylist(), strict=True)) == want, "\n".join(self.log)
         for site in SITES:
@@ -339,3 +402,192 @@ class RoundsMachine(RuleBasedStateMachine):
 def test_rounds_state_machine(spark: Any) -> None:
     RoundsMachine.spark = spark
     run_machine(RoundsMachine, "SEGREP_MODEL_EXAMPLES", 12)
+
+
+class FailbackMachine(RoundsMachine):
+    """The rounds machine with the disaster-recovery loop (DESIGN section 11) instead of direct leader changes
+    and splits: sites go down and come back across steps; failovers at latest or at the safe time, while the
+    old leader is up or down, and during a round of the old epoch; zombie writers of the old epoch; planned
+    switchovers; the old leader's return under the table's ``on_return`` policy.
+
+    What the oracle knows: every write as the writer reported it (key, version, origin, tombstone, value).
+    After each step, keys a failover may have given up (a loss under ``rollback``, rows newer than a cut) are
+    left out of the safe-time check until the end. At the end: every row of every rollback file is one of
+    those writes, exactly; an old leader's file holds rows of its partition's loss (in the loss's version
+    range), a cut's file rows newer than the cut; with ``merge`` and no cut nothing is set aside; and the
+    leaders, and every replica, hold exactly the replay of the writes that were not set aside (set-aside rows
+    plus kept rows = everything written), every key checked against every site's safe time."""
+
+    FAILBACK = True
+    ON_RETURN: ClassVar[str] = "rollback"
+    DEFINITIONS = KV_YAML.replace("policy: {retry_delay_s: 0}", "policy: {retry_delay_s: 0, on_return: rollback}")
+    stats: ClassVar[Counter[str]] = Counter()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.uncertain: set[int] = set()  # keys whose last write a failover may have set aside
+        self.losses: dict[int, list[PartitionLoss]] = {}  # failover id -> what it gave up
+        self.cuts: dict[int, int] = {}  # failover id -> its cut (at safe-time)
+
+    def checked(self) -> dict[int, tuple[int, int, bool, str]]:
+        return {k: w for k, w in self.expected.items() if k not in self.uncertain}
+
+    @precondition(lambda self: not self.away)
+    @rule(site=st.sampled_from(SITES))
+    def site_down(self, site: str) -> None:
+        """An outage that lasts across steps (a region lost), not one round's fault."""
+        self.away[site] = take_down(self.env, site)
+        self.log.append(f"{site} down")
+
+    @precondition(lambda self: bool(self.away))
+    @rule()
+    def site_back(self) -> None:
+        for site, aside in list(self.away.items()):
+            bring_up(self.env, site, aside)
+            del self.away[site]
+            self.log.append(f"{site} back")
+
+    @rule(
+        site=st.sampled_from(SITES),
+        at=st.sampled_from([Cut.LATEST, Cut.LATEST, Cut.SAFE_TIME]),
+        during_round=st.booleans(),
+        then_write=st.lists(st.sampled_from(KEYS), max_size=3, unique=True),
+    )
+    def fail_over(self, site: str, at: Cut, during_round: bool, then_write: list[int]) -> None:
+        """`segrep failover --to SITE --at AT`; with ``during_round`` it lands while a round of the old epoch
+        is copying, so that round's commits are refused (fencing) and its copies become orphans."""
+        before = self.leaders()
+        moved: list[FailoverReport] = []
+        tried: list[bool] = []
+
+        def move() -> None:
+            tried.append(True)
+            try:
+                moved.append(failover(self.env.catalog, self.env.defs, [TABLE], to=site, cut=at, submit=self.submit))
+            except (RefusedError, NotFoundError) as exc:
+                assert self.leaders() == before, exc
+                self.stats["failover refused"] += 1
+                self.log.append(f"failover -> {site} refused: {exc}")
+
+        if during_round:
+            self.round_with(move)
+        if not tried:  # no round, or one that had nothing to copy
+            move()
+        if not moved:
+            return
+        self.after_move(moved[0], before, site)
+        if then_write and self.writable():
+            self.write(then_write, False)
+
+    def round_with(self, act: Callable[[], None]) -> None:
+        """A round whose first copy batch runs ``act`` first (then copies, as planned under the old epoch)."""
+        done: list[bool] = []
+
+        def copier(items: list[CopyItem]) -> list[CopyOutcome]:
+            if not done:
+                done.append(True)
+                act()
+            return local_copier(items)
+
+        try:
+            report = run_round(self.env.catalog, self.env.defs, TABLE, submit=self.submit, copier=copier)
+        except SegrepError as exc:  # a merge could not read the files of a site that is down
+            assert self.away and "Spark job merge failed" in str(exc), exc
+            self.stats["merge failed, site down"] += 1
+            return
+        self.count(report)
+        self.stats["round with a failover inside" if done else "round without copies"] += 1
+        self.log.append("  round with a failover: " + format_report(report).replace("\n", "\n  "))
+
+    def after_move(self, report: FailoverReport, before: dict[int, tuple[str, int]], site: str) -> None:
+        (move,) = report.moves
+        after = self.leaders()
+        assert {after[pid][0] for pid in move.assessment.moving} == {site}
+        assert all(after[pid][1] == before[pid][1] + 1 for pid in move.assessment.moving)
+        assert move.failover_id is not None
+        self.losses[move.failover_id] = move.assessment.loss
+        if self.ON_RETURN == "rollback":  # given up: these keys' last writes may never be seen again
+            for loss in move.assessment.loss:
+                assert loss.min_version is not None
+                self.uncertain |= {
+                    w.key for w in self.writes if w.partition_id == loss.partition_id and w.version >= loss.min_version
+                }
+        if report.cut_us is not None:
+            self.cuts[move.failover_id] = report.cut_us
+            self.uncertain |= {w.key for w in self.writes if w.version > report.cut_us}
+        old_leader_down = {before[pid][0] for pid in move.assessment.moving} & set(self.away)
+        self.stats[f"failover at {report.cut}, old leader {'down' if old_leader_down else 'up'}"] += 1
+        self.log.append(
+            f"failover -> {site} at {report.cut} (cut {report.cut_us}): loss {move.assessment.segments_lost} "
+            f"segment(s) {move.assessment.rows_lost} row(s)"
+        )
+
+    @precondition(lambda self: self.writable())
+    @rule(site=st.sampled_from(SITES), keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3, unique=True))
+    def zombie_write(self, site: str, keys: list[int]) -> None:
+        """A writer that read the leaders before a failover and commits after it: the conditional commit fails
+        at the old epoch, and it writes again at the new leader (nothing of the zombie is committed)."""
+        with self.env.catalog.read() as s:
+            stale = writer._targets(self.env.catalog, q.table_info(s, TABLE))
+        before = self.leaders()
+        try:
+            report = failover(self.env.catalog, self.env.defs, [TABLE], to=site, submit=self.submit)
+        except (RefusedError, NotFoundError):
+            self.stats["failover refused"] += 1
+            return
+        self.after_move(report, before, site)
+        if not self.writable():
+            return
+        fresh = writer._targets
+        calls: list[int] = []
+
+        def zombie_then_fresh(catalog: Any, info: Any, site: str | None = None) -> Any:
+            calls.append(1)
+            return stale if len(calls) == 1 else fresh(catalog, info, site)
+
+        self.counter += 1
+        rows = pa.table({"k": pa.array(keys, pa.int64()), "v": [f"w{self.counter}k{k}" for k in keys]})
+        with mock.patch.object(writer, "_targets", zombie_then_fresh):
+            result = write_batch(self.env.catalog, TABLE, rows)
+        assert result.attempts >= 2 and {seg.site for seg in result.segments} == {site}, result
+        self.stats["zombie writer refused, then written at the new leader"] += 1
+        self.record(keys, False, result)
+
+    def kept(self) -> dict[int, tuple[int, int, bool, str]]:
+        made = {w.row: w for w in self.writes}
+        aside: set[tuple[int, int, int, bool, str | None]] = set()
+        for f in list_rollbacks(self.env.catalog, TABLE):
+            t = pq.read_table(self.env.site_dir(f.site) / f.relpath)
+            rows = set(zip(*(t[c].to_pylist() for c in ("k", "_version", "_origin", "_deleted", "v")), strict=True))
+            assert rows <= set(made), (f, rows - set(made), "\n".join(self.log))  # exactly as written
+            if f.failover_id in self.cuts and f.relpath.endswith("-cut.parquet"):
+                assert all(r[1] > self.cuts[f.failover_id] for r in rows), (f, self.cuts)
+                self.stats["rows set aside by a cut"] += len(rows)
+            else:  # an old leader's return: rows of what its failover gave up in that partition
+                assert self.ON_RETURN == "rollback", f
+                loss = {x.partition_id: x for x in self.losses[f.failover_id]}[f.partition_id]
+                assert all(loss.min_version <= r[1] <= loss.max_version for r in rows), (f, loss)
+                assert len(rows) <= loss.rows
+                self.stats["rows set aside by a return"] += len(rows)
+            aside |= rows
+        if self.ON_RETURN == "merge" and not self.cuts:
+            assert not aside
+        return replay([w for w in self.writes if w.row not in aside])
+
+
+class MergeBackMachine(FailbackMachine):
+    """The same loop with ``on_return: merge``: what a failover gave up comes back and is merged (EventQL)."""
+
+    ON_RETURN = "merge"
+    DEFINITIONS = MODEL_YAML
+    stats: ClassVar[Counter[str]] = Counter()
+
+
+def test_failover_failback_state_machine_rollback(spark: Any) -> None:
+    FailbackMachine.spark = spark
+    run_machine(FailbackMachine, "SEGREP_MODEL_EXAMPLES", 8)
+
+
+def test_failover_failback_state_machine_merge(spark: Any) -> None:
+    MergeBackMachine.spark = spark
+    run_machine(MergeBackMachine, "SEGREP_MODEL_EXAMPLES", 8)

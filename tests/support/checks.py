@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -101,8 +102,10 @@ def assert_each_segment_once(catalog: Catalog, sites: Iterable[str] = REPLICAS) 
         assert len(ids) == len(set(ids)), f"{site} lists a segment twice: {ids}"
 
 
-def assert_files_match_catalog(env: Env) -> None:
-    """Invariant 1: every committed segment file exists with the sha256 the catalog recorded."""
+def assert_files_match_catalog(env: Env, away: Mapping[str, Path] | None = None) -> None:
+    """Invariant 1: every committed segment file exists with the sha256 the catalog recorded (a site that is
+    down, ``away``, is read where its directory was moved to)."""
+    moved = away or {}
     with env.catalog.read() as s:
         rows = s.execute(
             select(m.Site.name, m.Segment.relpath, m.Segment.sha256, m.Segment.byte_size)
@@ -110,7 +113,7 @@ def assert_files_match_catalog(env: Env) -> None:
             .join(m.Site, m.Site.site_id == m.Placement.site_id)
         ).all()
     for site, relpath, sha, size in rows:
-        data = (env.site_dir(site) / relpath).read_bytes()
+        data = (moved.get(site, env.site_dir(site)) / relpath).read_bytes()
         assert (len(data), hashlib.sha256(data).hexdigest()) == (size, sha), f"{site}/{relpath} changed"
 
 
