@@ -430,3 +430,38 @@ def test_outage_status_rows_name_the_failure(env: Env) -> None:
     retry = run_round(env.catalog, env.defs, TABLE, reoffer=True, submit=no_spark)
     assert retry.status == "ok"
     assert_replicas_equal_leader(env.catalog)
+
+
+def test_a_retried_target_reports_every_copy_of_its_round(env: Env) -> None:
+    """An attempt that fails half-way registers what it copied; the retry (the same round, as Airflow retries
+    the task) copies only the rest. The round's report, its asset events and byte metrics count both: the
+    retry's copies alone once made a round that moved 2 segments report 1."""
+    write_batch(env.catalog, TABLE, batch(range(30), "a"))  # one segment in each partition
+    plan = plan_round(env.catalog, env.defs, TABLE)
+    calls: list[int] = []
+
+    def first_then_down(items: list[CopyItem]) -> list[Any]:
+        calls.append(len(items))
+        if len(calls) > 1:
+            raise TargetUnreachable(OSError(errno.EHOSTUNREACH, "link down"))
+        return [copy_one(i) for i in items]
+
+    with pytest.raises(TargetUnreachable, match="link down"):
+        fast_forward_target(env.catalog, env.defs, TABLE, "dr", plan.end_us, copier=first_then_down)
+    assert len(segment_rows(env.catalog, "dr")) == 1  # the first partition's copy is registered
+    # reoffer: past the back-off the failure started (a retry after its delay); the held segment is answered
+    retry = fast_forward_target(env.catalog, env.defs, TABLE, "dr", plan.end_us, reoffer=True)
+    assert retry.status == "ok" and retry.segments_copied == 1, retry  # this attempt's own copy
+    assert retry.outcomes == {"SEGMENT_EXISTS": 1, "FAST_FORWARD": 1}, retry
+    rep = commit_round(env.catalog, env.defs, TABLE, plan.end_us, merge_ran=False)
+    dr = rep.targets["dr"]
+    assert (dr.status, dr.segments_copied) == ("ok", 2), format_report(rep)
+    with env.catalog.read() as s:
+        held = s.scalars(
+            select(m.Segment.byte_size)
+            .join(m.Placement, m.Placement.placement_id == m.Segment.placement_id)
+            .join(m.Site, m.Site.site_id == m.Placement.site_id)
+            .where(m.Site.name == "dr")
+        ).all()
+    assert dr.bytes_copied == sum(held) == dr.bytes_from["primary"] > retry.bytes_copied
+    assert dr.outcomes == retry.outcomes  # the protocol's answers are the last attempt's

@@ -11,7 +11,7 @@ each round names the problem until the site is fixed, and the first round after 
 
 from __future__ import annotations
 
-from sqlalchemy import delete, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
@@ -58,12 +58,17 @@ def record_target(
             bump_backoff(s, table_id, site_id, report.decline_reason or "declined", policy)
         elif report.status == TargetStatus.OK:
             s.execute(delete(m.Backoff).where(m.Backoff.table_id == table_id, m.Backoff.site_id == site_id))
-        doc = report.to_dict()
         insert_ignore(
             s,
             m.RoundTarget,
-            {"round_id": round_id, "site_id": site_id, "status": report.status, "report": doc, "updated_us": now},
+            {"round_id": round_id, "site_id": site_id, "status": report.status, "report": {}, "updated_us": now},
         )
+        earlier = s.scalar(
+            select(m.RoundTarget.report)
+            .where(m.RoundTarget.round_id == round_id, m.RoundTarget.site_id == site_id)
+            .with_for_update()
+        )
+        doc = (report.after(TargetReport.from_dict(earlier)) if earlier else report).to_dict()
         s.execute(
             update(m.RoundTarget)
             .where(m.RoundTarget.round_id == round_id, m.RoundTarget.site_id == site_id)

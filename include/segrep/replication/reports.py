@@ -7,7 +7,7 @@ the records themselves.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -144,6 +144,21 @@ class TargetReport:
 
     def count(self, outcome: Outcome) -> None:
         self.outcomes[str(outcome)] = self.outcomes.get(str(outcome), 0) + 1
+
+    def after(self, earlier: TargetReport) -> TargetReport:
+        """This attempt's report with the copies of the round's earlier attempts added (an attempt that failed
+        half-way, or a task cleared and run again, registered what it copied: the next attempt finds those
+        segments held and copies only the rest). Status, outcomes and errors stay this attempt's."""
+        bytes_from = dict(earlier.bytes_from)
+        for source, n in self.bytes_from.items():
+            bytes_from[source] = bytes_from.get(source, 0) + n
+        return replace(
+            self,
+            segments_copied=earlier.segments_copied + self.segments_copied,
+            bytes_copied=earlier.bytes_copied + self.bytes_copied,
+            bytes_from=bytes_from,
+            spark_apps=earlier.spark_apps + self.spark_apps,
+        )
 
     def decline(self, outcome: Outcome) -> None:
         """Record a declined offer: the target is retried next round (after its back-off, unless the decline
