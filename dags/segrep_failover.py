@@ -7,7 +7,8 @@ replica, for a failover), `action` (`failover`: unplanned, works while the leade
 `dry_run` (**true by default**: only the assessment runs).
 
 1. **assess**: the site chosen and why, every candidate, and the loss partition by partition (segments,
-   rows, bytes, row-version range: the RPO, exact), printed in the task log and returned as its XCom.
+   rows, bytes, row-version range: the RPO, exact), printed in the task log, returned as its XCom, and set
+   as the run's note through Airflow's REST API (connection `segrep_airflow_api`, see docs/airflow.md).
 2. **choose**: a dry run stops here (report); otherwise **failover** or **switchover**.
 3. **failover**: per table one transaction moves every leader and raises its epoch (a writer or round of
    the old epoch cannot commit any more). **switchover**: writes pause (writers get a retryable error),
@@ -71,17 +72,21 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
     )
     def failover_dag() -> None:
         @task
-        def assess() -> dict[str, Any]:
+        def assess(dag_run: Any = None) -> dict[str, Any]:
             from segrep.cli.format import format_failover
             from segrep.core.errors import SegrepError
             from segrep.failover.promote import Cut, failover
+            from segrep_airflow.run_note import api_access, set_run_note
 
             p = form()
             if p["action"] == "switchover" and not p["site"]:
                 raise SegrepError("a switchover needs the site that takes the lead")
             with segrep_context() as (defs, catalog):
                 report = failover(catalog, defs, p["tables"], to=p["site"] or None, cut=Cut(p["at"]), dry_run=True)
-            print(format_failover(report))
+            text = format_failover(report)
+            print(text)
+            if dag_run is not None:  # the loss, where the run's page shows it first
+                print(set_run_note(api_access(), dag_run.dag_id, dag_run.run_id, text).detail)
             return {**p, "site": report.to_site, "assessment": report.to_dict()}
 
         @task.branch

@@ -26,12 +26,19 @@ if [ -z "${SEGREP_CATALOG_URL:-}" ] && [ ! -f "$ROOT/data/catalog.db" ]; then
 fi
 
 PASSWORDS="$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated"
+# The admin's password is made here on the first start (Airflow keeps a file it finds), so that the failover
+# DAG can set its run's note through the REST API as admin (connection segrep_airflow_api, docs/airflow.md).
+if [ ! -f "$PASSWORDS" ]; then
+  (umask 077 && python -c 'import json, secrets, sys; json.dump({"admin": secrets.token_urlsafe(12)}, open(sys.argv[1], "w"))' "$PASSWORDS")
+fi
+ADMIN_PASSWORD=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["admin"])' "$PASSWORDS")
+export AIRFLOW_CONN_SEGREP_AIRFLOW_API="${AIRFLOW_CONN_SEGREP_AIRFLOW_API:-{\"conn_type\": \"http\", \"host\": \"http://localhost\", \"port\": ${AIRFLOW__API__PORT:-8080}, \"login\": \"admin\", \"password\": \"$ADMIN_PASSWORD\"\}}"
 cat <<MSG
 Airflow for segrep: http://localhost:${AIRFLOW__API__PORT:-8080} (Ctrl-C stops every part)
   AIRFLOW_HOME  $AIRFLOW_HOME
   DAGs          $AIRFLOW__CORE__DAGS_FOLDER   (definitions: $SEGREP_CONFIG)
   plugins       $AIRFLOW__CORE__PLUGINS_FOLDER
   log in as     admin, password in $PASSWORDS
-                (written on the first start; also printed below as "Password for user 'admin'")
+                (made on the first start; also printed below as "Password for user 'admin'")
 MSG
 exec airflow standalone

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.support.airflow import AIRFLOW, BIN, DAGS, events_yaml
+from tests.support.airflow_services import Services
 from tests.support.env import Env, make_env
 
 _AIRFLOW_IMPORTED_FIRST = "airflow" in sys.modules
@@ -81,3 +82,13 @@ def segrep_env(airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     yield make
     for env in made:
         env.catalog.dispose()
+
+
+@pytest.fixture
+def services(tmp_path: Path) -> Iterator[Services]:
+    """Airflow's api-server and scheduler for this test (started by the test, stopped here)."""
+    svc = Services(tmp_path)
+    try:
+        yield svc
+    finally:
+        svc.stop()
