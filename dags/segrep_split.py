@@ -2,11 +2,11 @@
 ### segrep split: split a partition of one table while writes continue (EventQL 3.8)
 
 One DAG per table (`segrep_split_<table>`), so its Spark steps retry as the table's policy says. Trigger it
-from the UI with the form: `partition` (its id: `segrep table describe TABLE` lists them; left empty, the
-run fails at once listing the live partitions with their key ranges), `split_keys` (one
-or more keys of the partition key, strictly inside the partition's range) and `async`. Leave `split_keys`
-empty to **resume** the partition's split where it stopped (after a failure, a leader change, or a parent
-replica that was down).
+from the UI with the form: `partition` (its id: this DAG's **Replication** tab lists the live partitions with
+their key ranges, as does `segrep table describe TABLE`; left empty, the run fails at once listing them),
+`split_keys` (one or more keys of the partition key, strictly inside the partition's range) and `async`.
+Leave `split_keys` empty to **resume** the partition's split where it stopped (after a failure, a leader
+change, or a parent replica that was down).
 
 1. **start**: the partition enters SPLITTING; one LOADING child per key range, with a placement at every site
    of the parent and its leader at the parent leader's site. Writes keep going to the parent.
@@ -63,8 +63,9 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
                 minimum=1,
                 maximum=MAX_PARTITION_ID,
                 description=(
-                    f"Partition id (required): `segrep table describe {name}` lists the live partitions and their "
-                    "ranges; a run left empty fails at once listing them, changing nothing."
+                    f"Partition id (required). The live partitions of {name} with their key ranges are listed on "
+                    "this DAG's Replication tab (and by `segrep table describe`); a run left empty fails at once "
+                    "listing them, changing nothing."
                 ),
             ),
             "split_keys": Param(
@@ -84,21 +85,21 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
             from dataclasses import asdict
 
             from segrep.core.errors import SegrepError
+            from segrep.split.candidates import split_candidates
             from segrep.split.run import begin_split
-            from segrep_airflow.partitions import live_partitions
 
             p = form()
             with segrep_context() as (_defs, catalog):
                 if p["partition"] is None:
                     raise SegrepError(
                         f"choose a partition of {name} to split; the live ones (id, key range, state): "
-                        + "; ".join(live_partitions(catalog, name))
+                        + "; ".join(c.line() for c in split_candidates(catalog, name))
                     )
                 partition = int(p["partition"])  # the form took an integral number (JSON: 5 or 5.0) in range
                 try:
                     ref = begin_split(catalog, name, partition, p["split_keys"], is_async=p["async"])
                 except SegrepError as exc:
-                    live = "; ".join(live_partitions(catalog, name))
+                    live = "; ".join(c.line() for c in split_candidates(catalog, name))
                     raise SegrepError(f"{exc} (live partitions of {name}: {live})") from None
             print(f"split {ref.split_id} of {name} partition {partition}: {ref.state}, children {ref.children}")
             return asdict(ref)

@@ -24,6 +24,7 @@ from sqlalchemy import select
 from segrep.catalog import models as m
 from segrep.core.errors import SegrepError
 from segrep.replication.overview import Overview, build_overview
+from segrep.split.candidates import SplitCandidate, split_candidates
 from segrep.split.progress import SplitProgress, split_progress
 from segrep_page import access, metrics, present
 from segrep_page.source import Segrep, Source
@@ -75,12 +76,16 @@ def create_app(source: Source | None = None) -> FastAPI:
         base, ui = _bases(request)
         links = present.Links(ui)
         focus = None
+        candidates: list[SplitCandidate] = []
         if dag_id is not None:
             shown = focus_table is not None and focus_table in viewer.tables
             focus = {
                 "dag_id": dag_id,
+                "table": focus_table if shown else None,
                 "note": f"table {focus_table}" if shown else "not a DAG of a table you may read: every table shown",
             }
+            if shown and focus_table is not None and dag_id.startswith("segrep_split_"):  # what its form asks for
+                candidates = split_candidates(seg.catalog, focus_table)
         html = _templates.get_template("page.html").render(
             base=base,
             generated=present.iso(overview.now_us),
@@ -90,6 +95,7 @@ def create_app(source: Source | None = None) -> FastAPI:
             tables=[present.table_view(t, overview.now_us, links) for t in overview.tables],
             charts=present.chart_data(overview),
             splits=[present.split_view(sp, links) for sp in splits],
+            candidates=candidates,
             failovers=[
                 {**vars(f), "done": present.iso(f.done_us), "runs_url": links.runs_around("segrep_failover", f.done_us)}
                 for f in overview.failovers

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
+from segrep.catalog import models as m
 from segrep.core import hlc
 from segrep.replication.status import status_rows
 from tests.plugins.conftest import PLUGINS, Tokens, app_for
@@ -199,6 +201,30 @@ def test_the_dag_tab_picks_out_the_dags_table(lag_env: Env, tokens: Tokens) -> N
     } and "DAG <code>segrep_split_orders</code>: table orders" in html
     other = c.get("/?dag_id=some_other_dag", headers=tokens.header("viewer")).text
     assert {t for t, _ in page_rows(other)} == {"events", "orders"} and "every table shown" in other
+
+
+def test_the_split_dags_tab_lists_the_partitions_its_form_can_take(lag_env: Env, tokens: Tokens) -> None:
+    """The split form has no default partition (a retired one was the old default); the split DAG's tab lists
+    the serving partitions with their key ranges: after an async split, the children and not the parent."""
+    from segrep.split.workflow import start_split
+
+    with lag_env.catalog.read() as s:
+        second = sorted(s.scalars(select(m.Partition.partition_id).join(m.Table).where(m.Table.name == "orders")))[1]
+    ref = start_split(lag_env.catalog, "orders", second, [200000], is_async=True)
+    html = client(lag_env).get("/?dag_id=segrep_split_orders", headers=tokens.header("viewer")).text
+    rows = re.findall(
+        r'<tr data-partition="(\d+)"><td>\d+</td><td>([^<]*)</td><td>(\w+)</td><td>([^<]*)</td></tr>', html
+    )
+    assert [r[1:] for r in rows] == [
+        ("[-inf, 150000)", "LIVE", "primary"),
+        ("[150000, 200000)", "LIVE", "primary"),
+        ("[200000, 300000)", "LIVE", "primary"),
+        ("[300000, 450000)", "LIVE", "primary"),
+        ("[450000, +inf)", "LIVE", "primary"),
+    ], rows
+    assert str(second) not in {r[0] for r in rows} and {int(r[0]) for r in rows[1:3]} == set(ref.children)
+    other = client(lag_env).get("/?dag_id=segrep_replicate_orders", headers=tokens.header("viewer")).text
+    assert 'id="split-candidates"' not in other
 
 
 def test_the_vendored_chart_library_is_the_published_file(lag_env: Env) -> None:
