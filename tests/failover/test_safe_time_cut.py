@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select
 
 from segrep.catalog import models as m
+from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.failover.promote import Cut, failover
 from segrep.replication.run import run_round
@@ -76,3 +78,43 @@ def test_two_tables_fail_over_cut_at_their_common_safe_time(sqlite_env: Env, spa
         run_round(env.catalog, env.defs, TABLE, submit=inprocess_submit(spark, calls))
     assert triples(env.catalog) == model.snapshot()
     assert_replicas_equal_leader(env.catalog, ("edge", "primary"))  # edge took the cut too; primary followed
+
+
+def test_a_cut_that_leaves_a_partition_empty_and_the_old_leaders_rows_stay_aside_under_merge(
+    tmp_path: Any, spark: Any
+) -> None:
+    """Found by the failover state machine. `on_return: merge`: primary's unreplicated rows are merged into dr
+    after a failover; then primary takes the lead back at its safe time, which is older than those rows. (1)
+    Every row of that partition at primary is newer than the cut: the major built as of the cut is empty, and
+    it must be committed (it was refused as "nothing won", leaving writes paused). (2) dr's copy of the rows,
+    newer than the cut, is set aside at dr when it returns, not merged back: a merge would undo the cut."""
+    from segrep.replication.rollback import list_rollbacks
+    from tests.support.env import KV_YAML, make_env
+
+    env = make_env(
+        tmp_path,
+        f"sqlite:///{tmp_path}/catalog.db",
+        KV_YAML.replace("{retry_delay_s: 0}", "{retry_delay_s: 0, on_return: merge}"),
+    )
+    calls: list[str] = []
+    submit = inprocess_submit(spark, calls)
+    rows = write_batch(env.catalog, "kv", pa.table({"k": pa.array([0, 1], pa.int64()), "v": ["a0", "a1"]}))
+    failover(env.catalog, env.defs, ["kv"], to="dr")  # dr lacks both rows: given up, then merged back
+    run_round(env.catalog, env.defs, "kv", submit=submit)
+    assert sorted(read_table(env.catalog, "kv")["k"].to_pylist()) == [0, 1]  # merged at dr
+
+    report = failover(env.catalog, env.defs, ["kv"], to="primary", cut=Cut.SAFE_TIME, submit=submit)
+    assert report.cut_us is not None and report.cut_us < rows.segments[0].version
+    (cut,) = report.cuts
+    assert (cut.partitions_cut, cut.rows_set_aside) == (1, 2)
+    with env.catalog.read() as s:
+        assert set(s.scalars(select(m.Partition.paused_us))) == {None}  # the cut committed: writes flow
+    write_batch(env.catalog, "kv", pa.table({"k": pa.array([7], pa.int64()), "v": ["b7"]}))
+    for _ in range(3):
+        run_round(env.catalog, env.defs, "kv", submit=submit)
+    assert read_table(env.catalog, "kv").to_pylist() == [{"k": 7, "v": "b7"}]  # as of the cut, plus the new
+    for site in ("dr", "edge"):
+        assert read_table(env.catalog, "kv", site).to_pylist() == [{"k": 7, "v": "b7"}], site
+    aside = {(f.site, f.relpath.endswith("-cut.parquet"), f.rows) for f in list_rollbacks(env.catalog, "kv")}
+    assert aside == {("primary", True, 2), ("dr", False, 2)}, aside  # the cut's file, and dr's return
+    env.catalog.dispose()

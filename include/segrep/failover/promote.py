@@ -125,7 +125,9 @@ def failover(
             moves.append(Move(a, len(a.moving), None))
             continue
         with catalog.write() as s:
-            on_return = defs.policy(table).on_return
+            # After a cut, what the old leader alone holds is newer than the cut (the new site held everything
+            # up to it): merging it back would undo the cut, so it is set aside whatever the policy says.
+            on_return = "rollback" if cut == Cut.SAFE_TIME else defs.policy(table).on_return
             moves.append(promote_table(s, table, site, cut, kind, why, on_return, cut_us=cut_us))
         faults.point("failover_between_tables")
     cuts = []

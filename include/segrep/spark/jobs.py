@@ -64,7 +64,9 @@ def _run_item(spark: SparkSession, item: MergeItem) -> dict[str, Any]:
     else:
         rows_df, rows_in = _item_rows(spark, item)
     rows = _to_segment_table(rows_df, schema, item.primary_key)
-    if rows.num_rows == 0 and item.kind != "split":  # a split rewrite keeps its place in the chain, even empty
+    # Nothing to write, except where the output's place in the chain matters even empty: a split rewrite, and
+    # a major as of a failover's cut (every row of the partition newer than the cut: as of it, none is there)
+    if rows.num_rows == 0 and item.kind != "split" and item.as_of_us is None:
         return {**base, "status": "ok", "output": None, "rows_in": rows_in, "rows_out": 0}
     if item.kind == "split":
         is_major, included = item.is_major, tuple(item.included_segment_ids)
