@@ -22,7 +22,6 @@ equals them (3).
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections import Counter
@@ -42,7 +41,7 @@ from sqlalchemy import select
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.cli.format import format_report
-from segrep.core import faults, hlc
+from segrep.core import hlc
 from segrep.core.errors import NotFoundError, RefusedError, SegrepError, SplitIncompleteError
 from segrep.core.states import SplitState
 from segrep.data import writer
@@ -66,7 +65,7 @@ from tests.support.checks import (
     partitions,
 )
 from tests.support.env import KV_YAML, make_env
-from tests.support.machines import check_safe_times, run_machine
+from tests.support.machines import check_safe_times, faulted_round, run_machine
 from tests.support.rounds import bring_up, corrupting_copier, set_leader, take_down
 from tests.support.spark import spark_submit_in
 
@@ -192,26 +191,23 @@ class RoundsMachine(RuleBasedStateMachine):
     def replication_round(self, fault: str, site: str) -> None:
         end = self.pending_end or hlc.now_us()
         self.log.append(f"round end={end} fault={fault} site={site} retry={self.pending_end is not None}")
-        aside = take_down(self.env, site) if fault == "down" and site not in self.away else None
         copier = corrupting_to(site) if fault == "corrupt" else local_copier
-        if fault in POINTS:
-            os.environ[faults.FAULTS_ENV] = fault
-        try:
-            report = run_round(self.env.catalog, self.env.defs, TABLE, end, submit=self.submit, copier=copier)
-        except faults.InjectedFault as exc:
-            assert fault in POINTS and fault in str(exc)
-            self.stats[f"crash {fault}"] += 1
+        report = faulted_round(
+            self.env,
+            TABLE,
+            end,
+            fault,
+            site,
+            points=POINTS,
+            stats=self.stats,
+            submit=self.submit,
+            copier=copier,
+            away=self.away,
+            failure="Spark job merge failed",
+        )
+        if report is None:
             self.pending_end = end
             return
-        except SegrepError as exc:  # a merge could not read the files of a site that is down
-            assert (fault == "down" or self.away) and "Spark job merge failed" in str(exc), exc
-            self.stats["merge failed, site down"] += 1
-            self.pending_end = end
-            return
-        finally:
-            os.environ.pop(faults.FAULTS_ENV, None)
-            if aside is not None:
-                bring_up(self.env, site, aside)
         self.pending_end = None
         self.log.append("  " + format_report(report).replace("\n", "\n  "))
         self.count(report)
@@ -489,12 +485,15 @@ class FailbackMachine(RoundsMachine):
                 act()
             return local_copier(items)
 
+        end = self.pending_end or hlc.now_us()
         try:
-            report = run_round(self.env.catalog, self.env.defs, TABLE, submit=self.submit, copier=copier)
+            report = run_round(self.env.catalog, self.env.defs, TABLE, end, submit=self.submit, copier=copier)
         except SegrepError as exc:  # a merge could not read the files of a site that is down
             assert self.away and "Spark job merge failed" in str(exc), exc
-            self.stats["merge failed, site down"] += 1
+            self.stats["round failed, site down"] += 1
+            self.pending_end = end  # retried with the same end (its leases), as Airflow retries the task
             return
+        self.pending_end = None
         self.count(report)
         self.stats["round with a failover inside" if done else "round without copies"] += 1
         self.log.append("  round with a failover: " + format_report(report).replace("\n", "\n  "))
@@ -506,7 +505,7 @@ class FailbackMachine(RoundsMachine):
         assert all(after[pid][1] == before[pid][1] + 1 for pid in move.assessment.moving)
         assert move.failover_id is not None
         self.losses[move.failover_id] = move.assessment.loss
-        if self.ON_RETURN == "rollback":  # given up: these keys' last writes may never be seen again
+        if self.ON_RETURN == "rollback" or report.cut_us is not None:  # given up: may never be seen again
             for loss in move.assessment.loss:
                 assert loss.min_version is not None
                 self.uncertain |= {
@@ -563,8 +562,9 @@ class FailbackMachine(RoundsMachine):
             if f.failover_id in self.cuts and f.relpath.endswith("-cut.parquet"):
                 assert all(r[1] > self.cuts[f.failover_id] for r in rows), (f, self.cuts)
                 self.stats["rows set aside by a cut"] += len(rows)
-            else:  # an old leader's return: rows of what its failover gave up in that partition
-                assert self.ON_RETURN == "rollback", f
+            else:  # an old leader's return: rows of what its failover gave up in that partition (set aside
+                # under `rollback`, and after a cut whatever the policy: merged back, they would undo the cut)
+                assert self.ON_RETURN == "rollback" or f.failover_id in self.cuts, f
                 loss = {x.partition_id: x for x in self.losses[f.failover_id]}[f.partition_id]
                 assert all(loss.min_version <= r[1] <= loss.max_version for r in rows), (f, loss)
                 assert len(rows) <= loss.rows

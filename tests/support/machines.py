@@ -1,10 +1,11 @@
 """What the model-based state machines share (tests/replication/test_round_model.py,
-tests/topologies/test_topology_model.py): running one under hypothesis, and safe time checked against the
-independent replay of every write."""
+tests/topologies/test_topology_model.py): running one under hypothesis, a round with at most one fault, and
+safe time checked against the independent replay of every write."""
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Collection
 from typing import Any
 
@@ -12,7 +13,15 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from segrep.catalog import Catalog
+from segrep.core import faults
+from segrep.core.errors import SegrepError
+from segrep.replication.fast_forward import Copier, local_copier
+from segrep.replication.reports import RoundReport
+from segrep.replication.run import run_round
+from segrep.spark.launch import Submit
 from tests.support.checks import raw_winners, safe_times
+from tests.support.env import Env
+from tests.support.rounds import bring_up, take_down
 
 
 def run_machine(machine: Any, examples_env: str, default_examples: int, steps: int = 10) -> None:
@@ -56,3 +65,39 @@ def check_safe_times(
                     f"{there.get((key,))}\n" + "\n".join(log)
                 )
     return now
+
+
+def faulted_round(
+    env: Env,
+    table: str,
+    end: int,
+    fault: str,
+    site: str,
+    *,
+    points: Collection[str],
+    stats: Counter[str],
+    submit: Submit,
+    copier: Copier = local_copier,
+    away: Collection[str] = (),
+    failure: str = "",
+) -> RoundReport | None:
+    """One round up to ``end`` with at most one fault: a crash at a named fault point (``points``), or ``site``
+    made unreachable for the round (``down``; sites ``away`` are down already). None when the round crashed,
+    or failed because a site was down (its error must contain ``failure``): the caller retries the same end
+    next time, as Airflow retries a failed task."""
+    aside = take_down(env, site) if fault == "down" and site not in away else None
+    if fault in points:
+        os.environ[faults.FAULTS_ENV] = fault
+    try:
+        return run_round(env.catalog, env.defs, table, end, submit=submit, copier=copier)
+    except faults.InjectedFault as exc:
+        assert fault in points and fault in str(exc), exc
+        stats[f"crash {fault}"] += 1
+    except SegrepError as exc:  # a merge could not read the files of a site that is down
+        assert (fault == "down" or away) and failure in str(exc), exc
+        stats["round failed, site down"] += 1
+    finally:
+        os.environ.pop(faults.FAULTS_ENV, None)
+        if aside is not None:
+            bring_up(env, site, aside)
+    return None

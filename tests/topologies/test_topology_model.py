@@ -17,7 +17,6 @@ conflicts, rounds) are printed for the closing note.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections import Counter
@@ -36,8 +35,7 @@ from hypothesis.stateful import (
 )
 
 from segrep.cli.format import format_report
-from segrep.core import faults, hlc
-from segrep.core.errors import SegrepError
+from segrep.core import hlc
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.replication.run import run_round
@@ -49,8 +47,7 @@ from tests.support.checks import (
     lease_count,
 )
 from tests.support.env import make_env
-from tests.support.machines import check_safe_times, run_machine
-from tests.support.rounds import bring_up, take_down
+from tests.support.machines import check_safe_times, faulted_round, run_machine
 from tests.support.spark import spark_submit_in
 
 pytestmark = pytest.mark.spark
@@ -141,25 +138,10 @@ class TopologyMachine(RuleBasedStateMachine):
         site = self.sites[at % len(self.sites)]
         end = self.pending_end or hlc.now_us()
         self.log.append(f"round end={end} fault={fault} site={site}")
-        aside = take_down(self.env, site) if fault == "down" else None
-        if fault in POINTS:
-            os.environ[faults.FAULTS_ENV] = fault
-        try:
-            report = run_round(self.env.catalog, self.env.defs, TABLE, end, submit=self.submit)
-        except faults.InjectedFault as exc:
-            assert fault in POINTS and fault in str(exc)
-            self.stats[f"crash {fault}"] += 1
+        report = faulted_round(self.env, TABLE, end, fault, site, points=POINTS, stats=self.stats, submit=self.submit)
+        if report is None:
             self.pending_end = end
             return
-        except SegrepError as exc:  # a merge could not read the files of a site that is down
-            assert fault == "down", exc
-            self.stats["round failed, site down"] += 1
-            self.pending_end = end
-            return
-        finally:
-            os.environ.pop(faults.FAULTS_ENV, None)
-            if aside is not None:
-                bring_up(self.env, site, aside)
         retried, self.pending_end = self.pending_end, None
         self.log.append("  " + format_report(report).replace("\n", "\n  "))
         self.count(report)
