@@ -591,3 +591,25 @@ def test_failover_failback_state_machine_rollback(spark: Any) -> None:
 def test_failover_failback_state_machine_merge(spark: Any) -> None:
     MergeBackMachine.spark = spark
     run_machine(MergeBackMachine, "SEGREP_MODEL_EXAMPLES", 8)
+
+
+def test_a_follower_does_not_push_rows_its_cut_major_set_aside(spark: Any) -> None:
+    """A sequence the merge machine found (shrunk), replayed as is. edge writes [2]; dr, down, is promoted
+    (`on_return: merge`: edge's [2] is to be pushed to the next leader); edge takes the lead back at its safe
+    time, older than [2], so the cut sets [2] aside behind a major built as of the cut; then primary leads.
+    edge used to push its [2] segment (in its list, folded into the cut major) to primary, which merged it:
+    a row the cut had set aside was served again. Now the follower pushes the major, not what it folded."""
+    MergeBackMachine.spark = spark
+    machine = MergeBackMachine()
+    machine.site_down("dr")
+    machine.replication_round("none", "primary")
+    machine.fail_over("edge", Cut.LATEST, False, [2])
+    machine.replication_round("before_copy", "primary")
+    machine.fail_over("dr", Cut.LATEST, False, [5, 8, 0])
+    machine.replication_round("none", "primary")
+    machine.replication_round("none", "edge")
+    machine.fail_over("primary", Cut.SAFE_TIME, False, [5, 9, 1])
+    machine.fail_over("edge", Cut.SAFE_TIME, False, [9])
+    machine.fail_over("primary", Cut.LATEST, True, [3, 7, 9])
+    machine.teardown()  # quiesces and checks: the leaders and every replica hold the replay of the kept writes
+    assert machine.stats["rows set aside by a cut"] >= 1

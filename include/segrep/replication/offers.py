@@ -12,7 +12,7 @@ from __future__ import annotations
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.snapshot import PartitionSnapshot
-from segrep.core.chain import Chain, offer_order
+from segrep.core.chain import Chain, is_referenced, offer_order
 from segrep.core.protocol import (
     MAX_REPL_INCOMING_SEGMENTS,
     Offer,
@@ -103,13 +103,23 @@ def pushes_from(part: PartitionSnapshot, follower: m.Placement, end_us: int) -> 
     (written while the follower led, or received from an older leader): EventQL 3.5 follower procedure."""
     leader_has = {x.segment_id for x in part.segments.get(part.leader.placement_id, [])}
     acked = part.acked_by(follower, part.leader)
+    mine = part.segments.get(follower.placement_id, [])
+    # A segment a major of the follower's folded, and the leader's chain does not reference, goes as that
+    # major: the major holds its rows as they stand (built as of a failover's cut, without the rows the cut
+    # set aside: pushed alone, they would come back). One the leader references is still offered, to be
+    # answered SEGMENT_EXISTS and acked (so GC can let the follower's copy go).
+    folded = {sid for seg in mine if seg.is_major for sid in (seg.included_segment_ids or ())}
+    leader_chain = part.chain(part.leader) if folded else None
     return [
         seg
-        for seg in part.segments.get(follower.placement_id, [])
+        for seg in mine
         if seg.segment_id not in leader_has
         and seg.segment_id not in acked
         and seg.committed_us < end_us
         and seg.segment_id not in part.set_aside  # a failed-over leader's loss, rolled back on its return
+        and not (
+            seg.segment_id in folded and leader_chain is not None and not is_referenced(leader_chain, seg.segment_id)
+        )
     ]
 
 
