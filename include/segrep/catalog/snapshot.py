@@ -225,7 +225,14 @@ def snapshot(
 
 def set_aside_segments(s: Session, table_id: int) -> frozenset[str]:
     """Ids of the segments the table's failovers with ``on_return: rollback`` gave up."""
-    losses = s.scalars(
-        select(m.Failover.loss).where(m.Failover.table_id == table_id, m.Failover.on_return == "rollback")
+    return frozenset(given_up_segments(s, table_id))
+
+
+def given_up_segments(s: Session, table_id: int) -> dict[str, int]:
+    """The segments the table's failovers with ``on_return: rollback`` gave up, each with that failover's id."""
+    found = s.execute(
+        select(m.Failover.failover_id, m.Failover.loss).where(
+            m.Failover.table_id == table_id, m.Failover.on_return == "rollback"
+        )
     ).all()
-    return frozenset(sid for loss in losses for x in loss for sid in x["segment_ids"])
+    return {sid: fid for fid, loss in found for x in loss or () for sid in x["segment_ids"]}

@@ -18,12 +18,12 @@ from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
-from sqlalchemy import Connection, Text, case, cast, select
+from sqlalchemy import Text, case, cast, select
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.catalog.snapshot import RECEIVING_STATES, REPLICATING_STATES
+from segrep.catalog.snapshot import RECEIVING_STATES, REPLICATING_STATES, given_up_segments
 from segrep.core.errors import NotFoundError, RefusedError
 from segrep.core.states import PlacementState
 
@@ -357,20 +357,7 @@ def read_view(s: Session, info: q.TableInfo, *, lock: bool = False) -> TableView
         for x in replicas:
             at_site.setdefault(x.site_id, x)
         out.append(_Part(part.partition_id, leader, replicas, at_site, lists, folded))
-    return TableView(info.name, q.sites_by_id(s), out, rows, placements, _given_up(conn, info))
-
-
-def _given_up(conn: Connection, info: q.TableInfo) -> dict[str, int]:
-    """The segments earlier failovers of the table gave up with ``on_return: rollback``: a site still holding
-    one has not been rolled back yet (its rows would come back if it led)."""
-    f = m.Failover
-    found = conn.execute(
-        select(f.failover_id, cast(f.loss, Text)).where(f.table_id == info.table_id, f.on_return == "rollback")
-    ).all()
-    losses = _json_values([text for _, text in found])
-    return {
-        sid: fid for (fid, _), loss in zip(found, losses, strict=True) for x in loss or () for sid in x["segment_ids"]
-    }
+    return TableView(info.name, q.sites_by_id(s), out, rows, placements, given_up_segments(s, info.table_id))
 
 
 def _json_values(texts: list[str | None]) -> list[Any]:
