@@ -265,7 +265,14 @@ def check_copies(world: World, target: str) -> None:
     """Every copy against the catalog's size and sha256, read back (outside the timing)."""
     dest = site(world, target)
     with world.catalog.read() as s:
-        segs = list(s.scalars(select(m.Segment).join(m.Placement).join(m.Site).where(m.Site.name == target)))
+        segs = list(
+            s.scalars(
+                select(m.Segment)
+                .join(m.Placement)
+                .join(m.Site, m.Site.site_id == m.Placement.site_id)
+                .where(m.Site.name == target)
+            )
+        )
     for seg in segs:
         dest.verify(seg.relpath, seg.byte_size, seg.sha256)
     if len(segs) != len(world.relpaths):

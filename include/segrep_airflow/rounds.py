@@ -117,6 +117,7 @@ class TargetView:
     planned_bytes: int
     rpo_s: int | None
     bytes_from: dict[str, int] = field(default_factory=dict)  # per source site: each link's bytes
+    superseded: int = 0  # copied, not committed: the partition's leadership changed during the round
 
     @property
     def rpo_breached(self) -> bool:
@@ -205,6 +206,7 @@ def round_view(catalog: Catalog, report: RoundReport, rpo_s: int | None) -> Roun
                 site=site,
                 status=str(tr.status) if tr else "not run",
                 segments_copied=tr.segments_copied if tr else 0,
+                superseded=tr.superseded if tr else 0,
                 bytes_copied=tr.bytes_copied if tr else 0,
                 outcomes=dict(tr.outcomes) if tr else {},
                 declines={k: v for k, v in (tr.outcomes if tr else {}).items() if k in decline_names},
@@ -265,6 +267,8 @@ def _target_text(t: TargetView) -> str:
         did = "copied nothing"
     else:
         did = "nothing to copy"
+    if t.superseded:
+        did += f"; {_segments(t.superseded)} copied but not committed (leadership changed during the round)"
     parts = [t.status, did, f"safe time {iso_or_dash(t.safe_time_us)}"]
     if t.lag_s is not None:
         parts.append(f"lag {human_seconds(t.lag_s)}")

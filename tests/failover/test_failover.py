@@ -13,6 +13,7 @@ from sqlalchemy import select
 
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.cli.format import format_report
 from segrep.data import writer
 from segrep.data.writer import write_batch
 from segrep.failover.promote import failover
@@ -179,8 +180,13 @@ def test_a_round_of_the_old_epoch_cannot_commit_what_it_copied(env: Env) -> None
             moved.append(failover(env.catalog, env.defs, [TABLE], to="dr").moves[0].partitions_moved)
         return local_copier(items)
 
-    run_round(env.catalog, env.defs, TABLE, submit=no_spark, copier=copy_then_fail_over)
+    report = run_round(env.catalog, env.defs, TABLE, submit=no_spark, copier=copy_then_fail_over)
     assert moved == [2]
+    # the report says why nothing was committed: stale offers, not leases held by another round (INFLIGHT)
+    # (the batch being copied when the failover landed; another partition may have decided before it, or after)
+    assert report.targets["dr"].superseded >= 1
+    assert not [site for site, t in report.targets.items() if "INFLIGHT" in t.outcomes], report.targets
+    assert "copied but not committed: leadership changed during the round" in format_report(report)
     with env.catalog.read() as s:
         at_edge = s.scalars(
             select(m.Segment.segment_id)

@@ -398,7 +398,8 @@ class _PartitionRun:
                 failed = (n, copied)
                 break
             copied_ok.append(leased)
-        committed = _receiver_commit(ctx, copied_ok) if copied_ok else []
+        commit = _receiver_commit(ctx, copied_ok) if copied_ok else _Commit([], superseded=False)
+        committed = commit.batch
         if committed:
             faults.point("after_commit_before_ack")
             if more and failed is None and len(committed) == len(batch):
@@ -413,7 +414,10 @@ class _PartitionRun:
             source = leased.item.source
             report.bytes_from[source] = report.bytes_from.get(source, 0) + leased.segment.byte_size
         if len(committed) < len(copied_ok):
-            report.count(Outcome.INFLIGHT)  # a concurrent execution of this round got there first
+            if commit.superseded:  # leadership moved on: stale offers, not a lease held elsewhere
+                report.superseded += len(copied_ok)
+            else:
+                report.count(Outcome.INFLIGHT)  # a concurrent execution of this round got there first
             _release_all(ctx, batch[len(committed) :])
             return
         if failed is not None:
@@ -437,20 +441,30 @@ class _PartitionRun:
             raise TargetUnreachable(copied.error or "copy failed")
 
 
-def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> list[_Leased]:
+@dataclass(frozen=True)
+class _Commit:
+    """What the receiver committed of a copied batch (all of it, or nothing), and if nothing, whether because
+    the partition's leader or epoch changed since the offer (else a concurrent execution of the round won)."""
+
+    batch: list[_Leased]
+    superseded: bool
+
+
+def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> _Commit:
     """The receiver registers the copied segments in order, moving its root conditionally, notes that the
-    sender holds each, and drops the leases: one transaction for the batch (all of one partition). Returns
-    what it committed: nothing if leadership changed since the decision (the offer is stale) or the chain
-    moved under us (a concurrent execution of this round won; its next offer is answered SEGMENT_EXISTS)."""
+    sender holds each, and drops the leases: one transaction for the batch (all of one partition). Commits
+    nothing if the placement is gone or leadership changed since the decision (the offer is stale:
+    superseded), or if the chain moved under us (a concurrent execution of this round won; its next offer
+    is answered SEGMENT_EXISTS)."""
     first = batch[0]
     try:
         with ctx.write() as s:
             part = s.get(m.Partition, first.partition_id, with_for_update=True)
             replica = s.get(m.Placement, first.replica_id)
             if part is None or replica is None or replica.removed_us is not None:
-                return []
+                return _Commit([], superseded=True)
             if part.leader_placement_id != first.leader_id or part.epoch != first.epoch:
-                return []
+                return _Commit([], superseded=True)
             present = set(
                 s.scalars(
                     select(m.Segment.segment_id).where(
@@ -471,8 +485,8 @@ def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> list[_Leased]:
             _record_acks(s, sorted(receiver_acks), now)
             _release_leases(s, first.replica_id, [b.segment.segment_id for b in batch], ctx.key)
     except ConflictError:
-        return []
-    return batch
+        return _Commit([], superseded=False)
+    return _Commit(batch, superseded=False)
 
 
 def _sender_acks(batch: list[_Leased]) -> list[tuple[int, str, int]]:

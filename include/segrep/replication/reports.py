@@ -124,12 +124,17 @@ class TargetReport:
     # FAILED because the store refused (credentials, permissions, a missing bucket): retrying will not help
     # until the site is fixed, so the target does not back off and retry in a loop; the error says what to fix.
     refused: bool = False
+    # Copies made but not committed because the partition's leader or epoch changed after they were offered
+    # (a failover or switchover during the round): the offer was stale; the files are orphans for GC, and the
+    # next round offers from the new leader. Not a decline: nothing waits and nothing backs off.
+    superseded: int = 0
 
     def absorb(self, other: TargetReport) -> None:
         """Fold one partition's report into the target's: sums, and the worst status with its reason."""
         for k, v in other.outcomes.items():
             self.outcomes[k] = self.outcomes.get(k, 0) + v
         self.segments_copied += other.segments_copied
+        self.superseded += other.superseded
         self.bytes_copied += other.bytes_copied
         for source, n in other.bytes_from.items():
             self.bytes_from[source] = self.bytes_from.get(source, 0) + n
