@@ -17,6 +17,7 @@ import pytest
 
 from segrep.failover.promote import failover
 from segrep.replication.run import run_round
+from tests.support.badinput import unchanged
 from tests.support.checks import assert_replicas_equal_leader, triples
 from tests.support.cli import cli
 from tests.support.env import ORDERS_YAML, Env, env_fixture, sqlite_url
@@ -93,7 +94,8 @@ def test_a_site_still_holding_what_a_failover_gave_up_cannot_lead_until_it_is_ro
     round has set them aside; then it can lead, and the given-up rows stay in the rollback file only."""
     env = outage_env
     kept, lost, aside = _lose_primary(env, Model())
-    code, _out, err = cli(env, "failover", TABLE, "--to", "primary")
+    with unchanged(env):
+        code, _out, err = cli(env, "failover", TABLE, "--to", "primary")
     assert code == 2 and "primary cannot lead" in err and "that failover #1 gave up" in err, err
     code, out, err = cli(env, "failover", TABLE)  # the automatic choice (a tie, to the lower id) passes it over
     assert code == 0 and "failover of events: dr -> edge" in out, out + err

@@ -20,6 +20,7 @@ from segrep.failover.promote import failover
 from segrep.replication.fast_forward import CopyItem, CopyOutcome, local_copier
 from segrep.replication.rollback import list_rollbacks
 from segrep.replication.run import run_round
+from tests.support.badinput import unchanged
 from tests.support.checks import assert_replicas_equal_leader, leaders, triples
 from tests.support.cli import cli
 from tests.support.env import Env
@@ -144,7 +145,8 @@ def test_failover_refuses_what_it_cannot_do_and_changes_nothing(env: Env) -> Non
         (("failover", TABLE, "--to", "mars"), "unknown site 'mars'"),
         (("failover", TABLE, "--at", "yesterday"), "yesterday"),
     ):
-        code, out, err = cli(env, *args)
+        with unchanged(env):
+            code, out, err = cli(env, *args)
         assert code == 2 and needle in err and "Traceback" not in err, (args, out, err)
     assert leaders(env.catalog) == before
 

@@ -15,6 +15,7 @@ import pytest
 from segrep.config.definitions import load_definitions
 from segrep.core.errors import ConfigError
 from segrep.replication.run import run_round
+from tests.support.badinput import unchanged
 from tests.support.checks import leaders, safe_times, triples
 from tests.support.cli import cli
 from tests.support.env import ORDERS_YAML, Env, env_fixture, sqlite_url
@@ -75,7 +76,8 @@ def test_a_leader_change_in_the_file_is_refused_as_before(geo: Env) -> None:
     Model().upsert(env, range(0, 5), "a")
     run_round(env.catalog, env.defs, TABLE)
     env.config.write_text(GEO_YAML.replace("    leaders: {1: dr}\n", "    leaders: {1: edge}\n"))
-    code, _out, err = cli(env, "apply")
+    with unchanged(env):
+        code, _out, err = cli(env, "apply")
     assert code == 2
     assert "a leader change is a failover" in err
 
