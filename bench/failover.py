@@ -108,6 +108,10 @@ def build_promote_catalog(root: Path, url: str, schema: str, args: argparse.Name
     bench/rounds.py (e))."""
     partitions, total, new = args.promote_partitions, args.promote_segments, args.promote_new
     body = {"columns": {"k": "int64", "v": "binary"}, "primary_key": ["k"], "split_points": []}
+    # Each repeat moves leadership straight back, with no round between (the chains have no files): under
+    # on_return: rollback, primary still holds what the failover gave up and is refused until a round sets it
+    # aside. The promote's catalog work is the same under either policy.
+    body["policy"] = {"on_return": "merge"}
     catalog, defs = make_env(root, url, ["primary", "dr", "dr2"], KV, body)
     history = max((total - new) // 3, partitions)  # segments per chain summed over partitions
     facts = fill_chains(catalog, schema, KV, partitions=partitions, history=history, new=new)

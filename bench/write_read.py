@@ -23,13 +23,12 @@ import json
 import statistics
 import sys
 import tempfile
-import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from benchkit import pg_schema, timed
 
 from segrep.catalog import Catalog
 from segrep.catalog.apply import apply_definitions
@@ -38,14 +37,6 @@ from segrep.config.definitions import load_definitions
 from segrep.data import demo as demo_data
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
-
-PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-
-
-def timed(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - start
 
 
 def setup(root: Path, source: Path, splits: list[int], url: str | None = None) -> Catalog:
@@ -107,35 +98,20 @@ def _offsets(n: int, parts: int):  # type: ignore[no-untyped-def]
 
 
 def bench_commit(rows: pa.Table, source: Path, work: Path, repeats: int) -> dict[str, float | str]:
-    """Median catalog transaction time of one segment, by size and backend."""
+    """Median catalog transaction time of one segment, by size and backend (PostgreSQL in a schema of its own,
+    dropped afterwards)."""
     out: dict[str, float | str] = {}
-    backends = {"sqlite": None, "postgresql": _pg_schema_url()}
-    for backend, url in backends.items():
-        if backend == "postgresql" and url is None:
-            out["commit_postgresql"] = "skipped: no PostgreSQL at 127.0.0.1:5432"
-            continue
-        root = work / f"commit-{backend}"
-        root.mkdir()
-        catalog = setup(root, source, [], url)
-        for size in (1_000, 1_000_000):
-            batch = rows.slice(0, size)
-            times = [write_batch(catalog, "lineitem", batch).commit_s for _ in range(repeats)]
-            out[f"commit_{backend}_{size}_rows_ms"] = statistics.median(times) * 1000
-        catalog.dispose()
+    with pg_schema("bench_commit") as (_schema, pg_url):
+        for backend, url in {"sqlite": None, "postgresql": pg_url}.items():
+            root = work / f"commit-{backend}"
+            root.mkdir()
+            catalog = setup(root, source, [], url)
+            for size in (1_000, 1_000_000):
+                batch = rows.slice(0, size)
+                times = [write_batch(catalog, "lineitem", batch).commit_s for _ in range(repeats)]
+                out[f"commit_{backend}_{size}_rows_ms"] = statistics.median(times) * 1000
+            catalog.dispose()
     return out
-
-
-def _pg_schema_url() -> str | None:
-    from sqlalchemy import create_engine, text
-
-    try:
-        engine = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-        schema = f"bench_{uuid.uuid4().hex[:8]}"
-        with engine.connect() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-        return f"{PG_URL}?options=-csearch_path%3D{schema}"
-    except Exception:
-        return None
 
 
 def main() -> int:

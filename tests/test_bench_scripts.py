@@ -1,0 +1,64 @@
+"""The benchmark scripts still run, at the smallest scale that takes every code path.
+
+Their figures are measured by hand on an idle machine (README, Benchmarks); here only that each script runs to
+the end and prints its table, so a change to the catalog or an API cannot leave a benchmark broken until the
+next time someone measures (a join made ambiguous by a new foreign key, a failover refused by a new rule,
+both happened). The Spark-heavy ones (topologies, maintenance, the merge of rounds) and the long ones
+(chaos, airflow_lag: its short version is ``tests/replication/test_chaos.py``) are not run here.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+SCRIPTS = {
+    "object_store": ["--scale", "0.01", "--batches", "2", "--repeats", "1"],
+    "failover": [
+        *("--scale", "0.01", "--repeats", "1", "--promote-partitions", "20", "--promote-segments", "300"),
+        *("--promote-new", "5", "--switch-partitions", "10", "--switch-mb", "100", "--switch-batches", "2"),
+        *("--batches", "2", "--max-rounds", "4"),
+    ],
+    "write_read": ["--scale", "0.01", "--batches", "2", "--repeats", "1"],
+    "operator_page": [
+        *("--partitions", "20", "--segments", "100", "--new", "5", "--days", "1", "--round-every-s", "3600"),
+        *("--repeats", "1"),
+    ],
+    "rounds": [
+        *("--scale", "0.01", "--batches", "2", "--repeats", "1", "--noop-repeats", "1", "--skip-merge"),
+        *("--batched-sample", "200", "--row-sample", "100", "--batch-rows", "50", "--plan-partitions", "20"),
+        *("--plan-segments", "1000", "--plan-repeats", "1"),
+    ],
+}
+# where a script writes by default (its TPC-H cache, its results), sent to the test's directory instead
+OPTIONS = {
+    "object_store": ("--tpch-dir", "--work-dir"),
+    "failover": ("--tpch-dir", "--work-dir"),
+    "write_read": ("--tpch-dir",),
+    "operator_page": (),
+    "rounds": ("--tpch-dir", "--work-dir", "--results-dir"),
+}
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_the_benchmark_runs_to_the_end(script: str, pg_server: str, tmp_path: Path) -> None:
+    args = list(SCRIPTS[script])
+    for option in OPTIONS[script]:
+        where = tmp_path / option.strip("-")
+        where.mkdir()
+        args += [option, str(where)]
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / f"{script}.py"), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, f"{script}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
