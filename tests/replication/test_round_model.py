@@ -400,6 +400,35 @@ def test_rounds_state_machine(spark: Any) -> None:
     run_machine(RoundsMachine, "SEGREP_MODEL_EXAMPLES", 12)
 
 
+def test_a_replica_links_again_a_major_it_lists_off_its_chain(spark: Any) -> None:
+    """Found by the state machine (one 30-example run in six): primary, a follower, fast-forwarded a major of
+    dr (leader after a failover) while edge was down; the failover to edge made primary follow a chain that
+    lacks dr's major and restarts from edge's newest major, which primary still listed from before, off its
+    chain. The fast-forward skipped it as already held, left the root on dr's major, and every later segment
+    of the batch conflicted: INFLIGHT round after round, and the rounds never went idle. The steps as the
+    machine shrank them; the teardown quiesces and checks every invariant."""
+    RoundsMachine.spark = spark
+    state = RoundsMachine()
+    steps: list[Callable[[], None]] = [
+        lambda: state.switchover_to(site="primary"),
+        lambda: state.switchover_to(site="primary"),
+        lambda: state.write(deleting=False, keys=[1, 9, 6]),
+        lambda: state.leader_change(site="dr", then_write=[], which="second"),
+        lambda: state.switchover_to(site="edge"),
+        lambda: state.write(deleting=True, keys=[5, 2, 0]),
+        lambda: state.failover_to(site="edge", then_write=[1, 9, 6]),
+        lambda: state.failover_to(site="dr", then_write=[1, 7, 5]),
+        lambda: state.replication_round(fault="down", site="edge"),
+        lambda: state.failover_to(site="edge", then_write=[5, 4]),
+    ]
+    for step in steps:
+        step()
+        state.committed_files_never_change()
+        state.safe_time_never_decreases_and_is_honest()
+        state.acks_follow_offer_order()
+    state.teardown()
+
+
 class FailbackMachine(RoundsMachine):
     """The rounds machine with the disaster-recovery loop (DESIGN section 11) instead of direct leader changes
     and splits: sites go down and come back across steps; failovers at latest or at the safe time, while the

@@ -78,19 +78,23 @@ def register_segment(
     transaction. The root moves only if it is still ``expected_root`` (a conditional update), else
     ConflictError: someone else extended the chain first and the caller must re-decide."""
     if move_root:
-        root_is = (
-            m.Placement.root_segment_id.is_(None)
-            if expected_root is None
-            else m.Placement.root_segment_id == expected_root
-        )
-        res = s.execute(
-            update(m.Placement)
-            .where(m.Placement.placement_id == placement.placement_id, root_is)
-            .values(root_segment_id=entry.segment_id)
-            .execution_options(synchronize_session=False)
-        )
-        if rowcount(res) != 1:
-            raise ConflictError(f"placement {placement.placement_id}: root moved while writing {entry.segment_id}")
+        move_root_to(s, placement.placement_id, entry.segment_id, expected_root=expected_root)
     row = segment_row(entry, placement.placement_id, relpath, facts, committed_us)
     s.add(row)
     return row
+
+
+def move_root_to(s: Session, placement_id: int, segment_id: str, *, expected_root: str | None) -> None:
+    """Make ``segment_id`` (in the placement's list, or being added to it) the placement's root if the root is
+    still ``expected_root`` (a conditional update), else ConflictError: someone else moved the chain first."""
+    root_is = (
+        m.Placement.root_segment_id.is_(None) if expected_root is None else m.Placement.root_segment_id == expected_root
+    )
+    res = s.execute(
+        update(m.Placement)
+        .where(m.Placement.placement_id == placement_id, root_is)
+        .values(root_segment_id=segment_id)
+        .execution_options(synchronize_session=False)
+    )
+    if rowcount(res) != 1:
+        raise ConflictError(f"placement {placement_id}: root moved while writing {segment_id}")

@@ -40,7 +40,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.catalog.segments import entry_of, register_segment
+from segrep.catalog.segments import entry_of, move_root_to, register_segment
 from segrep.catalog.snapshot import snapshot
 from segrep.config.definitions import Definitions, Policy
 from segrep.config.stores import StoreOptions, options_for
@@ -474,6 +474,7 @@ def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> _Commit:
                 )
             )
             now = hlc.now_us()
+            root = replica.root_segment_id
             for leased in batch:
                 seg = leased.segment
                 if seg.segment_id not in present:
@@ -481,6 +482,15 @@ def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> _Commit:
                     register_segment(
                         s, replica, leased.entry, seg.relpath, facts, now, expected_root=leased.expected_root
                     )
+                    root = seg.segment_id
+                elif root == leased.expected_root and root != seg.segment_id:
+                    # Listed here already but off the chain: a major this replica held before another leader's
+                    # major became its root, now offered again by a leader whose chain lacks that one. The
+                    # fast-forward links it again (skipping it left the root behind: every later segment of
+                    # the batch then conflicted, round after round).
+                    move_root_to(s, replica.placement_id, seg.segment_id, expected_root=leased.expected_root)
+                    root = seg.segment_id
+                # else a concurrent execution of this round registered it and moved the root on already
             receiver_acks = {(b.replica_id, b.segment.segment_id, h) for b in batch for h in (b.leader_id, b.sender_id)}
             _record_acks(s, sorted(receiver_acks), now)
             _release_leases(s, first.replica_id, [b.segment.segment_id for b in batch], ctx.key)
