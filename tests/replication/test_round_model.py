@@ -421,6 +421,11 @@ def test_a_replica_links_again_a_major_it_lists_off_its_chain(spark: Any) -> Non
         lambda: state.replication_round(fault="down", site="edge"),
         lambda: state.failover_to(site="edge", then_write=[5, 4]),
     ]
+    run_steps(state, steps)
+
+
+def run_steps(state: RoundsMachine, steps: list[Callable[[], None]]) -> None:
+    """A shrunk failing example, replayed: the machine's invariants after every step, then its teardown."""
     for step in steps:
         step()
         state.committed_files_never_change()
@@ -612,6 +617,28 @@ class MergeBackMachine(FailbackMachine):
     stats: ClassVar[Counter[str]] = Counter()
 
 
+def test_a_replica_keeps_its_unmerged_rows_until_the_leader_has_merged_them(spark: Any) -> None:
+    """Found by the state machine (a 30-example run): dr deleted keys 0-3 while it led, edge got them by a
+    switchover, primary never did; after a failover to primary and a write there (a first major), dr and
+    edge fast-forwarded that major in the next round, before the round's merge of their segment, and served
+    neither the deletes nor anything else of it below a safe time that covered them. A replica is now
+    offered nothing that takes such a segment off its chain until the leader has merged it. The steps as
+    the machine shrank them; every invariant after each, then the teardown."""
+    RoundsMachine.spark = spark
+    state = RoundsMachine()
+    steps: list[Callable[[], None]] = [
+        lambda: state.failover_to(site="dr", then_write=[]),
+        lambda: state.write(deleting=True, keys=[0, 1, 2, 3]),
+        lambda: state.switchover_to(site="edge"),
+        lambda: state.split_start(at=2, is_async=False),
+        lambda: state.switchover_to(site="edge"),
+        lambda: state.replication_round(fault="down", site="edge"),
+        lambda: state.failover_to(site="primary", then_write=[6, 9, 2]),
+        lambda: state.replication_round(fault="none", site="primary"),
+    ]
+    run_steps(state, steps)
+
+
 def test_failover_failback_state_machine_rollback(spark: Any) -> None:
     FailbackMachine.spark = spark
     run_machine(FailbackMachine, "SEGREP_MODEL_EXAMPLES", 8)
@@ -620,6 +647,29 @@ def test_failover_failback_state_machine_rollback(spark: Any) -> None:
 def test_failover_failback_state_machine_merge(spark: Any) -> None:
     MergeBackMachine.spark = spark
     run_machine(MergeBackMachine, "SEGREP_MODEL_EXAMPLES", 8)
+
+
+def test_after_a_failover_a_replica_keeps_the_old_epochs_rows_until_they_are_merged(spark: Any) -> None:
+    """Found by the failover machine (``on_return: merge``), the same bug as
+    ``test_a_replica_keeps_its_unmerged_rows_until_the_leader_has_merged_them``: after a failover to edge
+    while primary was down, primary came back and, in a round whose merge crashed, fast-forwarded edge's
+    chain over a segment of its own that edge had not merged: its safe time covered key 9, which it no
+    longer served."""
+    MergeBackMachine.spark = spark
+    state = MergeBackMachine()
+    steps: list[Callable[[], None]] = [
+        lambda: state.switchover_to(site="edge"),
+        lambda: state.write(deleting=False, keys=[7, 2, 8]),
+        lambda: state.zombie_write(keys=[9, 6], site="primary"),
+        lambda: state.zombie_write(keys=[3], site="dr"),
+        lambda: state.switchover_to(site="primary"),
+        lambda: state.switchover_to(site="primary"),
+        lambda: state.site_down(site="primary"),
+        lambda: state.fail_over(at=Cut.LATEST, during_round=False, site="edge", then_write=[3]),
+        lambda: state.site_back(),
+        lambda: state.replication_round(fault="in_merge_job", site="dr"),
+    ]
+    run_steps(state, steps)
 
 
 def test_a_follower_does_not_push_rows_its_cut_major_set_aside(spark: Any) -> None:

@@ -13,6 +13,7 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.snapshot import PartitionSnapshot
 from segrep.core.chain import Chain, is_referenced, offer_order
+from segrep.core.hlc import FOREVER_US
 from segrep.core.protocol import (
     MAX_REPL_INCOMING_SEGMENTS,
     Offer,
@@ -60,7 +61,11 @@ def offers_to(
         reaction = sender_reaction(outcome)
         if reaction == Reaction.ACK:
             if outcome == Outcome.FAST_FORWARD:
-                chain = apply_fast_forward(chain, ref)
+                moved = apply_fast_forward(chain, ref)
+                if _drops_unmerged(part, replica, chain, moved):
+                    out.pop()  # not offered yet: the leader merges those rows first (this round's merge)
+                    break
+                chain = moved
             i += 1
         elif reaction == Reaction.RESTART:
             if not restart:
@@ -73,6 +78,21 @@ def offers_to(
         else:
             break
     return out, False
+
+
+def _drops_unmerged(part: PartitionSnapshot, replica: m.Placement, before: Chain, after: Chain) -> bool:
+    """Whether a fast-forward would take off the replica's chain a segment the leader has neither got nor
+    merged (``pushes_from``: written while the replica led, or received from an earlier leader). Its rows
+    would be gone from the replica until the merge output reaches it, below a safe time that may already
+    cover them (found by the rounds state machine: a failover to a site that lacked a replica's segment,
+    then a major written there). Held back, the replica keeps serving them; once they are merged, it
+    fast-forwards the leader's chain with the merge output."""
+    if before.root is None or is_referenced(after, before.root):
+        return False  # the chain only grows
+    return any(
+        is_referenced(before, seg.segment_id) and not is_referenced(after, seg.segment_id)
+        for seg in pushes_from(part, replica, FOREVER_US)
+    )
 
 
 def _due(

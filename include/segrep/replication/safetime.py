@@ -49,8 +49,8 @@ def partition_vouches(part: PartitionSnapshot, replica: m.Placement, end_us: int
         # committed after the interval still carries rows written (and committed elsewhere) before it.
         safe = min(safe, seg.min_version - 1)
     # A fork a replica wrote while it led is not merged (nor replicated) yet: its writes were committed at the
-    # leader of the time, and the other replicas cannot read them. Nor can the replica that wrote it for long:
-    # once it fast-forwards a major of the leader, the fork is off its chain until the merge output arrives.
+    # leader of the time, and the other replicas cannot read them (the replica that wrote it keeps it on its
+    # chain: it is offered nothing that would take the fork off before the leader has merged it, offers.py).
     safe = min(safe, leader_vouches(part))
     if checkpoint is None:
         return None, 0, safe
