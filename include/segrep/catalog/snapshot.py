@@ -188,7 +188,7 @@ def snapshot(
         segments, acks = _unsettled_entries(s, placements, {p.partition_id: p.epoch for p in parts})
     else:
         segments, acks = q.segments_of(s, ids), q.acks_of(s, ids)
-    set_aside = set_aside_segments(s, info.table_id)
+    set_aside = frozenset(given_up_segments(s, info.table_id))
     out = []
     for part in parts:
         pls = by_partition.get(part.partition_id, [])
@@ -221,11 +221,6 @@ def snapshot(
         {site_id for site_id, state, _ in replica_rows if state != PlacementState.LIVE},
         {site_id for site_id, _, stalled in replica_rows if stalled},
     )
-
-
-def set_aside_segments(s: Session, table_id: int) -> frozenset[str]:
-    """Ids of the segments the table's failovers with ``on_return: rollback`` gave up."""
-    return frozenset(given_up_segments(s, table_id))
 
 
 def given_up_segments(s: Session, table_id: int) -> dict[str, int]:

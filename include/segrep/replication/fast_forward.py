@@ -483,7 +483,7 @@ def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> _Commit:
                         s, replica, leased.entry, seg.relpath, facts, now, expected_root=leased.expected_root
                     )
                     root = seg.segment_id
-                elif root == leased.expected_root and root != seg.segment_id:
+                elif root == leased.expected_root:  # (a segment's expected root is the one before it)
                     # Listed here already but off the chain: a major this replica held before another leader's
                     # major became its root, now offered again by a leader whose chain lacks that one. The
                     # fast-forward links it again (skipping it left the root behind: every later segment of

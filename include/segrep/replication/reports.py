@@ -124,9 +124,9 @@ class TargetReport:
     # FAILED because the store refused (credentials, permissions, a missing bucket): retrying will not help
     # until the site is fixed, so the target does not back off and retry in a loop; the error says what to fix.
     refused: bool = False
-    # Copies made but not committed because the partition's leader or epoch changed after they were offered
-    # (a failover or switchover during the round): the offer was stale; the files are orphans for GC, and the
-    # next round offers from the new leader. Not a decline: nothing waits and nothing backs off.
+    # Copies made but not committed because the offer went stale: the partition's leader or epoch changed
+    # after it (a failover or switchover during the round), or the replica placement was removed. The files
+    # are orphans for GC; the next round offers from the new leader. Not a decline: nothing waits or backs off.
     superseded: int = 0
 
     def absorb(self, other: TargetReport) -> None:
