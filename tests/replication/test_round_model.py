@@ -3,7 +3,9 @@
 A hypothesis state machine interleaves, on a two-partition table replicated primary -> dr, edge:
 - writes (upserts and deletes of a few of ten keys) at the current leader of each partition;
 - rounds, each with at most one fault: a crash at a named fault point (``SEGREP_FAULTS``), a copier that
-  corrupts bytes in transit to one site, or one site made unreachable (its directory replaced by a file).
+  corrupts bytes in transit to one site, one site made unreachable (its directory replaced by a file), or
+  one site lost once it has received one copy (the rest of its batch fails: two segments are in flight per
+  receiver, so a catch-up takes several batches).
   A crashed round is retried with the same interval end next time, as Airflow retries a failed task;
 - leader changes (epoch + 1, done directly in the catalog), which leave forks for the next rounds to merge;
 - a split of the first partition (sync or async, at key 2 or 3) started at some step and advanced one pass
@@ -50,7 +52,7 @@ from segrep.data.writer import WriteResult, write_batch
 from segrep.failover.assess import PartitionLoss
 from segrep.failover.promote import Cut, FailoverReport, failover
 from segrep.failover.switchover import switchover
-from segrep.replication.fast_forward import CopyItem, CopyOutcome, copy_one, local_copier
+from segrep.replication.fast_forward import Copier, CopyItem, CopyOutcome, copy_one, local_copier
 from segrep.replication.reports import RoundReport
 from segrep.replication.rollback import list_rollbacks
 from segrep.replication.run import run_round
@@ -72,13 +74,16 @@ from tests.support.spark import spark_submit_in
 pytestmark = pytest.mark.spark
 
 TABLE = "kv"
-MODEL_YAML = KV_YAML.replace("policy: {retry_delay_s: 0}", "policy: {retry_delay_s: 0, on_return: merge}")
+# Two segments in flight per receiver: a catch-up of a few segments already takes several batches
+MODEL_YAML = KV_YAML.replace(
+    "policy: {retry_delay_s: 0}", "policy: {retry_delay_s: 0, on_return: merge, max_incoming_segments: 2}"
+)
 SITES = ("primary", "dr", "edge")
 SITE_IDS = {"primary": 1, "dr": 2, "edge": 3}
 KEYS = range(10)
 SPLIT = 5
 POINTS = ("before_copy", "after_copy_before_commit", "after_commit_before_ack", "in_merge_job", "before_checkpoint")
-FAULTS = ("none", "none", *POINTS, "corrupt", "down")
+FAULTS = ("none", "none", *POINTS, "corrupt", "down", "lost")
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,25 @@ def replay(writes: list[Written]) -> dict[int, tuple[int, int, bool, str]]:
 def corrupting_to(site: str) -> Any:
     def copy(items: list[CopyItem]) -> list[CopyOutcome]:
         return [corrupting_copier([i])[0] if i.target == site else copy_one(i) for i in items]
+
+    return copy
+
+
+def lost_to(site: str) -> Copier:
+    """A copier (for one round) that loses ``site`` once it has made one copy there: the rest of that batch and
+    every later one to it fail as an unreachable target does (the other sites' copies are made)."""
+    made = 0
+
+    def copy(items: list[CopyItem]) -> list[CopyOutcome]:
+        nonlocal made
+        out = []
+        for item in items:
+            if item.target == site and made:
+                out.append(CopyOutcome(item.relpath, False, error=f"{site} lost"))
+                continue
+            made += item.target == site
+            out.extend(local_copier([item]))
+        return out
 
     return copy
 
@@ -191,7 +215,7 @@ class RoundsMachine(RuleBasedStateMachine):
     def replication_round(self, fault: str, site: str) -> None:
         end = self.pending_end or hlc.now_us()
         self.log.append(f"round end={end} fault={fault} site={site} retry={self.pending_end is not None}")
-        copier = corrupting_to(site) if fault == "corrupt" else local_copier
+        copier = corrupting_to(site) if fault == "corrupt" else lost_to(site) if fault == "lost" else local_copier
         report = faulted_round(
             self.env,
             TABLE,
@@ -216,7 +240,7 @@ class RoundsMachine(RuleBasedStateMachine):
         if fault == "none" and not self.away:
             assert report.status in ("ok", "partial"), format_report(report)
         if report.failed:
-            assert fault == "down" or self.away, format_report(report)
+            assert fault in ("down", "lost") or self.away, format_report(report)
 
     @precondition(lambda self: not self.FAILBACK)
     @rule(
@@ -450,7 +474,7 @@ class FailbackMachine(RoundsMachine):
 
     FAILBACK = True
     ON_RETURN: ClassVar[str] = "rollback"
-    DEFINITIONS = KV_YAML.replace("policy: {retry_delay_s: 0}", "policy: {retry_delay_s: 0, on_return: rollback}")
+    DEFINITIONS = MODEL_YAML.replace("on_return: merge", "on_return: rollback")
     stats: ClassVar[Counter[str]] = Counter()
 
     def __init__(self) -> None:
@@ -637,6 +661,40 @@ def test_a_replica_keeps_its_unmerged_rows_until_the_leader_has_merged_them(spar
         lambda: state.replication_round(fault="none", site="primary"),
     ]
     run_steps(state, steps)
+
+
+class NarrowWindowMachine(RoundsMachine):
+    """The rounds machine with one segment in flight per receiver: a catch-up of several segments is several
+    batches, each committed on its own."""
+
+    DEFINITIONS: ClassVar[str] = MODEL_YAML.replace("max_incoming_segments: 2", "max_incoming_segments: 1")
+
+
+def test_a_replica_never_commits_half_of_a_catch_up_that_takes_its_rows_off_its_chain(spark: Any) -> None:
+    """dr held key 1 (from primary) below its safe time; edge, which lacked it, was promoted and wrote (a
+    major), and the next round merged dr's segment into edge (the merge output names it). With one segment in
+    flight, dr's catch-up (the major, then the merge output) was two batches; dr was lost after the first and
+    committed the major alone, which takes key 1's segment off its chain: dr served no key 1 below a safe time
+    that covered it, until a later round. A batch now ends only where the replica's chain lacks nothing a later
+    offer brings back, and of a batch cut short only up to such a place is committed (here: nothing)."""
+    NarrowWindowMachine.spark = spark
+    state = NarrowWindowMachine()
+    steps: list[Callable[[], None]] = [
+        lambda: state.write(deleting=False, keys=[1]),
+        lambda: state.replication_round(fault="down", site="edge"),
+        lambda: state.failover_to(site="edge", then_write=[2]),
+        lambda: state.replication_round(fault="none", site="primary"),
+        lambda: lose_dr_after_one_copy(state),
+    ]
+    run_steps(state, steps)
+
+
+def lose_dr_after_one_copy(state: RoundsMachine) -> None:
+    report = run_round(state.env.catalog, state.env.defs, TABLE, target="dr", submit=state.submit, copier=lost_to("dr"))
+    state.log.append(format_report(report))
+    state.safe_time_never_decreases_and_is_honest()  # what went wrong: key 1 missing below dr's safe time
+    dr = report.targets["dr"]
+    assert dr.status == "failed" and dr.error == "dr lost" and dr.segments_copied == 0, format_report(report)
 
 
 def test_failover_failback_state_machine_rollback(spark: Any) -> None:

@@ -50,7 +50,7 @@ from segrep.core.protocol import sender_reaction
 from segrep.core.states import Outcome, Reaction
 from segrep.replication.backoff import record_target
 from segrep.replication.heartbeat import heartbeat
-from segrep.replication.offers import offers_to
+from segrep.replication.offers import offers_to, whole_cuts
 from segrep.replication.reports import InvalidSegment, TargetReport, TargetStatus
 from segrep.replication.round import TargetUnreachable, clamp_end, ensure_round, lease_ttl_us, round_key
 from segrep.storage.atomic import FileFacts, batched_directory_syncs
@@ -229,6 +229,7 @@ class _Leased:
     entry: SegmentEntry
     expected_root: str | None
     item: CopyItem
+    whole: bool  # the replica's chain after this segment lacks nothing a later offer brings back (whole_cuts)
 
 
 class _Next(Enum):
@@ -312,11 +313,12 @@ class _PartitionRun:
             )
             batch: list[_Leased] = []
             room = max(max_in - len(others), 0)
+            cuts = whole_cuts(part.chain(replica), offers)
             root = replica.root_segment_id
             sender = part.sender_of(replica)
             holders = {part.leader.placement_id, sender.placement_id}  # the ack says: the replica holds it
             source_site, target_site = snap.sites[sender.site_id], snap.sites[replica.site_id]
-            for seg, outcome in offers:
+            for i, (seg, outcome) in enumerate(offers):
                 reaction = sender_reaction(outcome)
                 if reaction == Reaction.RESTART:
                     if batch:
@@ -341,13 +343,15 @@ class _PartitionRun:
                     report.count(outcome)
                     _record_acks(s, [(h, seg.segment_id, replica_id) for h in sorted(holders)], hlc.now_us())
                     continue
-                if len(batch) >= room:
+                if len(batch) >= room and cuts[i]:  # the window is full: the batch ends where nothing is amiss
                     return _Decision(batch, _Next.CONTINUE)
                 if seg.segment_id not in held and not ls.acquire(
                     s, replica_id, seg.segment_id, ctx.key, now + ctx.ttl_us
                 ):
                     report.count(Outcome.INFLIGHT)
-                    return _Decision(batch, _Next.STOP)
+                    whole = _whole_prefix(batch)
+                    _release_leases(s, replica_id, [b.segment.segment_id for b in batch[len(whole) :]], ctx.key)
+                    return _Decision(whole, _Next.STOP)
                 item = CopyItem(
                     source_site.name,
                     source_site.uri,
@@ -370,6 +374,7 @@ class _PartitionRun:
                     entry,
                     root,
                     item,
+                    cuts[i + 1],
                 )
                 batch.append(leased)
                 root = seg.segment_id
@@ -398,7 +403,9 @@ class _PartitionRun:
                 failed = (n, copied)
                 break
             copied_ok.append(leased)
-        commit = _receiver_commit(ctx, copied_ok) if copied_ok else _Commit([], superseded=False)
+        # Copied but cut short (a copy failed): only up to where the replica's chain is whole again is committed
+        to_commit = _whole_prefix(copied_ok)
+        commit = _receiver_commit(ctx, to_commit) if to_commit else _Commit([], superseded=False)
         committed = commit.batch
         if committed:
             faults.point("after_commit_before_ack")
@@ -413,16 +420,16 @@ class _PartitionRun:
             report.bytes_copied += leased.segment.byte_size
             source = leased.item.source
             report.bytes_from[source] = report.bytes_from.get(source, 0) + leased.segment.byte_size
-        if len(committed) < len(copied_ok):
+        if len(committed) < len(to_commit):
             if commit.superseded:  # leadership moved on: stale offers, not a lease held elsewhere
-                report.superseded += len(copied_ok)
+                report.superseded += len(to_commit)
             else:
                 report.count(Outcome.INFLIGHT)  # a concurrent execution of this round got there first
             _release_all(ctx, batch[len(committed) :])
             return
         if failed is not None:
             n, copied = failed
-            _release_all(ctx, batch[n:])
+            _release_all(ctx, batch[len(committed) :])
             if copied.invalid:
                 report.decline(Outcome.INVALID)
                 bad = batch[n]
@@ -497,6 +504,15 @@ def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> _Commit:
     except ConflictError:
         return _Commit([], superseded=False)
     return _Commit(batch, superseded=False)
+
+
+def _whole_prefix(batch: list[_Leased]) -> list[_Leased]:
+    """The longest prefix of a batch after which the replica's chain is whole (``offers.whole_cuts``): what
+    may be committed of a batch cut short. A decided batch always ends where it is whole."""
+    n = len(batch)
+    while n and not batch[n - 1].whole:
+        n -= 1
+    return batch[:n]
 
 
 def _sender_acks(batch: list[_Leased]) -> list[tuple[int, str, int]]:

@@ -9,6 +9,8 @@ transaction, so a stale plan can never commit anything wrong.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.snapshot import PartitionSnapshot
@@ -78,6 +80,39 @@ def offers_to(
         else:
             break
     return out, False
+
+
+def whole_cuts(chain: Chain, offers: Sequence[tuple[m.Segment, Outcome]]) -> list[bool]:
+    """Where a batch of ``offers`` (in order, as :func:`offers_to` gives them to a replica whose chain is
+    ``chain``) may end: ``cuts[i]`` is whether the replica's chain after the first ``i`` of them still
+    references every segment it references now, except those it no longer references after all of them.
+
+    At any other cut, rows the chain holds come back only with a later offer: a major that takes a segment
+    off the replica's chain, then the merge output that names it. A batch committed alone there (the window
+    full, then the target lost before the next batch) left the replica without those rows, below a safe time
+    that may already cover them. Linear in the offers: the chain is walked again only where a fast-forward
+    leaves it (a segment not based on its root)."""
+    by_id = {ref.segment_id: ref for ref in chain.segments}
+    root = chain.root
+    held = _referenced(chain)
+    lacking: set[str] = set()
+    after = [frozenset(lacking)]
+    for seg, outcome in offers:
+        if outcome == Outcome.FAST_FORWARD:
+            ref = q.to_ref(seg)
+            by_id[ref.segment_id] = ref
+            if ref.base_segment_id == root:  # the chain grows: it only gains references
+                lacking -= {ref.segment_id, *ref.included_segment_ids}
+            else:
+                lacking = held - _referenced(Chain.of(by_id.values(), ref.segment_id))
+            root = ref.segment_id
+        after.append(frozenset(lacking))
+    return [cut <= after[-1] for cut in after]
+
+
+def _referenced(chain: Chain) -> set[str]:
+    """Every segment id the chain references (``is_referenced`` for all of them at once)."""
+    return {sid for ref in chain.walk() for sid in (ref.segment_id, *ref.included_segment_ids)}
 
 
 def _drops_unmerged(part: PartitionSnapshot, replica: m.Placement, before: Chain, after: Chain) -> bool:
