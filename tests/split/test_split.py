@@ -8,6 +8,7 @@ parent retired: UNLOAD_FINAL, no segment rows, no files.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,10 @@ def test_async_split_finalizes_at_once_and_converges(env: Env, spark: Any) -> No
     report = run_split(env.catalog, env.defs, TABLE, PARENT, submit=inprocess(spark, manifests))
     assert_unloaded(env, report.finish)
     assert len(manifests) == 1 and rewritten(manifests) == []  # async: everything reached the children as merges
+    # Every parent placement pushes, and dr and edge hold most of the leader's segments too: each child still
+    # reads and merges each segment once (the one ack, by any parent placement, answers for every copy)
+    pushed = Counter((it.partition_id, ref.segment_id) for it in manifests[0].items for ref in it.incoming)
+    assert pushed and set(pushed.values()) == {1}, pushed
     assert triples(env.catalog) == model.snapshot()
     converge(env)
     assert_parent_retired(env)

@@ -84,7 +84,7 @@ class Writer(threading.Thread):
                 result = write_batch(self.env.catalog, "lineitem", rows, delete=delete)
                 self.batches.append((rows, delete))
                 self.partitions.append({seg.partition_id for seg in result.segments})
-                time.sleep(0.5)
+                time.sleep(2.0)  # each write adds a segment to every partition: a split pass rewrites each
         except BaseException as exc:  # surfaced by the test
             self.error = exc
 

@@ -232,11 +232,15 @@ def plan_pass(catalog: Catalog, defs: Definitions, split_id: int, phase: SplitPh
             return plan
         key = f"{view.info.name}-split{split_id}"
         items: list[MergeItem] = []
+        # Per child, the segments a placement already pushes it in this pass. Unloading, every placement of the
+        # parent pushes, and the replicas hold most of the leader's segments too (the same files): each is
+        # read and merged once, and its ack (by any parent placement) answers for the others.
+        pushed: dict[int, set[str]] = {child.partition_id: set() for child in view.children}
         for source in view.sources:
             if current == SplitPhase.COPY:
                 plan.cut_entry_id = max((x.entry_id for x in view.segments.get(source.placement_id, [])), default=0)
             for child in view.children:
-                items += _decide(s, view, source, child, key, plan)
+                items += _decide(s, view, source, child, key, plan, pushed[child.partition_id])
         if items:
             mpath, rpath = split_pass_paths(defs, view.info.name, split_id, current, now)
             Manifest(key, items).write(mpath)
@@ -245,10 +249,12 @@ def plan_pass(catalog: Catalog, defs: Definitions, split_id: int, phase: SplitPh
 
 
 def _decide(
-    s: Session, view: SplitView, source: m.Placement, child: m.Partition, key: str, plan: PassPlan
+    s: Session, view: SplitView, source: m.Placement, child: m.Partition, key: str, plan: PassPlan, pushed: set[str]
 ) -> list[MergeItem]:
     """The receive procedure at a child leader for one source: EXISTS, fast-forward (while the child is
-    LOADING and the segment continues its chain) or merge; after the first merge, everything merges."""
+    LOADING and the segment continues its chain) or merge; after the first merge, everything merges. A segment
+    another source already pushes this child in this pass (``pushed``, which this source's items join) is
+    left to that push."""
     target = view.child_leaders[child.partition_id]
     sim = view.chain(target)
     loading = child.state == PartitionState.LOADING
@@ -259,6 +265,8 @@ def _decide(
         if is_referenced(sim, seg.segment_id):
             record_ack(s, source.placement_id, seg.segment_id, target.placement_id, hlc.now_us())
             plan.exists += 1
+        elif seg.segment_id in pushed:
+            continue
         elif loading and not incoming and (seg.base_segment_id == sim.root or (sim.root is None and seg.is_major)):
             source_ref = file_ref(view.sites[source.site_id], source, seg)
             items.append(split_rewrite_item(view, child, target, seg, source_ref))
@@ -269,6 +277,7 @@ def _decide(
     if incoming:
         items.append(split_merge_item(view, child, target, key, incoming, sim.root))
         plan.merges += 1
+    pushed.update(f.segment_id for it in items for f in it.incoming)
     lacking = len(incoming) + sum(1 for it in items if it.kind == "split")
     if lacking:
         plan.pending[str(child.partition_id)] = plan.pending.get(str(child.partition_id), 0) + lacking
