@@ -117,7 +117,7 @@ class TargetView:
     planned_bytes: int
     rpo_s: int | None
     bytes_from: dict[str, int] = field(default_factory=dict)  # per source site: each link's bytes
-    superseded: int = 0  # copied, not committed: the partition's leadership changed during the round
+    superseded: int = 0  # copied, not committed: leadership changed or the placement was removed meanwhile
 
     @property
     def rpo_breached(self) -> bool:
@@ -268,7 +268,10 @@ def _target_text(t: TargetView) -> str:
     else:
         did = "nothing to copy"
     if t.superseded:
-        did += f"; {_segments(t.superseded)} copied but not committed (leadership changed during the round)"
+        did += (
+            f"; {_segments(t.superseded)} copied but not committed (leadership changed or the placement was "
+            "removed during the round)"
+        )
     parts = [t.status, did, f"safe time {iso_or_dash(t.safe_time_us)}"]
     if t.lag_s is not None:
         parts.append(f"lag {human_seconds(t.lag_s)}")

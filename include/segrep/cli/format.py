@@ -66,7 +66,10 @@ def format_report(report: RoundReport, sites: Sequence[str] | None = None) -> st
         if set(r.bytes_from) - {site}:  # which link the bytes crossed (the leader, or a feeder: a cascade)
             copied += " (" + ", ".join(f"{n:,} from {src}" for src, n in sorted(r.bytes_from.items())) + ")"
         if r.superseded:
-            copied += f"; {r.superseded} copied but not committed: leadership changed during the round (orphans for GC)"
+            copied += (
+                f"; {r.superseded} copied but not committed: leadership changed or the placement was removed "
+                "during the round (orphans for GC)"
+            )
         lines.append(f"  {site}: {r.status} ({outcomes}{copied}){extra}")
         for bad in r.invalid:
             lines.append(
