@@ -13,7 +13,9 @@ round's report (every segment fast-forwarded, nothing invalid, no Spark applicat
 the copies again with ``Site.verify``. The paths and their baselines:
 
 - local → local: ``cp`` of the segment files then ``sync`` of the copies (the same durability as segrep's
-  fsyncs); cold-ish (source pages evicted) and warm page cache;
+  fsyncs); cold-ish (source pages evicted) and warm page cache. Shown beside it, not the target's baseline:
+  ``cp``, then the sha256 of the copies (``openssl dgst``, two processes) while ``sync`` runs, checked against
+  the catalog: the same durability and the same check before use, which is what segrep gives;
 - local → S3 (endpoint a), S3 → S3 on one endpoint (a to another bucket of a, same credentials: segrep copies
   server-side), S3 → S3 across endpoints (a → b, other credentials), S3 → local: ``pyarrow.fs.copy_files`` of
   the table's directory between the same file systems (for S3 → local, ``sync`` of the copies is shown beside
@@ -40,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -105,6 +108,8 @@ class Samples:
     copy_step_s: list[float] = field(default_factory=list)  # the target's fast-forward alone
     baseline_s: list[float] = field(default_factory=list)
     baseline_sync_s: list[float] = field(default_factory=list)  # S3 → local: copy_files, then sync
+    # local → local: cp, then the sha256 of the copies (two at a time) beside sync: segrep's guarantees
+    verified_s: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,8 @@ class Figures:
     baseline_sync_MBps: float | None
     ratio: float
     goal: float
+    verified_MBps: float | None = None
+    verified_ratio: float | None = None
 
     @property
     def met(self) -> bool:
@@ -135,6 +142,7 @@ class World:
     catalog: Catalog
     defs: Definitions
     relpaths: list[str]
+    sha256: dict[str, str]  # relpath -> the catalog's sha256
     total_bytes: int
     targets: list[str]
     fs_of: dict[str, pafs.FileSystem]  # endpoint -> its file system, opened as segrep opens a site there
@@ -205,7 +213,8 @@ def build_world(
         segs = list(s.scalars(select(m.Segment).where(m.Segment.placement_id.in_(leaders))))
     total = sum(seg.byte_size for seg in segs)
     fs_of = {e: Site(n, defs.site(n).uri).fs for e, n in _sites_per_endpoint(route, targets).items()}
-    world = World(route, root, prefix, catalog, defs, [seg.relpath for seg in segs], total, targets, fs_of)
+    sha256 = {seg.relpath: seg.sha256 for seg in segs}
+    world = World(route, root, prefix, catalog, defs, list(sha256), sha256, total, targets, fs_of)
     log(f"{route.label}: {len(segs)} segments, {total / 1e6:.0f} MB, {rows.num_rows:,} rows written in {write_s:.1f} s")
     if route.source == "s3":
         segrep_copy(world, S3_LEADER)
@@ -287,6 +296,31 @@ def cp_sync(files: Sequence[str], dest: Path) -> tuple[float, float]:
     return cp_s, cp_s + sync_s
 
 
+# The fastest sha256 at hand: OpenSSL's uses the CPU's SHA extensions (about 1.3 GB/s here), coreutils' does
+# not (0.35 GB/s): a baseline hashing with the slow one would flatter segrep
+SHA256_TOOL = ["openssl", "dgst", "-sha256", "-r"] if shutil.which("openssl") else ["sha256sum", "--"]
+
+
+def cp_verify_sync(files: Sequence[str], dest: Path, expected: dict[str, str]) -> float:
+    """Seconds for ``cp`` of ``files`` into ``dest``, then the sha256 of the copies (``SHA256_TOOL``, two
+    processes, one per core) while ``sync`` writes them back: the durability and the check segrep gives
+    before it references a copy. Refuses a copy whose sha256 is not ``expected`` (file name -> sha256)."""
+    dest.mkdir(parents=True)
+    start = time.perf_counter()
+    subprocess.run(["cp", "--", *files, str(dest)], check=True)
+    copies = sorted(str(p) for p in dest.iterdir())
+    sync = subprocess.Popen(["sync", "--", *copies])
+    sums = [subprocess.Popen([*SHA256_TOOL, *half], stdout=subprocess.PIPE) for half in (copies[::2], copies[1::2])]
+    lines = [line for p in sums for line in p.communicate()[0].decode().splitlines()]
+    if sync.wait() or any(p.returncode for p in sums):
+        raise SystemExit("cp + sha256 + sync failed")
+    secs = time.perf_counter() - start
+    got = {Path(path.lstrip("*")).name: digest for digest, path in (line.split(maxsplit=1) for line in lines)}
+    if got != expected:
+        raise SystemExit(f"cp + sha256: the copies in {dest} do not match the catalog")
+    return secs
+
+
 def copy_files(src: Site, dst_fs: pafs.FileSystem, dst_root: str) -> float:
     """pyarrow.fs.copy_files of the table's directory (every segment file) to ``dst_root``."""
     _, secs = timed(
@@ -345,7 +379,7 @@ def clean(world: World, target: str, n: int) -> None:
     """Delete this measurement's copies (segrep's and the baseline's): moto holds objects in memory."""
     dest = site(world, target)
     if world.route.target == "local":
-        for d in (Path(dest.root), world.work / f"cp-{n}", world.work / f"copy-{n}"):
+        for d in (Path(dest.root), world.work / f"cp-{n}", world.work / f"cpv-{n}", world.work / f"copy-{n}"):
             shutil.rmtree(d, ignore_errors=True)
         return
     dest.fs.delete_dir_contents(dest.root, missing_dir_ok=True)
@@ -357,13 +391,17 @@ def measure(world: World, n: int, cache: str, sample: Samples, first: str, check
     target = world.targets[n]
     source = site(world, LEADER if world.route.source == "local" else S3_LEADER)
     files = [source.path(r) for r in world.relpaths] if world.route.source == "local" else []
-    for who in (first, "baseline" if first == "segrep" else "segrep"):
+    verified = ("verified",) if world.route.key == "local_local" else ()
+    for who in (first, "baseline" if first == "segrep" else "segrep", *verified):
         os.sync()
         (evict if cache == "cold" else warm)(files)
         if who == "segrep":
             whole, step = segrep_copy(world, target)
             sample.segrep_s.append(whole)
             sample.copy_step_s.append(step)
+        elif who == "verified":
+            expected = {Path(r).name: world.sha256[r] for r in world.relpaths}
+            sample.verified_s.append(cp_verify_sync(files, world.work / f"cpv-{n}", expected))
         else:
             baseline(world, n, sample, source)
     if check:
@@ -419,6 +457,7 @@ def figures(sample: Samples, total_bytes: int) -> Figures:
 
     sync = mbps(sample.baseline_sync_s) if sample.baseline_sync_s else None
     ratio = statistics.median(sample.baseline_s) / statistics.median(sample.segrep_s)
+    verified = statistics.median(sample.verified_s) / statistics.median(sample.segrep_s) if sample.verified_s else None
     return Figures(
         sample.route,
         sample.cache,
@@ -428,6 +467,8 @@ def figures(sample: Samples, total_bytes: int) -> Figures:
         sync,
         ratio,
         route.goal,
+        mbps(sample.verified_s) if sample.verified_s else None,
+        verified,
     )
 
 
@@ -445,6 +486,8 @@ def print_table(figs: list[Figures], segments: int, total_bytes: int) -> None:
         base = f"{route.baseline} {f.baseline_MBps:,.0f}"
         if f.baseline_sync_MBps is not None:
             base += f" (+ sync {f.baseline_sync_MBps:,.0f})"
+        if f.verified_MBps is not None:  # not the target's baseline: what the same check costs cp
+            base += f"; cp + sha256 + sync {f.verified_MBps:,.0f} (ratio {f.verified_ratio:.2f})"
         print(
             f"| {label} | {f.segrep_MBps:,.0f} ({f.copy_step_MBps:,.0f}) | {base} | {f.ratio:.2f} | "
             f"≥ {f.goal} | {'MET' if f.met else '**NOT MET**'} |"
