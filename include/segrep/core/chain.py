@@ -71,6 +71,11 @@ def is_referenced(chain: Chain, segment_id: str) -> bool:
     return any(s.segment_id == segment_id or segment_id in s.included_segment_ids for s in chain.walk())
 
 
+def referenced_ids(chain: Chain) -> set[str]:
+    """Every segment id the chain references: ``is_referenced`` for all of them at once."""
+    return {sid for ref in chain.walk() for sid in (ref.segment_id, *ref.included_segment_ids)}
+
+
 def is_reference_weak(chain: Chain, segment_id: str) -> bool:
     """True unless the segment is on the walk at or before (newer than or equal to) the newest major.
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.snapshot import PartitionSnapshot
-from segrep.core.chain import Chain, is_referenced, offer_order
+from segrep.core.chain import Chain, is_referenced, offer_order, referenced_ids
 from segrep.core.hlc import FOREVER_US
 from segrep.core.protocol import (
     MAX_REPL_INCOMING_SEGMENTS,
@@ -94,7 +94,7 @@ def whole_cuts(chain: Chain, offers: Sequence[tuple[m.Segment, Outcome]]) -> lis
     leaves it (a segment not based on its root)."""
     by_id = {ref.segment_id: ref for ref in chain.segments}
     root = chain.root
-    held = _referenced(chain)
+    held = referenced_ids(chain)
     lacking: set[str] = set()
     after = [frozenset(lacking)]
     for seg, outcome in offers:
@@ -104,15 +104,10 @@ def whole_cuts(chain: Chain, offers: Sequence[tuple[m.Segment, Outcome]]) -> lis
             if ref.base_segment_id == root:  # the chain grows: it only gains references
                 lacking -= {ref.segment_id, *ref.included_segment_ids}
             else:
-                lacking = held - _referenced(Chain.of(by_id.values(), ref.segment_id))
+                lacking = held - referenced_ids(Chain.of(by_id.values(), ref.segment_id))
             root = ref.segment_id
         after.append(frozenset(lacking))
     return [cut <= after[-1] for cut in after]
-
-
-def _referenced(chain: Chain) -> set[str]:
-    """Every segment id the chain references (``is_referenced`` for all of them at once)."""
-    return {sid for ref in chain.walk() for sid in (ref.segment_id, *ref.included_segment_ids)}
 
 
 def _drops_unmerged(part: PartitionSnapshot, replica: m.Placement, before: Chain, after: Chain) -> bool:
@@ -124,10 +119,8 @@ def _drops_unmerged(part: PartitionSnapshot, replica: m.Placement, before: Chain
     fast-forwards the leader's chain with the merge output."""
     if before.root is None or is_referenced(after, before.root):
         return False  # the chain only grows
-    return any(
-        is_referenced(before, seg.segment_id) and not is_referenced(after, seg.segment_id)
-        for seg in pushes_from(part, replica, FOREVER_US)
-    )
+    dropped = referenced_ids(before) - referenced_ids(after)
+    return any(seg.segment_id in dropped for seg in pushes_from(part, replica, FOREVER_US))
 
 
 def _due(
