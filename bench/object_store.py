@@ -141,11 +141,14 @@ class World:
     prefix: str  # this route's key prefix in the buckets
     catalog: Catalog
     defs: Definitions
-    relpaths: list[str]
-    sha256: dict[str, str]  # relpath -> the catalog's sha256
+    sha256: dict[str, str]  # the leader's segment files: relpath -> the catalog's sha256
     total_bytes: int
     targets: list[str]
     fs_of: dict[str, pafs.FileSystem]  # endpoint -> its file system, opened as segrep opens a site there
+
+    @property
+    def relpaths(self) -> list[str]:
+        return list(self.sha256)
 
 
 # -- set-up ------------------------------------------------------------------------------------------------------
@@ -214,7 +217,7 @@ def build_world(
     total = sum(seg.byte_size for seg in segs)
     fs_of = {e: Site(n, defs.site(n).uri).fs for e, n in _sites_per_endpoint(route, targets).items()}
     sha256 = {seg.relpath: seg.sha256 for seg in segs}
-    world = World(route, root, prefix, catalog, defs, list(sha256), sha256, total, targets, fs_of)
+    world = World(route, root, prefix, catalog, defs, sha256, total, targets, fs_of)
     log(f"{route.label}: {len(segs)} segments, {total / 1e6:.0f} MB, {rows.num_rows:,} rows written in {write_s:.1f} s")
     if route.source == "s3":
         segrep_copy(world, S3_LEADER)
