@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 
 from segrep.catalog import Catalog
+from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.cli.format import format_report, last_round, status_note
 from segrep.core import hlc
@@ -38,6 +39,8 @@ from tests.support.checks import (
     assert_safe_time_honest,
     catalog_state,
     lease_count,
+    partitions,
+    placement_id,
     safe_times,
     segment_rows,
     sorted_table,
@@ -297,6 +300,50 @@ def _fast_forward_in_thread(
         results[i] = exc
     finally:
         cat.dispose()
+
+
+@pytest.mark.parametrize("when", ["before the decision", "during the decision"])
+def test_a_lease_held_elsewhere_stops_the_batch_before_it_and_no_lease_of_this_round_remains(
+    env: Env, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """A segment another round holds at the target stops the batch there (INFLIGHT), what precedes it is
+    committed, and this round keeps none of its leases past it. Seen before the decision, the offer meets
+    it; taken while the decision runs (a concurrent round on PostgreSQL: simulated by hiding it from the
+    decision's read), the batch's leases, taken in one statement, lose it. Once the other lease is gone, the
+    next round brings the rest."""
+    model = Model()
+    for k in range(4):  # keys below the first split point: four segments in the first partition
+        model.upsert(env, range(10 * k, 10 * k + 5), f"k{k}_")
+    pid = partitions(env.catalog)[0]
+    with env.catalog.read() as s:
+        lead = s.scalars(select(m.Partition.leader_placement_id).where(m.Partition.partition_id == pid)).one()
+        order = list(
+            s.scalars(select(m.Segment.segment_id).where(m.Segment.placement_id == lead).order_by(m.Segment.entry_id))
+        )
+    assert len(order) == 4
+    dr = placement_id(env.catalog, "dr", pid)
+    with env.catalog.write() as s:
+        s.add(m.Lease(target_placement_id=dr, segment_id=order[2], holder="another-round", expires_us=hlc.FOREVER_US))
+
+    if when == "during the decision":
+        visible = ls.in_flight
+        monkeypatch.setattr(ls, "in_flight", lambda s, target, now: {} if target == dr else visible(s, target, now))
+    report = fast_forward_target(env.catalog, env.defs, TABLE, "dr")
+    monkeypatch.undo()
+    assert report.outcomes.get("INFLIGHT") == 1, report
+    held = {seg for p, seg, _h, _r in segment_rows(env.catalog, "dr") if p == pid}
+    assert held == set(order[:2])  # the batch stopped before the segment leased elsewhere
+    with env.catalog.read() as s:
+        leases = s.execute(select(m.Lease.target_placement_id, m.Lease.segment_id, m.Lease.holder)).all()
+    assert leases == [(dr, order[2], "another-round")]
+    assert_files_match_catalog(env)
+
+    with env.catalog.write() as s:
+        s.execute(delete(m.Lease))
+    again = fast_forward_target(env.catalog, env.defs, TABLE, "dr")
+    assert again.status == "ok", again
+    assert {seg for p, seg, _h, _r in segment_rows(env.catalog, "dr") if p == pid} == set(order)
+    assert lease_count(env.catalog) == 0
 
 
 @pytest.mark.postgres

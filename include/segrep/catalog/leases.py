@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
-from segrep.catalog.sql import rowcount
+from segrep.catalog.sql import conflict_insert, rowcount
 
 
 def expire(s: Session, target_placement_ids: int | list[int], now_us: int) -> None:
@@ -62,6 +62,21 @@ def acquire(s: Session, target_placement_id: int, segment_id: str, holder: str, 
     except IntegrityError:
         return False
     return True
+
+
+def acquire_many(
+    s: Session, target_placement_id: int, segment_ids: list[str], holder: str, expires_us: int
+) -> set[str]:
+    """Take the leases on these segments of one target in one statement; the ids taken (a segment whose lease
+    another holder has is left out: INSERT ... ON CONFLICT DO NOTHING, RETURNING what went in)."""
+    if not segment_ids:
+        return set()
+    rows = [
+        {"target_placement_id": target_placement_id, "segment_id": seg, "holder": holder, "expires_us": expires_us}
+        for seg in segment_ids
+    ]
+    taken = s.execute(conflict_insert(s, m.Lease).values(rows).on_conflict_do_nothing().returning(m.Lease.segment_id))
+    return set(taken.scalars())
 
 
 def release(s: Session, target_placement_id: int, segment_id: str, holder: str) -> bool:

@@ -14,10 +14,14 @@ from segrep.core.errors import NotFoundError
 Row = TypeVar("Row", bound=m.Base)
 
 
+def conflict_insert(s: Session, model: type[m.Base]) -> postgresql.Insert | sqlite.Insert:
+    """An INSERT into ``model`` in the session's dialect, which offers ON CONFLICT (both catalogs have it)."""
+    return postgresql.insert(model) if s.get_bind().dialect.name == "postgresql" else sqlite.insert(model)
+
+
 def insert_ignore(s: Session, model: type[m.Base], values: dict[str, Any]) -> bool:
     """INSERT the row unless its key exists (ON CONFLICT DO NOTHING); True if a row was inserted."""
-    dialect = s.get_bind().dialect.name
-    ins = postgresql.insert(model) if dialect == "postgresql" else sqlite.insert(model)
+    ins = conflict_insert(s, model)
     key = list(model.__table__.primary_key)
     # RETURNING says whether a row went in; rowcount cannot (PostgreSQL drivers may report -1 for an INSERT)
     return s.execute(ins.values(**values).on_conflict_do_nothing().returning(*key)).first() is not None

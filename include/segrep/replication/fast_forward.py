@@ -33,15 +33,15 @@ from enum import Enum
 from typing import Any
 
 from sqlalchemy import delete, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.catalog.segments import entry_of, move_root_to, register_segment
+from segrep.catalog.segments import entry_of, move_root_to, segment_row
 from segrep.catalog.snapshot import snapshot
+from segrep.catalog.sql import conflict_insert
 from segrep.config.definitions import Definitions, Policy
 from segrep.config.stores import StoreOptions, options_for
 from segrep.core import faults, hlc
@@ -105,10 +105,13 @@ class CopyOutcome:
 Copier = Callable[[list[CopyItem]], list[CopyOutcome]]
 
 
-def copy_one(item: CopyItem) -> CopyOutcome:
+SiteOpener = Callable[[str, str, StoreOptions], Site]
+
+
+def copy_one(item: CopyItem, open_site: SiteOpener = Site) -> CopyOutcome:
     try:
-        source = Site(item.source, item.source_uri, item.source_options)
-        target = Site(item.target, item.target_uri, item.target_options)
+        source = open_site(item.source, item.source_uri, item.source_options)
+        target = open_site(item.target, item.target_uri, item.target_options)
         copy_verified(source, target, item.relpath, item.byte_size, item.sha256)
     except CorruptSegmentError as exc:
         return CopyOutcome(item.relpath, False, invalid=str(exc))
@@ -121,15 +124,30 @@ def local_copier(items: list[CopyItem]) -> list[CopyOutcome]:
     """Copy in threads (hashing and file I/O release the GIL). Each file is fsynced as it is copied; the
     directories of local targets are fsynced once for the whole batch, before the outcomes are returned
     (so before any is committed): a failed directory sync fails every copy of the batch."""
+    open_site = _opened_once()
     try:
         with batched_directory_syncs():
             if len(items) <= 1:
-                return [copy_one(i) for i in items]
+                return [copy_one(i, open_site) for i in items]
             contexts = [contextvars.copy_context() for _ in items]  # each copy joins the batch's directory syncs
             with ThreadPoolExecutor(max_workers=min(4, len(items))) as pool:
-                return list(pool.map(lambda ctx, item: ctx.run(copy_one, item), contexts, items))
+                return list(pool.map(lambda ctx, item: ctx.run(copy_one, item, open_site), contexts, items))
     except OSError as exc:
         return [CopyOutcome(i.relpath, False, error=describe(exc)) for i in items]
+
+
+def _opened_once() -> SiteOpener:
+    """Opens each site once for a batch (all its copies go between the same two sites), not once per copy."""
+    opened: dict[tuple[str, str, StoreOptions], Site] = {}
+    lock = threading.Lock()
+
+    def open_site(name: str, uri: str, options: StoreOptions) -> Site:
+        with lock:
+            if (name, uri, options) not in opened:
+                opened[(name, uri, options)] = Site(name, uri, options)
+            return opened[(name, uri, options)]
+
+    return open_site
 
 
 def fast_forward_target(
@@ -321,8 +339,8 @@ class _PartitionRun:
             for i, (seg, outcome) in enumerate(offers):
                 reaction = sender_reaction(outcome)
                 if reaction == Reaction.RESTART:
-                    if batch:
-                        return _Decision(batch, _Next.CONTINUE)  # commit what precedes it; the next batch meets it
+                    if batch:  # commit what precedes it; the next batch meets it
+                        return self._leased(s, _Decision(batch, _Next.CONTINUE), held, now, report)
                     report.count(outcome)
                     if restarted:
                         report.needs_major.append(pid)  # the planner schedules a major segment
@@ -335,23 +353,18 @@ class _PartitionRun:
                     q.reset_watermarks(s, pid)  # the dropped acks make settled entries pending again
                     return _Decision([], _Next.RESTART)
                 if reaction == Reaction.STOP:
-                    if outcome == Outcome.OVERLOADED and batch:
-                        return _Decision(batch, _Next.CONTINUE)  # our own batch filled the window: go on after it
-                    report.decline(outcome)
-                    return _Decision(batch, _Next.STOP)
+                    if outcome == Outcome.OVERLOADED and batch:  # our own batch filled the window: go on after it
+                        return self._leased(s, _Decision(batch, _Next.CONTINUE), held, now, report)
+                    decision = self._leased(s, _Decision(batch, _Next.STOP), held, now, report)
+                    if len(decision.batch) == len(batch):  # else a lease held elsewhere stopped it earlier
+                        report.decline(outcome)
+                    return decision
                 if outcome == Outcome.SEGMENT_EXISTS:
                     report.count(outcome)
                     _record_acks(s, [(h, seg.segment_id, replica_id) for h in sorted(holders)], hlc.now_us())
                     continue
                 if len(batch) >= room and cuts[i]:  # the window is full: the batch ends where nothing is amiss
-                    return _Decision(batch, _Next.CONTINUE)
-                if seg.segment_id not in held and not ls.acquire(
-                    s, replica_id, seg.segment_id, ctx.key, now + ctx.ttl_us
-                ):
-                    report.count(Outcome.INFLIGHT)
-                    whole = _whole_prefix(batch)
-                    _release_leases(s, replica_id, [b.segment.segment_id for b in batch[len(whole) :]], ctx.key)
-                    return _Decision(whole, _Next.STOP)
+                    return self._leased(s, _Decision(batch, _Next.CONTINUE), held, now, report)
                 item = CopyItem(
                     source_site.name,
                     source_site.uri,
@@ -378,7 +391,26 @@ class _PartitionRun:
                 )
                 batch.append(leased)
                 root = seg.segment_id
-            return _Decision(batch, _Next.STOP)
+            return self._leased(s, _Decision(batch, _Next.STOP), held, now, report)
+
+    def _leased(
+        self, s: Session, decision: _Decision, held: dict[str, str], now: int, report: TargetReport
+    ) -> _Decision:
+        """Lease a decided batch in one statement (a segment in ``held`` is leased already, by this round).
+        If another holder has one of them (a concurrent execution got there first: INFLIGHT), the batch stops
+        before it, at the last place the replica's chain is whole, and the leases past that are released."""
+        ctx = self.ctx
+        wanted = [b.segment.segment_id for b in decision.batch if b.segment.segment_id not in held]
+        taken = ls.acquire_many(s, self.replica_id, wanted, ctx.key, now + ctx.ttl_us)
+        first_lost = next(
+            (n for n, b in enumerate(decision.batch) if b.segment.segment_id not in {*held, *taken}), None
+        )
+        if first_lost is None:
+            return decision
+        report.count(Outcome.INFLIGHT)
+        whole = _whole_prefix(decision.batch[:first_lost])
+        _release_leases(s, self.replica_id, [b.segment.segment_id for b in decision.batch[len(whole) :]], ctx.key)
+        return _Decision(whole, _Next.STOP)
 
     def _copy_and_commit(self, batch: list[_Leased], report: TargetReport, *, more: bool) -> None:
         """Copy a decided batch, commit it at the receiver, then ack it at the sender: at once, or with the
@@ -481,23 +513,27 @@ def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> _Commit:
                 )
             )
             now = hlc.now_us()
-            root = replica.root_segment_id
+            start = replica.root_segment_id
+            root = start
             for leased in batch:
                 seg = leased.segment
                 if seg.segment_id not in present:
+                    if root != leased.expected_root:  # what register_segment's conditional root move refuses
+                        raise ConflictError(
+                            f"placement {replica.placement_id}: root moved while writing {seg.segment_id}"
+                        )
                     facts = FileFacts(seg.byte_size, seg.sha256)
-                    register_segment(
-                        s, replica, leased.entry, seg.relpath, facts, now, expected_root=leased.expected_root
-                    )
+                    s.add(segment_row(leased.entry, replica.placement_id, seg.relpath, facts, now))
                     root = seg.segment_id
                 elif root == leased.expected_root:  # (a segment's expected root is the one before it)
                     # Listed here already but off the chain: a major this replica held before another leader's
                     # major became its root, now offered again by a leader whose chain lacks that one. The
                     # fast-forward links it again (skipping it left the root behind: every later segment of
                     # the batch then conflicted, round after round).
-                    move_root_to(s, replica.placement_id, seg.segment_id, expected_root=leased.expected_root)
                     root = seg.segment_id
                 # else a concurrent execution of this round registered it and moved the root on already
+            if root is not None and root != start:  # one conditional move for the batch, from the root read above
+                move_root_to(s, replica.placement_id, root, expected_root=start)
             receiver_acks = {(b.replica_id, b.segment.segment_id, h) for b in batch for h in (b.leader_id, b.sender_id)}
             _record_acks(s, sorted(receiver_acks), now)
             _release_leases(s, first.replica_id, [b.segment.segment_id for b in batch], ctx.key)
@@ -527,12 +563,11 @@ def _record_acks(s: Session, acks: list[tuple[int, str, int]], now_us: int) -> N
     executed for every row at once, instead of one statement per segment."""
     if not acks:
         return
-    insert = postgresql.insert if s.get_bind().dialect.name == "postgresql" else sqlite.insert
     rows = [
         {"holder_placement_id": holder, "segment_id": seg, "target_placement_id": target, "acked_us": now_us}
         for holder, seg, target in acks
     ]
-    s.execute(insert(m.Ack).on_conflict_do_nothing(), rows)
+    s.execute(conflict_insert(s, m.Ack).on_conflict_do_nothing(), rows)
 
 
 def _release_leases(s: Session, replica_id: int, segment_ids: list[str], key: str) -> None:
