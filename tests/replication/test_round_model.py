@@ -62,6 +62,7 @@ from tests.support.checks import (
     assert_acks_are_prefixes,
     assert_each_segment_once,
     assert_files_match_catalog,
+    chain_before_cut,
     leaders,
     lease_count,
     partitions,
@@ -96,6 +97,7 @@ class Written:
     deleted: bool
     value: str | None
     partition_id: int
+    segment_id: str
 
     @property
     def row(self) -> tuple[int, int, int, bool, str | None]:
@@ -199,13 +201,13 @@ class RoundsMachine(RuleBasedStateMachine):
         self.record(keys, deleting, result)
 
     def record(self, keys: list[int], deleting: bool, result: WriteResult) -> None:
-        version = {seg.partition_id: (seg.version, SITE_IDS[seg.site]) for seg in result.segments}
+        version = {seg.partition_id: (seg.version, SITE_IDS[seg.site], seg.segment_id) for seg in result.segments}
         for k in keys:
             pid = self.pid_of(k)
-            v, origin = version[pid]
+            v, origin, segment_id = version[pid]
             assert SITE_IDS[self.leader_site(pid)] == origin  # written at the partition's leader
             value = None if deleting else f"w{self.counter}k{k}"
-            self.writes.append(Written(k, v, origin, deleting, value, pid))
+            self.writes.append(Written(k, v, origin, deleting, value, pid, segment_id))
             old = self.expected.get(k)
             if old is None or (v, origin) > old[:2]:
                 self.expected[k] = (v, origin, deleting, f"w{self.counter}k{k}")
@@ -469,8 +471,9 @@ class FailbackMachine(RoundsMachine):
     left out of the safe-time check until the end. At the end: every row of every rollback file is one of
     those writes, exactly; an old leader's file holds rows of its partition's loss (in the loss's version
     range), a cut's file rows newer than the cut; with ``merge`` and no cut nothing is set aside; and the
-    leaders, and every replica, hold exactly the replay of the writes that were not set aside (set-aside rows
-    plus kept rows = everything written), every key checked against every site's safe time."""
+    leaders, and every replica, hold exactly the replay of the writes that were neither set aside nor given up
+    by a cut (``give_up``: what the new leader's chain no longer held as of the cut), every key checked against
+    every site's safe time."""
 
     FAILBACK = True
     ON_RETURN: ClassVar[str] = "rollback"
@@ -482,6 +485,7 @@ class FailbackMachine(RoundsMachine):
         self.uncertain: set[int] = set()  # keys whose last write a failover may have set aside
         self.losses: dict[int, list[PartitionLoss]] = {}  # failover id -> what it gave up
         self.cuts: dict[int, int] = {}  # failover id -> its cut (at safe-time)
+        self.given_up: dict[tuple[int, int, int, bool, str | None], int] = {}  # write -> the cut's failover id
 
     def checked(self) -> dict[int, tuple[int, int, bool, str]]:
         return {k: w for k, w in self.expected.items() if k not in self.uncertain}
@@ -572,12 +576,35 @@ class FailbackMachine(RoundsMachine):
         if report.cut_us is not None:
             self.cuts[move.failover_id] = report.cut_us
             self.uncertain |= {w.key for w in self.writes if w.version > report.cut_us}
+            self.give_up(move.failover_id, report.cut_us, site)
         old_leader_down = {before[pid][0] for pid in move.assessment.moving} & set(self.away)
         self.stats[f"failover at {report.cut}, old leader {'down' if old_leader_down else 'up'}"] += 1
         self.log.append(
             f"failover -> {site} at {report.cut} (cut {report.cut_us}): loss {move.assessment.segments_lost} "
             f"segment(s) {move.assessment.rows_lost} row(s)"
         )
+
+    def give_up(self, failover_id: int, cut_us: int, site: str) -> None:
+        """The writes a cut gives up, from what its new leader's chain held (DESIGN section 11: the visible rows
+        become those with version <= T). Of the writes that chain had taken in (its segments, or segments
+        folded into its merges and majors): each newer than T (set aside, or superseded there by a newer row
+        that is), and each at or before T of a key whose rows there are all newer than T: an LWW merge or a
+        major kept only the newer row, so the row as of T is no longer anywhere on the chain, and the key has
+        no row after the cut (its newest row is in the cut's rollback file: ``kept`` checks it)."""
+        cut_pids = {
+            f.partition_id
+            for f in list_rollbacks(self.env.catalog, TABLE)
+            if f.failover_id == failover_id and f.relpath.endswith("-cut.parquet")
+        }
+        referenced, versions = chain_before_cut(self.env, TABLE, site, cut_pids)
+        for w in self.writes:
+            if w.segment_id not in referenced:
+                continue  # never reached the new leader: a loss, which the old leader's return settles
+            held = versions.get((w.key,), [])
+            if w.version > cut_us or (
+                any(v > cut_us for v in held) and not any(w.version <= v <= cut_us for v in held)
+            ):
+                self.given_up.setdefault(w.row, failover_id)
 
     @precondition(lambda self: self.writable())
     @rule(site=st.sampled_from(SITES), keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3, unique=True))
@@ -613,6 +640,7 @@ class FailbackMachine(RoundsMachine):
     def kept(self) -> dict[int, tuple[int, int, bool, str]]:
         made = {w.row: w for w in self.writes}
         aside: set[tuple[int, int, int, bool, str | None]] = set()
+        cut_keys: set[tuple[int, int]] = set()  # (failover id, key) of every row a cut set aside
         for f in list_rollbacks(self.env.catalog, TABLE):
             t = pq.read_table(self.env.site_dir(f.site) / f.relpath)
             rows = set(zip(*(t[c].to_pylist() for c in ("k", "_version", "_origin", "_deleted", "v")), strict=True))
@@ -620,6 +648,7 @@ class FailbackMachine(RoundsMachine):
             if f.failover_id in self.cuts and f.relpath.endswith("-cut.parquet"):
                 assert all(r[1] > self.cuts[f.failover_id] for r in rows), (f, self.cuts)
                 self.stats["rows set aside by a cut"] += len(rows)
+                cut_keys |= {(f.failover_id, r[0]) for r in rows}
             else:  # an old leader's return: rows of what its failover gave up in that partition (set aside
                 # under `rollback`, and after a cut whatever the policy: merged back, they would undo the cut)
                 assert self.ON_RETURN == "rollback" or f.failover_id in self.cuts, f
@@ -630,7 +659,11 @@ class FailbackMachine(RoundsMachine):
             aside |= rows
         if self.ON_RETURN == "merge" and not self.cuts:
             assert not aside
-        return replay([w for w in self.writes if w.row not in aside])
+        for row, failover_id in self.given_up.items():  # a key a cut left with no row: its newest row is aside
+            if row[1] <= self.cuts[failover_id]:
+                assert (failover_id, row[0]) in cut_keys, (row, failover_id, "\n".join(self.log))
+                self.stats["rows a cut gave up (merged away before it)"] += 1
+        return replay([w for w in self.writes if w.row not in aside and w.row not in self.given_up])
 
 
 class MergeBackMachine(FailbackMachine):
@@ -750,3 +783,27 @@ def test_a_follower_does_not_push_rows_its_cut_major_set_aside(spark: Any) -> No
     machine.fail_over("primary", Cut.LATEST, True, [3, 7, 9])
     machine.teardown()  # quiesces and checks: the leaders and every replica hold the replay of the kept writes
     assert machine.stats["rows set aside by a cut"] >= 1
+
+
+def test_a_cut_during_a_round_keeps_every_row_the_cut_keeps_at_every_site(spark: Any) -> None:
+    """A sequence the merge machine found (an 8-example run, 2026-11-25), replayed as is: after four failovers,
+    edge is promoted at its safe time T, which lies between the first and the second write of keys 0 and 1.
+    edge's chain held the second writes only (a merge kept the winners), so the cut leaves keys 0 and 1 with no
+    row and sets their second writes aside. The model expected the first writes back, which no chain held any
+    more; it now expects what DESIGN section 11 says (the visible rows with version <= T) and checks that
+    every key so given up has its newest row in the cut's rollback file."""
+    MergeBackMachine.spark = spark
+    state = MergeBackMachine()
+    steps: list[Callable[[], None]] = [
+        lambda: state.write(deleting=False, keys=[0, 1]),
+        lambda: state.write(deleting=False, keys=[0, 1, 2, 3]),
+        lambda: state.fail_over(at=Cut.LATEST, during_round=False, site="dr", then_write=[8, 3, 6]),
+        lambda: state.fail_over(at=Cut.LATEST, during_round=False, site="primary", then_write=[8, 7, 5]),
+        lambda: state.fail_over(at=Cut.LATEST, during_round=True, site="edge", then_write=[9, 2, 4]),
+        lambda: state.fail_over(at=Cut.LATEST, during_round=True, site="dr", then_write=[5, 3]),
+        lambda: state.write(deleting=True, keys=[1]),
+        lambda: state.fail_over(at=Cut.LATEST, during_round=True, site="dr", then_write=[4]),
+        lambda: state.write(deleting=False, keys=[1, 5]),
+        lambda: state.fail_over(at=Cut.SAFE_TIME, during_round=True, site="edge", then_write=[]),
+    ]
+    run_steps(state, steps)

@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from sqlalchemy import func, select
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
+from segrep.catalog import queries as q
 from segrep.catalog.models import Base
-from segrep.core.chain import visible_segments
+from segrep.core.chain import Chain, referenced_ids, visible_segments
 from segrep.data.reader import read_table
 from tests.support.env import Env
 from tests.support.tables import REPLICAS, TABLE
@@ -167,6 +169,38 @@ def raw_winners(catalog: Catalog, table: str, site: str | None = None) -> dict[t
                 if k not in out or (version, origin) > out[k][:2]:
                     out[k] = (version, origin, deleted)
     return out
+
+
+def chain_before_cut(
+    env: Env, table: str, site: str, cut_partitions: Iterable[int]
+) -> tuple[set[str], dict[tuple[Any, ...], list[int]]]:
+    """What a failover's cut read at its new leader ``site``: the segment ids the chain references, and per
+    primary key the versions of the rows its visible segments hold (tombstones too). Taken after the cut from
+    the catalog: in ``cut_partitions`` the chain is read from the cut major's base, i.e. as it was when the
+    cut read it."""
+    cut = set(cut_partitions)
+    with env.catalog.read() as s:
+        info = q.table_info(s, table)
+        site_id = q.site_by_name(s, site).site_id
+        pids = [p.partition_id for p in q.serving_partitions(s, info)]
+        placements = [pl for pl in q.active_placements(s, pids) if pl.site_id == site_id]
+        lists = q.segments_of(s, [pl.placement_id for pl in placements])
+    referenced: set[str] = set()
+    versions: dict[tuple[Any, ...], list[int]] = {}
+    pk = list(info.primary_key)
+    for pl in placements:
+        segs = lists[pl.placement_id]
+        by_id = {seg.segment_id: seg for seg in segs}
+        root = pl.root_segment_id
+        if pl.partition_id in cut and root is not None:
+            root = by_id[root].base_segment_id
+        chain = Chain.of((q.to_ref(seg) for seg in segs), root)
+        referenced |= referenced_ids(chain)
+        for ref in visible_segments(chain):
+            t = pq.read_table(env.site_dir(site) / by_id[ref.segment_id].relpath, columns=[*pk, "_version"])
+            for *key, version in zip(*(t[c].to_pylist() for c in (*pk, "_version")), strict=True):
+                versions.setdefault(tuple(key), []).append(version)
+    return referenced, versions
 
 
 def assert_safe_time_honest(catalog: Catalog, table: str, site: str, safe_us: int) -> None:
