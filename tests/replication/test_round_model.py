@@ -807,3 +807,29 @@ def test_a_cut_during_a_round_keeps_every_row_the_cut_keeps_at_every_site(spark:
         lambda: state.fail_over(at=Cut.SAFE_TIME, during_round=True, site="edge", then_write=[]),
     ]
     run_steps(state, steps)
+
+
+def test_a_cut_sets_aside_the_forks_other_sites_hold_past_it(spark: Any) -> None:
+    """Found by the merge machine (a 60-example run, 2026-11-27): dr, leader after a failover, merged
+    primary's write of key 3 into a segment of its own; primary led again before that segment reached it, and
+    edge was then promoted at its safe time, which lies before that write. The failover gave up primary's
+    chain past the cut, but not dr's segment: the next round pushed it to edge and merged it (on_return:
+    merge), and key 3 came back at every site, undoing the cut. A cut now gives up, with the old leader's
+    loss, every fork another site holds past the cut; it is set aside there when the site is next read."""
+    MergeBackMachine.spark = spark
+    state = MergeBackMachine()
+    steps: list[Callable[[], None]] = [
+        lambda: state.replication_round(fault="none", site="primary"),
+        lambda: state.site_down(site="dr"),
+        lambda: state.fail_over(at=Cut.LATEST, during_round=True, site="dr", then_write=[5, 4, 8]),
+        lambda: state.fail_over(at=Cut.LATEST, during_round=True, site="primary", then_write=[3]),
+        lambda: state.zombie_write(keys=[5], site="dr"),
+        lambda: state.site_back(),
+        lambda: state.replication_round(fault="down", site="dr"),
+        lambda: state.replication_round(fault="corrupt", site="primary"),
+        lambda: state.zombie_write(keys=[3], site="primary"),
+        lambda: state.fail_over(at=Cut.SAFE_TIME, during_round=True, site="edge", then_write=[9, 4, 1]),
+    ]
+    run_steps(state, steps)
+    losses = {fid: sum(x.segments for x in loss) for fid, loss in state.losses.items()}
+    assert losses[max(state.cuts)] == 3, losses  # primary's two writes past the cut, and dr's fork

@@ -30,7 +30,8 @@ from segrep.core.states import PlacementState
 
 @dataclass(frozen=True)
 class PartitionLoss:
-    """The segments of one partition's leader chain the new leader lacks (what a failover gives up)."""
+    """The segments of one partition's leader chain the new leader lacks (what a failover gives up); under a
+    cut, also the forks other sites hold past it (:func:`_forks_past`)."""
 
     partition_id: int
     segments: int
@@ -88,14 +89,24 @@ class Assessment:
         return asdict(self)
 
 
-def assess(s: Session, table: str, to: str | None = None, *, chosen_because: str | None = None) -> Assessment:
+def assess(
+    s: Session,
+    table: str,
+    to: str | None = None,
+    *,
+    chosen_because: str | None = None,
+    cut_us: int | None = None,
+) -> Assessment:
     """The move of ``table``'s leadership to ``to`` (default: the most advanced eligible replica, most rows
     held, ties by site id). RefusedError naming the reason if no site can lead, or ``to`` cannot.
-    ``chosen_because``: why the caller chose ``to`` (for the report), when it was not asked for."""
-    return assess_view(read_view(s, q.table_info(s, table)), to, chosen_because=chosen_because)
+    ``chosen_because``: why the caller chose ``to`` (for the report), when it was not asked for.
+    ``cut_us``: the move cuts the table at that instant (``--at safe-time``): see :func:`_forks_past`."""
+    return assess_view(read_view(s, q.table_info(s, table)), to, chosen_because=chosen_because, cut_us=cut_us)
 
 
-def assess_view(snap: TableView, to: str | None = None, *, chosen_because: str | None = None) -> Assessment:
+def assess_view(
+    snap: TableView, to: str | None = None, *, chosen_because: str | None = None, cut_us: int | None = None
+) -> Assessment:
     """:func:`assess` of a view read already (a promotion assesses what it read under its locks)."""
     table = snap.table
     if not snap.partitions:
@@ -126,7 +137,7 @@ def assess_view(snap: TableView, to: str | None = None, *, chosen_because: str |
         )
     moving = [part for part in snap.partitions if part.leader.site_id != chosen.site_id]
     from_names = sorted({snap.sites[part.leader.site_id].name for part in moving}) or [chosen.site]
-    loss = [_loss(part, part.at_site.get(chosen.site_id)) for part in moving]
+    loss = [_loss(part, part.at_site.get(chosen.site_id), snap.given_up, cut_us) for part in moving]
     return Assessment(
         table,
         ", ".join(from_names),
@@ -177,9 +188,11 @@ def _candidates(snap: TableView) -> list[Candidate]:
     return out
 
 
-def _loss(part: _Part, target: PlacementRow | None) -> PartitionLoss:
+def _loss(part: _Part, target: PlacementRow | None, given_up: dict[str, int], cut_us: int | None) -> PartitionLoss:
     has = part.referenced(target) if target is not None else set()
     lacking = [_Seg(*(seg[i] for i in _FACTS)) for seg in part.leader_visible if seg[_ID] not in has]
+    if cut_us is not None and target is not None:
+        lacking += _forks_past(part, target, has, given_up, cut_us)
     if not lacking:  # most partitions: the sums and bounds of nothing
         return PartitionLoss(part.partition_id, 0, 0, 0, None, None, [])
     return PartitionLoss(
@@ -191,6 +204,31 @@ def _loss(part: _Part, target: PlacementRow | None) -> PartitionLoss:
         max((seg.max_version for seg in lacking), default=None),
         [seg.segment_id for seg in lacking],
     )
+
+
+def _forks_past(part: _Part, target: PlacementRow, has: set[str], given_up: dict[str, int], cut_us: int) -> list[_Seg]:
+    """Under a cut, the segments other sites hold that the new leader neither lists nor references and that
+    hold rows newer than the cut (not on the leader's visible chain: that is the loss above): forks a
+    follower wrote while it led, or received from an older leader, that the rounds would push to the new
+    leader and merge (``on_return: merge``), bringing back rows the cut set aside. They are given up with
+    the move and set aside where they are, as the old leader's loss is. A fork wholly at or before the cut
+    stays (merged, it cannot undo the cut); one folded into a major that site lists goes with that major,
+    as ``offers.pushes_from`` pushes it; one a failover gave up already stays with that failover."""
+    listed = part.lists.get(target.placement_id) or {}
+    visible = {seg[_ID] for seg in part.leader_visible}
+    out: dict[str, _Seg] = {}
+    for holder in (part.leader, *part.replicas):
+        if holder is target:
+            continue
+        entries = part.lists.get(holder.placement_id) or {}
+        folded = {sid for seg in entries.values() if seg[_MAJOR] and seg[_FOLDED] for sid in part.folded[seg[_FOLDED]]}
+        for sid, seg in entries.items():
+            if seg[_MAX_VERSION] <= cut_us or sid in has or sid in listed or sid in visible or sid in given_up:
+                continue
+            if sid in folded or (holder is part.leader and sid in part.referenced(holder)):
+                continue  # its rows go with a major (or the leader's visible chain) given up above
+            out.setdefault(sid, _Seg(*(seg[i] for i in _FACTS)))
+    return list(out.values())
 
 
 # -- a lean read of the table: rows as tuples (no ORM partition, placement or segment; no ack) ----------------

@@ -121,12 +121,13 @@ def failover(
     for table in wanted:
         if dry_run:
             with catalog.read() as s:
-                a = assess(s, table, site, chosen_because=why)
+                a = assess(s, table, site, chosen_because=why, cut_us=cut_us)
             moves.append(Move(a, len(a.moving), None))
             continue
         with catalog.write() as s:
             # After a cut, what the old leader alone holds is newer than the cut (the new site held everything
-            # up to it): merging it back would undo the cut, so it is set aside whatever the policy says.
+            # up to it): merging it back would undo the cut, so it is set aside whatever the policy says; so
+            # are the forks other sites hold past the cut (``assess._forks_past``), given up with it.
             on_return = "rollback" if cut == Cut.SAFE_TIME else defs.policy(table).on_return
             moves.append(promote_table(s, table, site, cut, kind, why, on_return, cut_us=cut_us))
         faults.point("failover_between_tables")
@@ -156,7 +157,7 @@ def promote_table(
     # the partitions and placements as tuples, read once under the partitions' row locks (taken in id order):
     # the assessment and the move both work from them, so nothing commits at these leaders meanwhile
     view = read_view(s, info, lock=True)
-    a = assess_view(view, site, chosen_because=why)
+    a = assess_view(view, site, chosen_because=why, cut_us=cut_us)
     leaders = {pl.placement_id: pl for pl in view.placements}
     at_site = {pl.partition_id: pl for pl in view.placements if pl.site_id == to.site_id}
     from_ids = set()
