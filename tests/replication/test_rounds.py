@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xxhash
 from sqlalchemy import delete, func, select
 
 from segrep.catalog import Catalog
@@ -87,6 +88,50 @@ def test_two_targets_converge_and_a_second_round_does_nothing(env: Env) -> None:
     assert catalog_state(env, skip=("rounds", "round_targets", "safe_times", "checkpoints")) == before
     assert all(again.safe_time_us[s] >= rep.safe_time_us[s] for s in REPLICAS)
     assert lease_count(env.catalog) == 0
+
+
+def test_local_copies_carry_the_writers_xxh3_and_one_the_catalog_lacks_is_checked_by_sha256(env: Env) -> None:
+    """The writer records each segment's XXH3-128 with its sha256; a fast-forward copies both into the
+    replica's row (the local copy is checked by the XXH3-128). A segment written before revision 0007 has no
+    XXH3-128: its copies are checked by sha256, so a damaged source is still INVALID and not registered."""
+    model = Model()
+    model.upsert(env, range(100), "a")
+    with env.catalog.write() as s:  # the newest write of partition 1, as a catalog before 0007 holds it
+        old = s.scalars(select(m.Segment).order_by(m.Segment.entry_id.desc())).first()
+        assert old is not None
+        old.xxh3 = None
+        old_id = old.segment_id
+        written = s.scalar(select(func.count()).select_from(m.Segment))
+    rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    assert rep.status == "ok" and all(t.segments_copied == written for t in rep.targets.values())
+    with env.catalog.read() as s:
+        rows = s.scalars(select(m.Segment)).all()
+        sites = dict(
+            s.execute(select(m.Placement.placement_id, m.Site.name).join(m.Site, m.Site.site_id == m.Placement.site_id))
+            .tuples()
+            .all()
+        )
+    assert len(rows) == written * (1 + len(REPLICAS))
+    for row in rows:
+        data = (env.site_dir(sites[row.placement_id]) / row.relpath).read_bytes()
+        want = None if row.segment_id == old_id else xxhash.xxh3_128(data).hexdigest()
+        assert row.xxh3 == want, (row.segment_id, row.xxh3)
+    assert_replicas_equal_leader(env.catalog)
+
+    model.upsert(env, range(100, 101), "b")  # one more segment, then bit rot in the old one at the leader
+    with env.catalog.write() as s:
+        newest = s.scalars(select(m.Segment).order_by(m.Segment.entry_id.desc())).first()
+        assert newest is not None
+        newest.xxh3 = None
+        path = env.site_dir("primary") / newest.relpath
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    for site in REPLICAS:
+        t = rep.targets[site]
+        assert t.invalid and "does not match the catalog" in t.invalid[0].error, t
+        assert not (env.site_dir(site) / newest.relpath).exists()
 
 
 def test_interval_end_limits_what_is_offered_and_safe_time_never_decreases(env: Env) -> None:

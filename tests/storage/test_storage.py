@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -668,6 +669,32 @@ def test_kernel_copy_is_verified_and_a_corrupt_source_is_refused(tmp_path: Path)
     with pytest.raises(CorruptSegmentError, match="does not match the catalog"):
         copy_verified(a, b, rel2, facts2.byte_size, facts2.sha256)
     assert sorted(p.name for p in Path(b.path(rel2)).parent.iterdir()) == [Path(rel).name]  # no tmp, no rel2
+
+
+def test_a_kernel_copy_is_checked_by_the_xxh3_the_writer_computed(tmp_path: Path) -> None:
+    """Where the catalog knows a segment's XXH3-128, a local kernel copy is checked by it (not by sha256): the
+    writer computed it from the bytes it wrote, a flipped bit at the source is refused by it, and a copy whose
+    XXH3-128 is not the catalog's never appears under its final name."""
+    from segrep.storage.transfer import copy_verified
+
+    a, b = Site("a", str(tmp_path / "a")), Site("b", str(tmp_path / "b"))
+    rel, facts = _segment_at(a)
+    assert facts.xxh3 == xxhash.xxh3_128(Path(a.path(rel)).read_bytes()).hexdigest()
+    copied = copy_verified(a, b, rel, facts.byte_size, facts.sha256, facts.xxh3)
+    assert (copied, copied.xxh3) == (facts, facts.xxh3)
+    assert b.facts(rel) == facts and b.facts(rel).xxh3 == facts.xxh3
+
+    rel2, facts2 = _segment_at(a)
+    data = bytearray(Path(a.path(rel2)).read_bytes())
+    data[len(data) // 3] ^= 0x10
+    Path(a.path(rel2)).write_bytes(bytes(data))
+    with pytest.raises(CorruptSegmentError, match="xxh3"):
+        copy_verified(a, b, rel2, facts2.byte_size, facts2.sha256, facts2.xxh3)
+    # the right bytes with a wrong XXH3-128 in the catalog are refused too: the check is the xxh3, not a pass
+    rel3, facts3 = _segment_at(a)
+    with pytest.raises(CorruptSegmentError, match="xxh3"):
+        copy_verified(a, b, rel3, facts3.byte_size, facts3.sha256, "0" * 32)
+    assert sorted(p.name for p in Path(b.path(rel2)).parent.iterdir()) == [Path(rel).name]  # no tmp, no others
 
 
 def test_copy_falls_back_to_a_stream_where_the_kernel_cannot_copy(tmp_path: Path, monkeypatch) -> None:

@@ -32,6 +32,7 @@ SEGMENT_FIELDS = (
     "deleted_rows",
     "byte_size",
     "sha256",
+    "xxh3",
     "min_version",
     "max_version",
     "key_min",

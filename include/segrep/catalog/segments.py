@@ -51,6 +51,7 @@ def segment_row(entry: SegmentEntry, placement_id: int, relpath: str, facts: Fil
         deleted_rows=entry.deleted_rows,
         byte_size=facts.byte_size,
         sha256=facts.sha256,
+        xxh3=facts.xxh3,
         min_version=entry.min_version,
         max_version=entry.max_version,
         key_min=entry.key_min,

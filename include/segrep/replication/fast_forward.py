@@ -79,6 +79,7 @@ class CopyItem:
     sha256: str
     source_options: StoreOptions = field(default_factory=StoreOptions)
     target_options: StoreOptions = field(default_factory=StoreOptions)
+    xxh3: str | None = None  # the catalog's XXH3-128 of the file, if known: a local copy is checked by it
 
     @classmethod
     def from_doc(cls, raw: dict[str, Any]) -> CopyItem:
@@ -112,7 +113,7 @@ def copy_one(item: CopyItem, open_site: SiteOpener = Site) -> CopyOutcome:
     try:
         source = open_site(item.source, item.source_uri, item.source_options)
         target = open_site(item.target, item.target_uri, item.target_options)
-        copy_verified(source, target, item.relpath, item.byte_size, item.sha256)
+        copy_verified(source, target, item.relpath, item.byte_size, item.sha256, item.xxh3)
     except CorruptSegmentError as exc:
         return CopyOutcome(item.relpath, False, invalid=str(exc))
     except _COPY_ERRORS as exc:  # a site that cannot be opened, read or written
@@ -375,6 +376,7 @@ class _PartitionRun:
                     seg.sha256,
                     options_for(source_site.name, source_site.uri),
                     options_for(target_site.name, target_site.uri),
+                    seg.xxh3,
                 )
                 entry = entry_of(seg, ctx.table, part.partition)
                 leased = _Leased(
@@ -522,7 +524,7 @@ def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> _Commit:
                         raise ConflictError(
                             f"placement {replica.placement_id}: root moved while writing {seg.segment_id}"
                         )
-                    facts = FileFacts(seg.byte_size, seg.sha256)
+                    facts = FileFacts(seg.byte_size, seg.sha256, seg.xxh3)
                     s.add(segment_row(leased.entry, replica.placement_id, seg.relpath, facts, now))
                     root = seg.segment_id
                 elif root == leased.expected_root:  # (a segment's expected root is the one before it)

@@ -160,8 +160,7 @@ def _commit_item(catalog: Catalog, item: MergeItem, output: dict[str, Any] | Non
                 outcome = "present"
             else:
                 entry = SegmentEntry.from_meta(output["entry"])
-                facts = FileFacts(output["byte_size"], output["sha256"])
-                site.verify(item.output_relpath, facts.byte_size, facts.sha256)
+                facts = site.verify(item.output_relpath, output["byte_size"], output["sha256"])
                 fast_forward = leader.root_segment_id is None and entry.is_major
                 if leader.root_segment_id != entry.base_segment_id and not (item.kind == "split" and fast_forward):
                     if item.kind in ("major", "split"):

@@ -36,7 +36,7 @@ from segrep.config.stores import StoreOptions
 from segrep.core import faults
 from segrep.core.errors import CorruptSegmentError
 from segrep.core.settings import bytes_from_env
-from segrep.storage.atomic import FileFacts
+from segrep.storage.atomic import FileFacts, new_xxh3
 from segrep.storage.store_errors import StoreRefusedError, StoreUnreachableError, classify_boto
 
 PART_BYTES_ENV = "SEGREP_S3_PART_BYTES"
@@ -134,7 +134,7 @@ def put_verified(target: S3Target, path: str, chunks: Iterator[bytes], expected:
     reader = _PartReader(chunks, part_bytes())
     first = reader.next_part()
     if reader.done:
-        facts = FileFacts(reader.size, reader.digest.hexdigest())  # the reader hashed the bytes on the way
+        facts = reader.facts()  # the reader hashed the bytes on the way
         _check(facts, expected, target, path)
         checksum = _b64(reader.digest.digest())
         answer = _call(
@@ -167,7 +167,7 @@ def _multipart(
     upload_id = created["UploadId"]
     try:
         parts = _upload_parts(target, path, key, upload_id, first, reader)
-        facts = FileFacts(reader.size, reader.digest.hexdigest())
+        facts = reader.facts()
         _check(facts, expected, target, path)
         faults.point("mid_upload")
         listing = [{"PartNumber": n, "ETag": etag, "ChecksumSHA256": _b64(d)} for n, (etag, d) in enumerate(parts, 1)]
@@ -245,6 +245,7 @@ class _PartReader:
         self.done = False
         self.size = 0
         self.digest = hashlib.sha256()
+        self._xxh3 = new_xxh3()
 
     def next_part(self) -> bytes:
         pieces, have = [self._rest] if self._rest else [], len(self._rest)
@@ -264,7 +265,12 @@ class _PartReader:
             self.done = self._peek_end()
         self.size += len(part)
         self.digest.update(part)
+        self._xxh3.update(part)
         return part
+
+    def facts(self) -> FileFacts:
+        """Size and digests of every byte read so far."""
+        return FileFacts(self.size, self.digest.hexdigest(), self._xxh3.hexdigest())
 
     def _peek_end(self) -> bool:
         """True if the stream has nothing more (what it had is kept for the next part)."""

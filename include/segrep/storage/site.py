@@ -25,7 +25,15 @@ import pyarrow.parquet as pq
 from segrep.config.stores import StoreOptions
 from segrep.core.errors import CorruptSegmentError, SegrepError
 from segrep.core.names import NAME_RE, SEGMENT_ID_RE, check_name, check_segment_id
-from segrep.storage.atomic import CHUNK, FileFacts, atomic_local_write_stream, hash_local, remove_quietly, tmp_name
+from segrep.storage.atomic import (
+    CHUNK,
+    FileFacts,
+    atomic_local_write_stream,
+    hash_local,
+    new_xxh3,
+    remove_quietly,
+    tmp_name,
+)
 from segrep.storage.s3 import S3Target, put_verified
 from segrep.storage.segment_meta import (
     ExpectedSegment,
@@ -105,19 +113,21 @@ class Site:
 
     # -- reading -----------------------------------------------------------------------------------------
     def facts(self, relpath: str) -> FileFacts:
-        """Size and sha256 of a stored file, computed from its bytes."""
+        """Size, sha256 and XXH3-128 of a stored file, computed from its bytes."""
         if self.local:
             return hash_local(self.path(relpath), fsync=False)
-        digest = hashlib.sha256()
+        digest, fast = hashlib.sha256(), new_xxh3()
         size = 0
         with self.fs.open_input_stream(self.path(relpath)) as f:
             while chunk := f.read(CHUNK):
                 digest.update(chunk)
+                fast.update(chunk)
                 size += len(chunk)
-        return FileFacts(size, digest.hexdigest())
+        return FileFacts(size, digest.hexdigest(), fast.hexdigest())
 
-    def verify(self, relpath: str, byte_size: int, sha256: str) -> None:
-        """Raise CorruptSegmentError unless the file has exactly the recorded size and hash."""
+    def verify(self, relpath: str, byte_size: int, sha256: str) -> FileFacts:
+        """Raise CorruptSegmentError unless the file has exactly the recorded size and hash; else return its
+        facts (with the XXH3-128 of the bytes just checked)."""
         try:
             facts = self.facts(relpath)
         except FileNotFoundError:
@@ -127,6 +137,7 @@ class Site:
                 f"segment file {self.path(relpath)} does not match the catalog: size {facts.byte_size} "
                 f"(expected {byte_size}), sha256 {facts.sha256[:12]}... (expected {sha256[:12]}...)"
             )
+        return facts
 
     def read_segment(self, relpath: str, columns: list[str] | None = None) -> pa.Table:
         """A segment's rows, page checksums verified (pyarrow raises OSError on a mismatch); no catalog check:
