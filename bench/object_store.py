@@ -22,9 +22,12 @@ the copies again with ``Site.verify``. The paths and their baselines:
   it). The S3 paths read from an S3 leader: a site on endpoint a filled by one unmeasured round, after which
   leadership moves to it in the catalog.
 
-Each path has a catalog (SQLite) and definitions of its own holding only the sites it uses (the leader, the S3
-leader for paths from S3, one fresh target site per measurement): a round's catalog work grows with a table's
-sites, and a table has a few. Each repeat runs segrep and the baseline back to back, in an order drawn from
+Each path has a catalog (SQLite) and definitions of its own holding only the sites it uses: the leader, the S3
+leader for paths from S3, and one target site. Every measurement starts from the same state, the table written
+and the target empty: the catalog as it was after the writes is restored (SQLite's backup API) and the target's
+files are deleted. (Until 2026-11-27 each measurement had a target site of its own in one table, so a round to
+the sixth target also planned, checkpointed and computed safe times for five more replicas: work a round to one
+replica of a table does not do.) Each repeat runs segrep and the baseline back to back, in an order drawn from
 ``--seed``; medians are reported. Before each copy ``os.sync()`` runs; after each measurement both copies are
 deleted (moto keeps objects in memory).
 """
@@ -38,6 +41,7 @@ import json
 import os
 import random
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -72,7 +76,7 @@ from tests.support.s3 import S3Endpoint, start_s3_endpoints
 
 TABLE = "lineitem"
 PK = ["l_orderkey", "l_linenumber"]
-LEADER, S3_LEADER = "primary", "lead"
+LEADER, S3_LEADER, TARGET = "primary", "lead", "t"
 ENV_PREFIX = {"a": "BENCH_A_S3", "b": "BENCH_B_S3"}
 
 
@@ -134,7 +138,8 @@ class Figures:
 
 @dataclass
 class World:
-    """One route's catalog, definitions and stores: the leader holds the table, each target is a fresh site."""
+    """One route's catalog, definitions and stores: the leader holds the table, the target is empty; ``pristine``
+    is a copy of the catalog in that state, restored before each measurement."""
 
     route: Route
     work: Path
@@ -143,8 +148,8 @@ class World:
     defs: Definitions
     sha256: dict[str, str]  # the leader's segment files: relpath -> the catalog's sha256
     total_bytes: int
-    targets: list[str]
     fs_of: dict[str, pafs.FileSystem]  # endpoint -> its file system, opened as segrep opens a site there
+    pristine: Path
 
     @property
     def relpaths(self) -> list[str]:
@@ -164,15 +169,13 @@ def s3_site(where: str, prefix: str, name: str, eps: dict[str, S3Endpoint]) -> d
     }
 
 
-def definitions_doc(
-    route: Route, source: Path, splits: list[int], prefix: str, eps: dict[str, S3Endpoint], targets: list[str]
-) -> Any:
+def definitions_doc(route: Route, source: Path, splits: list[int], prefix: str, eps: dict[str, S3Endpoint]) -> Any:
     """The table with only the sites this route needs (a table has a few sites: the catalog's per-round work,
     checkpoints and safe times, grows with them)."""
     sites: dict[str, Any] = {LEADER: {"uri": f"sites/{LEADER}"}}
     if route.source == "s3":
         sites[S3_LEADER] = s3_site("a", prefix, S3_LEADER, eps)
-    for name in targets:
+    for name in (TARGET,):
         sites[name] = {"uri": f"sites/{name}"} if route.target == "local" else s3_site(route.target, prefix, name, eps)
     for n, doc in enumerate(sites.values(), start=1):
         doc["id"] = n
@@ -198,13 +201,11 @@ def build_world(
 ) -> World:
     """Catalog and definitions, then lineitem written at the local leader in ``--batches`` batches; for a route
     from S3, one unmeasured round fills the S3 leader and leadership moves to it."""
-    runs = args.repeats * len(caches_of(route))
-    targets = [f"t{n}" for n in range(runs)]
     prefix = f"bench-{random.Random(args.seed).getrandbits(32):08x}/{route.key}"
     root = work / route.key
     root.mkdir()
     config = root / "segrep.yaml"
-    doc = definitions_doc(route, source, quartile_splits(rows), prefix, eps, targets)
+    doc = definitions_doc(route, source, quartile_splits(rows), prefix, eps)
     config.write_text(yaml.safe_dump(doc, sort_keys=False))
     catalog = Catalog(f"sqlite:///{root}/catalog.db")
     upgrade(catalog)
@@ -215,22 +216,35 @@ def build_world(
         leaders = select(m.Partition.leader_placement_id)
         segs = list(s.scalars(select(m.Segment).where(m.Segment.placement_id.in_(leaders))))
     total = sum(seg.byte_size for seg in segs)
-    fs_of = {e: Site(n, defs.site(n).uri).fs for e, n in _sites_per_endpoint(route, targets).items()}
+    fs_of = {e: Site(n, defs.site(n).uri).fs for e, n in _sites_per_endpoint(route).items()}
     sha256 = {seg.relpath: seg.sha256 for seg in segs}
-    world = World(route, root, prefix, catalog, defs, sha256, total, targets, fs_of)
+    world = World(route, root, prefix, catalog, defs, sha256, total, fs_of, root / "catalog-pristine.db")
     log(f"{route.label}: {len(segs)} segments, {total / 1e6:.0f} MB, {rows.num_rows:,} rows written in {write_s:.1f} s")
     if route.source == "s3":
         segrep_copy(world, S3_LEADER)
         set_leader(catalog, S3_LEADER)
         log(f"{route.label}: the S3 leader holds the table (one round, not measured) and leads")
+    copy_catalog(root / "catalog.db", world.pristine)
     return world
 
 
-def _sites_per_endpoint(route: Route, targets: list[str]) -> dict[str, str]:
+def copy_catalog(source: Path, dest: Path) -> None:
+    """A consistent copy of a SQLite catalog (WAL included) over ``dest``, by SQLite's backup API."""
+    with contextlib.closing(sqlite3.connect(source)) as src, contextlib.closing(sqlite3.connect(dest)) as dst:
+        src.backup(dst)
+
+
+def restore_catalog(world: World) -> None:
+    """The catalog as it was once the table was written: no round to the target has happened."""
+    world.catalog.dispose()  # no connection of the engine survives the restore
+    copy_catalog(world.pristine, world.work / "catalog.db")
+
+
+def _sites_per_endpoint(route: Route) -> dict[str, str]:
     """A site on each endpoint this route uses (its file system is the baseline's)."""
     out = {"a": S3_LEADER} if route.source == "s3" else {}
     if route.target != "local":
-        out.setdefault(_BUCKET[route.target][0], targets[0])
+        out.setdefault(_BUCKET[route.target][0], TARGET)
     return out
 
 
@@ -391,7 +405,8 @@ def clean(world: World, target: str, n: int) -> None:
 
 def measure(world: World, n: int, cache: str, sample: Samples, first: str, check: bool) -> None:
     """Segrep and the baseline, in the order given, into fresh places; then the check and the clean-up."""
-    target = world.targets[n]
+    target = TARGET
+    restore_catalog(world)
     source = site(world, LEADER if world.route.source == "local" else S3_LEADER)
     files = [source.path(r) for r in world.relpaths] if world.route.source == "local" else []
     verified = ("verified",) if world.route.key == "local_local" else ()
