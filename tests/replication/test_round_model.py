@@ -833,3 +833,26 @@ def test_a_cut_sets_aside_the_forks_other_sites_hold_past_it(spark: Any) -> None
     run_steps(state, steps)
     losses = {fid: sum(x.segments for x in loss) for fid, loss in state.losses.items()}
     assert losses[max(state.cuts)] == 3, losses  # primary's two writes past the cut, and dr's fork
+
+
+def test_two_cuts_at_one_instant_do_not_bring_back_what_the_first_set_aside(spark: Any) -> None:
+    """Found by the merge machine (a 250-example run, 2026-11-27): edge wrote keys 0, 1, 9, primary led and
+    merged them, edge was promoted at its safe time (before those writes: its cut major folds them and leaves
+    them out), then dr at the same instant. Setting edge's chain aside on its return rewound it onto the
+    segments the cut major had folded, which no failover had given up: pushed to dr and merged, the first
+    cut's rows came back at every site. A cut now also gives up what a major it gives up had folded."""
+    MergeBackMachine.spark = spark
+    state = MergeBackMachine()
+    steps: list[Callable[[], None]] = [
+        lambda: state.fail_over(at=Cut.LATEST, during_round=True, site="edge", then_write=[0, 9, 1]),
+        lambda: state.fail_over(at=Cut.LATEST, during_round=False, site="edge", then_write=[]),
+        lambda: state.fail_over(at=Cut.LATEST, during_round=True, site="primary", then_write=[]),
+        lambda: state.fail_over(at=Cut.SAFE_TIME, during_round=True, site="primary", then_write=[1, 0, 9]),
+        lambda: state.fail_over(at=Cut.SAFE_TIME, during_round=False, site="edge", then_write=[1, 3, 9]),
+        lambda: state.fail_over(at=Cut.SAFE_TIME, during_round=False, site="dr", then_write=[8, 7, 5]),
+        lambda: state.fail_over(at=Cut.SAFE_TIME, during_round=False, site="edge", then_write=[0, 7, 4]),
+        lambda: state.fail_over(at=Cut.LATEST, during_round=True, site="dr", then_write=[5]),
+        lambda: state.fail_over(at=Cut.SAFE_TIME, during_round=True, site="dr", then_write=[]),
+        lambda: state.fail_over(at=Cut.SAFE_TIME, during_round=True, site="dr", then_write=[2]),
+    ]
+    run_steps(state, steps)

@@ -212,21 +212,19 @@ def _forks_past(part: _Part, target: PlacementRow, has: set[str], given_up: dict
     follower wrote while it led, or received from an older leader, that the rounds would push to the new
     leader and merge (``on_return: merge``), bringing back rows the cut set aside. They are given up with
     the move and set aside where they are, as the old leader's loss is. A fork wholly at or before the cut
-    stays (merged, it cannot undo the cut); one folded into a major that site lists goes with that major,
-    as ``offers.pushes_from`` pushes it; one a failover gave up already stays with that failover."""
+    stays (merged, it cannot undo the cut); one a failover gave up already stays with that failover. A
+    segment folded into a major is given up too, the old leader's included: setting the major aside rewinds
+    that site's chain onto what the major folded, and a major built as of an earlier cut had left out exactly
+    the rows past that cut (found by the merge state machine: two cuts at one instant brought them back)."""
     listed = part.lists.get(target.placement_id) or {}
     visible = {seg[_ID] for seg in part.leader_visible}
     out: dict[str, _Seg] = {}
     for holder in (part.leader, *part.replicas):
         if holder is target:
             continue
-        entries = part.lists.get(holder.placement_id) or {}
-        folded = {sid for seg in entries.values() if seg[_MAJOR] and seg[_FOLDED] for sid in part.folded[seg[_FOLDED]]}
-        for sid, seg in entries.items():
+        for sid, seg in (part.lists.get(holder.placement_id) or {}).items():
             if seg[_MAX_VERSION] <= cut_us or sid in has or sid in listed or sid in visible or sid in given_up:
                 continue
-            if sid in folded or (holder is part.leader and sid in part.referenced(holder)):
-                continue  # its rows go with a major (or the leader's visible chain) given up above
             out.setdefault(sid, _Seg(*(seg[i] for i in _FACTS)))
     return list(out.values())
 
