@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import select
 
 from segrep.catalog import models as m
+from segrep.core.errors import RefusedError
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.failover.promote import Cut, failover
@@ -25,7 +26,7 @@ from tests.support.checks import assert_replicas_equal_leader, safe_times, tripl
 from tests.support.cli import cli
 from tests.support.env import Env
 from tests.support.models import Model
-from tests.support.rounds import inprocess_submit, no_spark
+from tests.support.rounds import bring_up, inprocess_submit, no_spark, take_down
 from tests.support.tables import TABLE, orders
 
 pytestmark = pytest.mark.spark
@@ -118,3 +119,33 @@ def test_a_cut_that_leaves_a_partition_empty_and_the_old_leaders_rows_stay_aside
     aside = {(f.site, f.relpath.endswith("-cut.parquet"), f.rows) for f in list_rollbacks(env.catalog, "kv")}
     assert aside == {("primary", True, 2), ("dr", False, 2)}, aside  # the cut's file, and dr's return
     env.catalog.dispose()
+
+
+def test_a_cut_on_a_site_that_is_down_is_refused_and_changes_nothing(sqlite_env: Env, spark: Any) -> None:
+    """A cut reads the new leader's segments and writes there after the move has paused writes: with that
+    site's store unusable, the failover is refused before anything changes (found by the merge state machine:
+    the cut failed half-way and left the table paused, the move made). Once the site is back it goes through."""
+    env = sqlite_env
+    model = Model()
+    model.upsert(env, range(0, 10), "a")
+    run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    leaders = select(m.Partition.partition_id, m.Partition.leader_placement_id, m.Partition.epoch)
+    with env.catalog.read() as s:
+        before = sorted(tuple(r) for r in s.execute(leaders))
+    aside = take_down(env, "dr")
+    try:
+        with pytest.raises(RefusedError, match=r"cannot cut at the safe time on dr: site dr .* nothing changed"):
+            failover(env.catalog, env.defs, [TABLE], to="dr", cut=Cut.SAFE_TIME, submit=no_spark)
+        code, out, err = cli(env, "failover", TABLE, "--to", "dr", "--at", "safe-time")
+        assert code == 2 and "cannot cut at the safe time on dr" in err and "Traceback" not in err, (out, err)
+        with env.catalog.read() as s:
+            assert sorted(tuple(r) for r in s.execute(leaders)) == before
+            assert set(s.scalars(select(m.Partition.paused_us))) == {None}
+            assert s.scalars(select(m.Failover)).all() == []
+    finally:
+        bring_up(env, "dr", aside)
+    report = failover(env.catalog, env.defs, [TABLE], to="dr", cut=Cut.SAFE_TIME, submit=inprocess_submit(spark, []))
+    assert report.cut_us is not None and report.moves[0].failover_id is not None
+    with env.catalog.read() as s:
+        assert set(s.scalars(select(m.Partition.paused_us))) == {None}
+    assert triples(env.catalog) == model.snapshot()

@@ -30,6 +30,7 @@ from segrep.failover.assess import Assessment, assess, assess_view, read_view
 from segrep.failover.cut import CutReport, common_safe_time, cut_table
 from segrep.spark import launch
 from segrep.spark.launch import Submit
+from segrep.storage.probe import SiteUnusableError, check_sites
 
 
 class Cut(StrEnum):
@@ -117,6 +118,7 @@ def failover(
     if cut == Cut.SAFE_TIME:
         with catalog.read() as s:
             cut_us = common_safe_time(s, wanted, site)
+        _check_cut_site(defs, site, dry_run=dry_run)
     moves = []
     for table in wanted:
         if dry_run:
@@ -137,6 +139,16 @@ def failover(
             assert move.failover_id is not None
             cuts.append(cut_table(catalog, defs, move.assessment.table, cut_us, move.failover_id, submit))
     return FailoverReport(kind, dry_run, cut, site, moves, cut_us, cuts)
+
+
+def _check_cut_site(defs: Definitions, site: str, *, dry_run: bool) -> None:
+    """A cut reads the new leader's segments and writes its rollback files and majors there, after the move
+    has paused writes: a store that cannot be used there refuses the failover before anything changes, instead
+    of leaving writes paused behind a cut that failed (a dry run only looks at the store)."""
+    try:
+        check_sites([defs.site(site)], write=not dry_run)
+    except SiteUnusableError as exc:
+        raise RefusedError(f"cannot cut at the safe time on {site}: {exc}; nothing changed") from None
 
 
 def promote_table(
