@@ -75,8 +75,9 @@ def acquire_many(
         {"target_placement_id": target_placement_id, "segment_id": seg, "holder": holder, "expires_us": expires_us}
         for seg in segment_ids
     ]
-    taken = s.execute(conflict_insert(s, m.Lease).values(rows).on_conflict_do_nothing().returning(m.Lease.segment_id))
-    return set(taken.scalars())
+    # the rows as parameters of one statement (one compiled form whatever their number), not inlined as VALUES
+    stmt = conflict_insert(s, m.Lease).on_conflict_do_nothing().returning(m.Lease.segment_id)
+    return set(s.scalars(stmt, rows))
 
 
 def release(s: Session, target_placement_id: int, segment_id: str, holder: str) -> bool:

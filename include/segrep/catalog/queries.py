@@ -142,9 +142,12 @@ def acks_of(s: Session, holder_ids: Sequence[int]) -> dict[tuple[int, str], set[
     """(holder placement, segment id) -> set of target placement ids that acked it."""
     out: dict[tuple[int, str], set[int]] = defaultdict(set)
     if holder_ids:
-        q = select(m.Ack).where(m.Ack.holder_placement_id.in_(holder_ids))
-        for ack in s.scalars(q):
-            out[(ack.holder_placement_id, ack.segment_id)].add(ack.target_placement_id)
+        # plain rows, not ORM objects: a partition's acks outnumber its segments, and every offer reads them
+        a = m.Ack
+        columns = (a.holder_placement_id, a.segment_id, a.target_placement_id)
+        rows = s.execute(select(*columns).where(a.holder_placement_id.in_(holder_ids)))
+        for holder, segment_id, target in rows:
+            out[(holder, segment_id)].add(target)
     return out
 
 

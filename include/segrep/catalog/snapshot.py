@@ -8,7 +8,7 @@ reads only partitions with unsettled list entries, so its cost follows new segme
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sqlalchemy import Select, case, or_, select
 from sqlalchemy.orm import Session
@@ -69,16 +69,40 @@ class PartitionSnapshot:
         }
 
 
+@dataclass(frozen=True)
+class ReplicaSites:
+    """Which sites replicate the table at all (a table-wide fact: read only by a table-wide snapshot)."""
+
+    replicas: frozenset[int]  # sites holding a replica of any partition
+    joining: frozenset[int]  # ... of which some replica is still JOINING
+    stalled: frozenset[int]  # ... or some replica needs a bootstrap
+
+
 @dataclass
 class TableSnapshot:
-    """The partitions a round must look at, and which sites replicate the table at all."""
+    """The partitions a round must look at, and (read table-wide) which sites replicate the table at all."""
 
     info: q.TableInfo
     sites: dict[int, m.Site]
     partitions: list[PartitionSnapshot]
-    replica_site_ids: set[int] = field(default_factory=set)  # sites holding a replica of any partition
-    joining_site_ids: set[int] = field(default_factory=set)  # ... of which some replica is still JOINING
-    stalled_site_ids: set[int] = field(default_factory=set)  # ... or some replica needs a bootstrap
+    replica_sites: ReplicaSites | None = None  # None for a snapshot of chosen partitions
+
+    @property
+    def replica_site_ids(self) -> frozenset[int]:
+        return self._replica_sites().replicas
+
+    @property
+    def joining_site_ids(self) -> frozenset[int]:
+        return self._replica_sites().joining
+
+    @property
+    def stalled_site_ids(self) -> frozenset[int]:
+        return self._replica_sites().stalled
+
+    def _replica_sites(self) -> ReplicaSites:
+        if self.replica_sites is None:
+            raise RuntimeError("a snapshot of chosen partitions does not read which sites replicate the table")
+        return self.replica_sites
 
     def rollback_pending(self, site_id: int) -> int:
         """How many segments a failover gave up (``on_return: rollback``) the site's placements still list:
@@ -201,11 +225,18 @@ def snapshot(
             if pl is not leader and pl.state in RECEIVING_STATES and (include_stalled or not pl.needs_bootstrap)
         ]
         out.append(PartitionSnapshot(part, leader, replicas, segments, acks, set_aside))
-    replica_rows = s.execute(
+    # which sites replicate the table: a table-wide query, left out of a read of chosen partitions (each
+    # fast-forward offer reads its partition)
+    sites = None if partition_ids is not None else replica_sites(s, info.table_id)
+    return TableSnapshot(info, q.sites_by_id(s), out, sites)
+
+
+def replica_sites(s: Session, table_id: int) -> ReplicaSites:
+    rows = s.execute(
         select(m.Placement.site_id, m.Placement.state, m.Placement.needs_bootstrap)
         .join(m.Partition, m.Partition.partition_id == m.Placement.partition_id)
         .where(
-            m.Partition.table_id == info.table_id,
+            m.Partition.table_id == table_id,
             m.Partition.state.in_([str(x) for x in REPLICATING_STATES]),
             m.Placement.removed_us.is_(None),
             m.Placement.state.in_([str(x) for x in RECEIVING_STATES]),
@@ -213,13 +244,10 @@ def snapshot(
         )
         .distinct()
     ).all()
-    return TableSnapshot(
-        info,
-        q.sites_by_id(s),
-        out,
-        {site_id for site_id, _, _ in replica_rows},
-        {site_id for site_id, state, _ in replica_rows if state != PlacementState.LIVE},
-        {site_id for site_id, _, stalled in replica_rows if stalled},
+    return ReplicaSites(
+        frozenset(site_id for site_id, _, _ in rows),
+        frozenset(site_id for site_id, state, _ in rows if state != PlacementState.LIVE),
+        frozenset(site_id for site_id, _, stalled in rows if stalled),
     )
 
 

@@ -17,6 +17,7 @@ The table's safe time is the minimum over partitions, and it only ever moves for
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -25,7 +26,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog.snapshot import PartitionSnapshot, snapshot
 from segrep.catalog.splits import unload_safe_bound
-from segrep.catalog.sql import insert_ignore
+from segrep.catalog.sql import conflict_insert, insert_ignore
 from segrep.core import hlc
 from segrep.core.chain import is_referenced, newest_major, visible_segments
 from segrep.core.states import PlacementState
@@ -76,15 +77,20 @@ def update_checkpoints_and_safe_time(catalog: Catalog, table: str, end_us: int) 
         now = hlc.now_us()
         candidate = dict.fromkeys(snap.replica_site_ids, end_us - 1)
         joined = False
+        checkpoints: list[_Checkpoint] = []
+        marks: list[dict[str, int]] = []
         for part in snap.partitions:
             for replica in part.replicas:
                 seg_id, version, safe = partition_vouches(part, replica, end_us)
-                _upsert_checkpoint(s, part.partition.partition_id, replica.placement_id, seg_id, version, now)
+                checkpoints.append(_Checkpoint(part.partition.partition_id, replica.placement_id, seg_id, version))
                 candidate[replica.site_id] = min(candidate.get(replica.site_id, safe), safe)
                 joined |= _join_finalize(s, part, replica)
             if part.leader.site_id in candidate:  # a site that leads this partition and follows others
                 candidate[part.leader.site_id] = min(candidate[part.leader.site_id], leader_vouches(part))
-            _settle(s, part)
+            marks += _settled_marks(part)
+        _upsert_checkpoints(s, checkpoints, now)
+        if marks:  # one UPDATE by primary key for every placement whose watermark moved
+            s.execute(update(m.Placement), marks)
         joining = _joining_sites(s, snap.info.table_id) if joined else snap.joining_site_ids
         unloading = unload_safe_bound(s, snap.info.table_id)
         out: dict[str, int] = {}
@@ -182,32 +188,53 @@ def _offered_by_all(
     return check
 
 
-def _settle(s: Session, part: PartitionSnapshot) -> None:
+def _settled_marks(part: PartitionSnapshot) -> list[dict[str, int]]:
+    """The placements of the partition whose settled watermark moves, with the new one (``_settle``'s rows)."""
     epoch = part.partition.epoch
+    out = []
     for placement in (part.leader, *part.replicas):
         mark = settled_prefix(part, placement)
         if (placement.settled_entry_id, placement.settled_epoch) != (mark, epoch):
-            s.execute(
-                update(m.Placement)
-                .where(m.Placement.placement_id == placement.placement_id)
-                .values(settled_entry_id=mark, settled_epoch=epoch)
-                .execution_options(synchronize_session=False)
-            )
+            out.append({"placement_id": placement.placement_id, "settled_entry_id": mark, "settled_epoch": epoch})
+    return out
 
 
-def _upsert_checkpoint(
-    s: Session, partition_id: int, target_id: int, seg_id: str | None, version: int, now: int
-) -> None:
-    # insert_ignore's "inserted" answer is not used: PostgreSQL drivers may report no row count for an
-    # INSERT (SQLAlchemy gives -1), so the row is always read back under a lock and compared.
-    values = {"partition_id": partition_id, "target_placement_id": target_id}
-    insert_ignore(s, m.Checkpoint, {**values, "segment_id": seg_id, "max_version": version, "updated_us": now})
-    row = s.get(m.Checkpoint, (partition_id, target_id), with_for_update=True, populate_existing=True)
-    assert row is not None  # inserted above or already there, and now locked
-    if seg_id is None and row.segment_id is not None:
-        return  # only unsettled entries were read: none acked yet says nothing about the settled ones
-    if (row.segment_id, row.max_version) != (seg_id, version):
-        row.segment_id, row.max_version, row.updated_us = seg_id, version, now
+@dataclass(frozen=True)
+class _Checkpoint:
+    partition_id: int
+    target_id: int
+    segment_id: str | None
+    max_version: int
+
+
+def _upsert_checkpoints(s: Session, wanted: list[_Checkpoint], now: int) -> None:
+    """Write each checkpoint: the missing rows inserted in one statement, then every row read back under a lock
+    (one query) and changed where it differs. The INSERT's own answer is not used: PostgreSQL drivers may
+    report no row count for an INSERT (SQLAlchemy gives -1)."""
+    if not wanted:
+        return
+    rows = [
+        {"partition_id": c.partition_id, "target_placement_id": c.target_id, "segment_id": c.segment_id}
+        | {"max_version": c.max_version, "updated_us": now}
+        for c in wanted
+    ]
+    s.execute(conflict_insert(s, m.Checkpoint).on_conflict_do_nothing(), rows)
+    ck = m.Checkpoint
+    held = {
+        (row.partition_id, row.target_placement_id): row
+        for row in s.scalars(
+            select(ck)
+            .where(ck.partition_id.in_({c.partition_id for c in wanted}))
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        )
+    }
+    for c in wanted:
+        row = held[(c.partition_id, c.target_id)]  # inserted above or already there, and now locked
+        if c.segment_id is None and row.segment_id is not None:
+            continue  # only unsettled entries were read: none acked yet says nothing about the settled ones
+        if (row.segment_id, row.max_version) != (c.segment_id, c.max_version):
+            row.segment_id, row.max_version, row.updated_us = c.segment_id, c.max_version, now
 
 
 def _advance(s: Session, table_id: int, site_id: int, safe: int, now: int) -> int:
