@@ -8,16 +8,16 @@ in ``--batches`` interleaved batches over 4 partitions (40 segments by default).
 on loopback (moto, ``tests.support.s3``), each with its own credentials: endpoint ``a`` and endpoint ``b``.
 
 Every measured copy is a real round (``run_round(target=...)``) to an empty target site, which copies and
-verifies every byte (size and a checksum against the catalog: XXH3-128 for a local copy, sha256 otherwise)
-before registering a segment; the bench checks the
-round's report (every segment fast-forwarded, nothing invalid, no Spark application) and, outside the timing,
-the copies again with ``Site.verify``. The paths and their baselines:
+verifies every byte before registering a segment (size and a checksum against the catalog: the CRC-64/NVME of a
+local copy, the one the store computes of a server-side copy, the sha256 of a streamed upload, checked by the
+store too); the bench checks the round's report (every segment fast-forwarded, nothing invalid, no Spark
+application) and, outside the timing, the copies again with ``Site.verify``. The paths and their baselines:
 
 - local → local: ``cp`` of the segment files then ``sync`` of the copies (the same durability as segrep's
   fsyncs); cold-ish (source pages evicted) and warm page cache. Shown beside it, not the target's baseline:
   ``cp``, then the sha256 of the copies (``openssl dgst``, two processes) while ``sync`` runs, checked against
   the catalog: the same durability and a check before use by the catalog's sha256 (segrep checks a local
-  copy by the XXH3-128 its writer recorded, which costs a tenth of the CPU);
+  copy by the CRC-64/NVME its writer recorded, which costs a seventh of the CPU);
 - local → S3 (endpoint a), S3 → S3 on one endpoint (a to another bucket of a, same credentials: segrep copies
   server-side), S3 → S3 across endpoints (a → b, other credentials), S3 → local: ``pyarrow.fs.copy_files`` of
   the table's directory between the same file systems (for S3 → local, ``sync`` of the copies is shown beside

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import xxhash
 from sqlalchemy import delete, func, select
 
 from segrep.catalog import Catalog
@@ -48,6 +47,7 @@ from tests.support.checks import (
     triples,
 )
 from tests.support.cli import cli
+from tests.support.crc import crc64nvme_reference
 from tests.support.env import Env, make_env, pg_schema_url
 from tests.support.models import Model
 from tests.support.rounds import bring_up, corrupting_copier, no_spark, round_until_idle, take_down
@@ -90,16 +90,16 @@ def test_two_targets_converge_and_a_second_round_does_nothing(env: Env) -> None:
     assert lease_count(env.catalog) == 0
 
 
-def test_local_copies_carry_the_writers_xxh3_and_one_the_catalog_lacks_is_checked_by_sha256(env: Env) -> None:
-    """The writer records each segment's XXH3-128 with its sha256; a fast-forward copies both into the
-    replica's row (the local copy is checked by the XXH3-128). A segment written before revision 0007 has no
-    XXH3-128: its copies are checked by sha256, so a damaged source is still INVALID and not registered."""
+def test_local_copies_carry_the_writers_crc64nvme_and_one_the_catalog_lacks_is_checked_by_sha256(env: Env) -> None:
+    """The writer records each segment's CRC-64/NVME with its sha256; a fast-forward copies both into the
+    replica's row (the local copy is checked by the CRC). A segment written before revision 0008 has no
+    CRC-64/NVME: its copies are checked by sha256, so a damaged source is still INVALID and not registered."""
     model = Model()
     model.upsert(env, range(100), "a")
-    with env.catalog.write() as s:  # the newest write of partition 1, as a catalog before 0007 holds it
+    with env.catalog.write() as s:  # the newest write of partition 1, as a catalog before 0008 holds it
         old = s.scalars(select(m.Segment).order_by(m.Segment.entry_id.desc())).first()
         assert old is not None
-        old.xxh3 = None
+        old.crc64nvme = None
         old_id = old.segment_id
         written = s.scalar(select(func.count()).select_from(m.Segment))
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
@@ -114,15 +114,15 @@ def test_local_copies_carry_the_writers_xxh3_and_one_the_catalog_lacks_is_checke
     assert len(rows) == written * (1 + len(REPLICAS))
     for row in rows:
         data = (env.site_dir(sites[row.placement_id]) / row.relpath).read_bytes()
-        want = None if row.segment_id == old_id else xxhash.xxh3_128(data).hexdigest()
-        assert row.xxh3 == want, (row.segment_id, row.xxh3)
+        want = None if row.segment_id == old_id else crc64nvme_reference(data)
+        assert row.crc64nvme == want, (row.segment_id, row.crc64nvme)
     assert_replicas_equal_leader(env.catalog)
 
     model.upsert(env, range(100, 101), "b")  # one more segment, then bit rot in the old one at the leader
     with env.catalog.write() as s:
         newest = s.scalars(select(m.Segment).order_by(m.Segment.entry_id.desc())).first()
         assert newest is not None
-        newest.xxh3 = None
+        newest.crc64nvme = None
         path = env.site_dir("primary") / newest.relpath
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01

@@ -20,6 +20,7 @@ from segrep.config.stores import CredentialsRef, StoreOptions
 from segrep.core import faults, hlc
 from segrep.core.errors import CorruptSegmentError, SegrepError
 from segrep.storage import s3, transfer
+from segrep.storage.crc64nvme import Crc64Nvme
 from segrep.storage.site import Site
 from segrep.storage.transfer import copy_verified
 from tests.support.s3 import BUCKETS, S3Endpoint
@@ -122,7 +123,9 @@ def test_within_one_store_the_copy_is_server_side(
     s3_endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     a, b = s3_endpoints
-    local, size, sha = _local(tmp_path, os.urandom(PART + 99))
+    data = os.urandom(PART + 99)
+    local, size, sha = _local(tmp_path, data)
+    crc = Crc64Nvme(data).hexdigest()  # (checked against a reference by tests/storage/test_storage.py)
     dr = _site(a, "dr", "DR_S3", monkeypatch)
     copy_verified(local, dr, REL, size, sha)
     other = _site(a, "other", "DR_S3", monkeypatch, bucket=BUCKETS[1])
@@ -136,6 +139,15 @@ def test_within_one_store_the_copy_is_server_side(
         copy_verified(dr, other, REL, size, sha)
     with other.fs.open_input_stream(other.path(REL)) as f:
         assert hashlib.sha256(f.read()).hexdigest() == sha
+    other.delete(REL)
+    with monkeypatch.context() as patched:  # with the catalog's CRC-64/NVME: the store's CRC of the copy is checked
+        patched.setattr(transfer, "_reading", no_reading)
+        copy_verified(dr, other, REL, size, sha, crc)
+        assert other.facts(REL).crc64nvme == crc
+        other.delete(REL)
+        with pytest.raises(CorruptSegmentError, match=r"site other: server-side copy .* reports crc64nvme"):
+            copy_verified(dr, other, REL, size, sha, "0" * 16)  # the right bytes, a wrong CRC in the catalog
+    assert _objects(a, other) == []  # the refused copy was deleted
     with pytest.raises(FileNotFoundError, match=r"site other: .* does not exist"):
         copy_verified(dr, other, "events/1/" + "f" * 32 + ".parquet", size, sha)  # no such source
     edge = _site(b, "edge", "EDGE_S3", monkeypatch, bucket=BUCKETS[1])

@@ -17,7 +17,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -28,8 +27,10 @@ from segrep.core.names import check_name, check_segment_id
 from segrep.storage import atomic
 from segrep.storage import site as storage
 from segrep.storage.atomic import FileFacts
+from segrep.storage.crc64nvme import Crc64Nvme
 from segrep.storage.segment_meta import ExpectedSegment
 from segrep.storage.site import Site, segment_relpath
+from tests.support.crc import crc64nvme_reference
 
 SID = "0123456789abcdef0123456789abcdef"
 SID2 = "fedcba9876543210fedcba9876543210"
@@ -671,29 +672,41 @@ def test_kernel_copy_is_verified_and_a_corrupt_source_is_refused(tmp_path: Path)
     assert sorted(p.name for p in Path(b.path(rel2)).parent.iterdir()) == [Path(rel).name]  # no tmp, no rel2
 
 
-def test_a_kernel_copy_is_checked_by_the_xxh3_the_writer_computed(tmp_path: Path) -> None:
-    """Where the catalog knows a segment's XXH3-128, a local kernel copy is checked by it (not by sha256): the
-    writer computed it from the bytes it wrote, a flipped bit at the source is refused by it, and a copy whose
-    XXH3-128 is not the catalog's never appears under its final name."""
+def test_crc64nvme_is_the_standard_crc_fed_in_any_pieces() -> None:
+    """The fast checksum is CRC-64/NVME as S3 computes it: the standard check value, and the reference's
+    value for data fed whole, in pieces, or as a memoryview."""
+    assert Crc64Nvme(b"123456789").hexdigest() == "ae8b14860a799888" == crc64nvme_reference(b"123456789")
+    data = os.urandom(20_000)
+    pieces = Crc64Nvme()
+    for i in range(0, len(data), 777):
+        pieces.update(data[i : i + 777])
+    assert pieces.hexdigest() == Crc64Nvme(memoryview(data)).hexdigest() == crc64nvme_reference(data)
+    assert Crc64Nvme().hexdigest() == crc64nvme_reference(b"")
+
+
+def test_a_kernel_copy_is_checked_by_the_crc64nvme_the_writer_computed(tmp_path: Path) -> None:
+    """Where the catalog knows a segment's CRC-64/NVME, a local kernel copy is checked by it (not by sha256):
+    the writer computed it from the bytes it wrote, a flipped bit at the source is refused by it, and a copy
+    whose CRC-64/NVME is not the catalog's never appears under its final name."""
     from segrep.storage.transfer import copy_verified
 
     a, b = Site("a", str(tmp_path / "a")), Site("b", str(tmp_path / "b"))
     rel, facts = _segment_at(a)
-    assert facts.xxh3 == xxhash.xxh3_128(Path(a.path(rel)).read_bytes()).hexdigest()
-    copied = copy_verified(a, b, rel, facts.byte_size, facts.sha256, facts.xxh3)
-    assert (copied, copied.xxh3) == (facts, facts.xxh3)
-    assert b.facts(rel) == facts and b.facts(rel).xxh3 == facts.xxh3
+    assert facts.crc64nvme == crc64nvme_reference(Path(a.path(rel)).read_bytes())
+    copied = copy_verified(a, b, rel, facts.byte_size, facts.sha256, facts.crc64nvme)
+    assert (copied, copied.crc64nvme) == (facts, facts.crc64nvme)
+    assert b.facts(rel) == facts and b.facts(rel).crc64nvme == facts.crc64nvme
 
     rel2, facts2 = _segment_at(a)
     data = bytearray(Path(a.path(rel2)).read_bytes())
     data[len(data) // 3] ^= 0x10
     Path(a.path(rel2)).write_bytes(bytes(data))
-    with pytest.raises(CorruptSegmentError, match="xxh3"):
-        copy_verified(a, b, rel2, facts2.byte_size, facts2.sha256, facts2.xxh3)
-    # the right bytes with a wrong XXH3-128 in the catalog are refused too: the check is the xxh3, not a pass
+    with pytest.raises(CorruptSegmentError, match="crc64nvme"):
+        copy_verified(a, b, rel2, facts2.byte_size, facts2.sha256, facts2.crc64nvme)
+    # the right bytes with a wrong CRC in the catalog are refused too: the check is the CRC, not a pass
     rel3, facts3 = _segment_at(a)
-    with pytest.raises(CorruptSegmentError, match="xxh3"):
-        copy_verified(a, b, rel3, facts3.byte_size, facts3.sha256, "0" * 32)
+    with pytest.raises(CorruptSegmentError, match="crc64nvme"):
+        copy_verified(a, b, rel3, facts3.byte_size, facts3.sha256, "0" * 16)
     assert sorted(p.name for p in Path(b.path(rel2)).parent.iterdir()) == [Path(rel).name]  # no tmp, no others
 
 

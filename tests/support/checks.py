@@ -32,7 +32,7 @@ SEGMENT_FIELDS = (
     "deleted_rows",
     "byte_size",
     "sha256",
-    "xxh3",
+    "crc64nvme",
     "min_version",
     "max_version",
     "key_min",

@@ -108,9 +108,9 @@ class Segment(Base):
     deleted_rows: Mapped[int] = mapped_column(BigInteger, default=0)
     byte_size: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
-    # XXH3-128 (hex) of the file as its writer hashed it: the cheap check of a local copy (None: not known,
-    # e.g. written before revision 0007 or by a writer that did not compute it; sha256 is checked instead)
-    xxh3: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # CRC-64/NVME (hex) of the file as its writer hashed it: the cheap check of a local or server-side copy
+    # (None: not known, written before revision 0008; sha256 is checked instead). storage.crc64nvme says why.
+    crc64nvme: Mapped[str | None] = mapped_column(String(16), nullable=True)
     min_version: Mapped[int] = mapped_column(BigInteger)
     max_version: Mapped[int] = mapped_column(BigInteger)
     key_min: Mapped[Any | None] = mapped_column(JSON, nullable=True)

@@ -5,7 +5,9 @@ Registering a segment never reads its rows: it is one INSERT and a conditional r
 
 from __future__ import annotations
 
-from sqlalchemy import update
+from typing import Any
+
+from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
@@ -40,28 +42,43 @@ def entry_of(seg: m.Segment, table: str, partition: m.Partition) -> SegmentEntry
 
 def segment_row(entry: SegmentEntry, placement_id: int, relpath: str, facts: FileFacts, committed_us: int) -> m.Segment:
     """The catalog row of an entry held by a placement."""
-    return m.Segment(
-        placement_id=placement_id,
-        segment_id=entry.segment_id,
-        partition_id=entry.partition_id,
-        base_segment_id=entry.base_segment_id,
-        included_segment_ids=list(entry.included_segment_ids),
-        is_major=entry.is_major,
-        row_count=entry.row_count,
-        deleted_rows=entry.deleted_rows,
-        byte_size=facts.byte_size,
-        sha256=facts.sha256,
-        xxh3=facts.xxh3,
-        min_version=entry.min_version,
-        max_version=entry.max_version,
-        key_min=entry.key_min,
-        key_max=entry.key_max,
-        origin_site_id=entry.origin_site_id,
-        epoch=entry.epoch,
-        schema_fingerprint=entry.schema_fingerprint,
-        relpath=relpath,
-        committed_us=committed_us,
-    )
+    return m.Segment(**segment_values(entry, placement_id, relpath, facts, committed_us))
+
+
+def segment_values(
+    entry: SegmentEntry, placement_id: int, relpath: str, facts: FileFacts, committed_us: int
+) -> dict[str, Any]:
+    """The columns of ``segment_row``, for ``insert_segments``."""
+    return {
+        "placement_id": placement_id,
+        "segment_id": entry.segment_id,
+        "partition_id": entry.partition_id,
+        "base_segment_id": entry.base_segment_id,
+        "included_segment_ids": list(entry.included_segment_ids),
+        "is_major": entry.is_major,
+        "row_count": entry.row_count,
+        "deleted_rows": entry.deleted_rows,
+        "byte_size": facts.byte_size,
+        "sha256": facts.sha256,
+        "crc64nvme": facts.crc64nvme,
+        "min_version": entry.min_version,
+        "max_version": entry.max_version,
+        "key_min": entry.key_min,
+        "key_max": entry.key_max,
+        "origin_site_id": entry.origin_site_id,
+        "epoch": entry.epoch,
+        "schema_fingerprint": entry.schema_fingerprint,
+        "relpath": relpath,
+        "committed_us": committed_us,
+    }
+
+
+def insert_segments(s: Session, rows: list[dict[str, Any]]) -> None:
+    """Add list entries (``segment_values``) in the order given, in one statement: the ORM would flush one
+    INSERT per row to learn each new ``entry_id``, which nobody reads here. The entries are numbered in
+    that order (an INSERT's rows take their ids in order), which is the list order."""
+    if rows:
+        s.execute(insert(m.Segment), rows)
 
 
 def register_segment(

@@ -8,10 +8,11 @@ twice, or twice at once, commits each segment once per target:
   crash in between is repaired by the next offer, which the receiver answers SEGMENT_EXISTS. When the
   partition goes on, the sender's ack shares the transaction of its next offer.
 
-A batch is made durable before it is committed: each file is fsynced as it is copied (the copies of a batch
-run side by side), each target directory once for the batch (``storage.atomic.batched_directory_syncs``), then
-the receiver registers the whole batch in one transaction. Partitions go side by side; on SQLite their
-transactions take turns in this process rather than in SQLite's busy handler.
+A batch is made durable before it is committed: each file is fsynced as it is copied (the copies of every
+partition share one pool of threads per target, ``CopyPool``), each target directory once for the batch
+(``storage.atomic.batched_directory_syncs``), then the receiver registers the whole batch in one transaction.
+Partitions go side by side; on SQLite their transactions take turns in this process rather than in SQLite's
+busy handler.
 
 A store that cannot be used (its root became a plain file, a permission error, a URI its file system cannot
 open, a copier that gives up) fails that target only: the partition releases the round's leases it holds
@@ -39,7 +40,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.catalog.segments import entry_of, move_root_to, segment_row
+from segrep.catalog.segments import entry_of, insert_segments, move_root_to, segment_values
 from segrep.catalog.snapshot import snapshot
 from segrep.catalog.sql import conflict_insert
 from segrep.config.definitions import Definitions, Policy
@@ -79,7 +80,7 @@ class CopyItem:
     sha256: str
     source_options: StoreOptions = field(default_factory=StoreOptions)
     target_options: StoreOptions = field(default_factory=StoreOptions)
-    xxh3: str | None = None  # the catalog's XXH3-128 of the file, if known: a local copy is checked by it
+    crc64nvme: str | None = None  # the catalog's CRC-64/NVME of the file, if known: copies are checked by it
 
     @classmethod
     def from_doc(cls, raw: dict[str, Any]) -> CopyItem:
@@ -113,7 +114,7 @@ def copy_one(item: CopyItem, open_site: SiteOpener = Site) -> CopyOutcome:
     try:
         source = open_site(item.source, item.source_uri, item.source_options)
         target = open_site(item.target, item.target_uri, item.target_options)
-        copy_verified(source, target, item.relpath, item.byte_size, item.sha256, item.xxh3)
+        copy_verified(source, target, item.relpath, item.byte_size, item.sha256, item.crc64nvme)
     except CorruptSegmentError as exc:
         return CopyOutcome(item.relpath, False, invalid=str(exc))
     except _COPY_ERRORS as exc:  # a site that cannot be opened, read or written
@@ -121,20 +122,47 @@ def copy_one(item: CopyItem, open_site: SiteOpener = Site) -> CopyOutcome:
     return CopyOutcome(item.relpath, True)
 
 
+COPIES_AT_ONCE = 8  # copies in flight to one target, from all its partitions
+
+
+class CopyPool:
+    """One target's copies, from every partition, in one pool of threads that takes them in the order asked.
+
+    With a pool per batch, every partition's batch finished at about the same time and the partitions then met
+    at the catalog together (receiver commit, next offer), taking turns there while no copy ran. First come,
+    first served, the earliest batch finishes first, and its partition's catalog work overlaps the others'
+    copies. Each file is fsynced as it is copied; the directories of local targets are fsynced once per batch,
+    before its outcomes are returned (so before any is committed): a failed directory sync fails every copy
+    of the batch. Sites are opened once for the pool."""
+
+    def __init__(self, workers: int = COPIES_AT_ONCE) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="segrep-copy")
+        self._open_site = _opened_once()
+
+    def __call__(self, items: list[CopyItem]) -> list[CopyOutcome]:
+        try:
+            with batched_directory_syncs():
+                # each copy joins the batch's directory syncs through its context
+                runs = [(contextvars.copy_context(), item) for item in items]
+                futures = [self._pool.submit(ctx.run, copy_one, item, self._open_site) for ctx, item in runs]
+                return [f.result() for f in futures]
+        except OSError as exc:
+            return [CopyOutcome(i.relpath, False, error=describe(exc)) for i in items]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> CopyPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def local_copier(items: list[CopyItem]) -> list[CopyOutcome]:
-    """Copy in threads (hashing and file I/O release the GIL). Each file is fsynced as it is copied; the
-    directories of local targets are fsynced once for the whole batch, before the outcomes are returned
-    (so before any is committed): a failed directory sync fails every copy of the batch."""
-    open_site = _opened_once()
-    try:
-        with batched_directory_syncs():
-            if len(items) <= 1:
-                return [copy_one(i, open_site) for i in items]
-            contexts = [contextvars.copy_context() for _ in items]  # each copy joins the batch's directory syncs
-            with ThreadPoolExecutor(max_workers=min(4, len(items))) as pool:
-                return list(pool.map(lambda ctx, item: ctx.run(copy_one, item, open_site), contexts, items))
-    except OSError as exc:
-        return [CopyOutcome(i.relpath, False, error=describe(exc)) for i in items]
+    """Copy one batch in threads of its own (hashing and file I/O release the GIL): a CopyPool for the batch."""
+    with CopyPool(max(1, min(4, len(items)))) as pool:
+        return pool(items)
 
 
 def _opened_once() -> SiteOpener:
@@ -184,7 +212,7 @@ def fast_forward_target(
     else:
         key, ttl = round_key(table, end), lease_ttl_us()
         turns = threading.Lock() if catalog.dialect == "sqlite" else contextlib.nullcontext()
-        context = _Context(catalog, table, site, end, key, ttl, policy, copier or local_copier, big_copier, turns)
+        context = _Context(catalog, table, site, end, key, ttl, policy, copier or CopyPool(), big_copier, turns)
         work = [
             _PartitionRun(context, part.partition.partition_id, replica.placement_id, reoffer)
             for part in snap.partitions
@@ -194,8 +222,14 @@ def fast_forward_target(
         # Partitions are independent chains: copying several at once keeps the disk busy while one waits on
         # an fsync (each partition still goes strictly in order, and takes its own row lock to decide). The
         # heartbeat keeps the round's leases alive while this process copies, and only while it does.
-        with heartbeat(catalog, key, ttl), ThreadPoolExecutor(max_workers=PARTITIONS_AT_ONCE) as pool:
-            for part_report in pool.map(_PartitionRun.run, work):
+        with (
+            heartbeat(catalog, key, ttl),
+            ThreadPoolExecutor(max_workers=PARTITIONS_AT_ONCE) as partitions,
+            contextlib.ExitStack() as closing,
+        ):
+            if isinstance(context.copier, CopyPool):  # the default copier: one pool for the target's partitions
+                closing.callback(context.copier.close)
+            for part_report in partitions.map(_PartitionRun.run, work):
                 report.absorb(part_report)
         pending = snap.rollback_pending(site_row.site_id)
         if pending and report.status != TargetStatus.FAILED:  # the rows a failover gave up are still there
@@ -376,7 +410,7 @@ class _PartitionRun:
                     seg.sha256,
                     options_for(source_site.name, source_site.uri),
                     options_for(target_site.name, target_site.uri),
-                    seg.xxh3,
+                    seg.crc64nvme,
                 )
                 entry = entry_of(seg, ctx.table, part.partition)
                 leased = _Leased(
@@ -517,6 +551,7 @@ def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> _Commit:
             now = hlc.now_us()
             start = replica.root_segment_id
             root = start
+            rows = []
             for leased in batch:
                 seg = leased.segment
                 if seg.segment_id not in present:
@@ -524,8 +559,8 @@ def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> _Commit:
                         raise ConflictError(
                             f"placement {replica.placement_id}: root moved while writing {seg.segment_id}"
                         )
-                    facts = FileFacts(seg.byte_size, seg.sha256, seg.xxh3)
-                    s.add(segment_row(leased.entry, replica.placement_id, seg.relpath, facts, now))
+                    facts = FileFacts(seg.byte_size, seg.sha256, seg.crc64nvme)
+                    rows.append(segment_values(leased.entry, replica.placement_id, seg.relpath, facts, now))
                     root = seg.segment_id
                 elif root == leased.expected_root:  # (a segment's expected root is the one before it)
                     # Listed here already but off the chain: a major this replica held before another leader's
@@ -534,6 +569,7 @@ def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> _Commit:
                     # the batch then conflicted, round after round).
                     root = seg.segment_id
                 # else a concurrent execution of this round registered it and moved the root on already
+            insert_segments(s, rows)
             if root is not None and root != start:  # one conditional move for the batch, from the root read above
                 move_root_to(s, replica.placement_id, root, expected_root=start)
             receiver_acks = {(b.replica_id, b.segment.segment_id, h) for b in batch for h in (b.leader_id, b.sender_id)}

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from segrep.catalog import Catalog
 from segrep.config.definitions import Definitions
 from segrep.replication.commit import commit_round
-from segrep.replication.fast_forward import Copier, CopyItem, CopyOutcome, fast_forward_target, local_copier
+from segrep.replication.fast_forward import Copier, CopyItem, CopyOutcome, fast_forward_target
 from segrep.replication.heartbeat import heartbeat
 from segrep.replication.plan import plan_round
 from segrep.replication.reports import RoundReport
@@ -59,12 +59,12 @@ def run_round(
     target: str | None = None,
     reoffer: bool = False,
     submit: Submit = launch.submit,
-    copier: Copier = local_copier,
+    copier: Copier | None = None,
 ) -> RoundReport:
     """plan -> fast-forward each target -> merge (only if planned) -> commit; return the round report.
 
-    ``copier`` copies the batches below the policy's ``spark_copy_threshold_bytes`` (threads by default);
-    larger ones go to the Spark distributed copy through ``submit``."""
+    ``copier`` copies the batches below the policy's ``spark_copy_threshold_bytes`` (by default one pool of
+    threads per target, ``CopyPool``); larger ones go to the Spark distributed copy through ``submit``."""
     plan = plan_round(catalog, defs, table, until_us, target=target, reoffer=reoffer)
     with heartbeat(catalog, round_key(table, plan.end_us)):  # the merge leases live while this process does
         for site in plan.targets:

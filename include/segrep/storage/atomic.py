@@ -7,12 +7,10 @@ rename so the name survives a crash too (or once for a batch of files, ``batched
 Local segment files are hashed as their bytes go out (``HashingFileWriter``), not by reading the file back: see
 ``atomic_local_write_stream`` for why that verifies as much as a re-read would.
 
-Every file hashed here gets two digests: sha256, the catalog's identity of the file (what S3 stores check too),
-and XXH3-128, ten times cheaper (about 10 GB/s against 1.1 GB/s on this machine's cores). A local copy of a
-segment whose XXH3-128 the catalog knows is checked with it alone (``atomic_local_copy``): equal 128-bit
-checksums of the bytes the writer hashed and of the copy mean the copy is those bytes, sha256 included, for
-any corruption that is not crafted against the checksum; and on two cores the copy's sha256 cost as much CPU
-as the rest of a local round.
+Every file hashed here gets two digests: sha256, the catalog's identity of the file, and CRC-64/NVME, the
+fast check (``storage.crc64nvme`` says what it checks and why that suffices). A local copy of a segment whose
+CRC-64/NVME the catalog knows is checked with it alone (``atomic_local_copy``): on two cores the copy's sha256
+cost as much CPU as the rest of a local round.
 """
 
 from __future__ import annotations
@@ -31,10 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
 from segrep.core import faults
 from segrep.core.errors import CorruptSegmentError
+from segrep.storage.crc64nvme import Crc64Nvme
 
 CHUNK = 4 * 1024 * 1024
 _BATCH = 1024 * 1024  # small writes (Parquet page headers) are gathered up to this size before going out
@@ -43,17 +40,12 @@ _SYNC_EVERY = 8 * 1024 * 1024  # start written bytes on their way to disk every 
 
 @dataclass(frozen=True)
 class FileFacts:
-    """A file's size and digests. Equality is size and sha256 (the catalog's identity of the file); ``xxh3``
-    (XXH3-128, hex) rides along where the bytes were hashed here, and is None where it is not known."""
+    """A file's size and digests. Equality is size and sha256 (the catalog's identity of the file);
+    ``crc64nvme`` (hex) rides along where the bytes were hashed here, and is None where it is not known."""
 
     byte_size: int
     sha256: str
-    xxh3: str | None = field(default=None, compare=False)
-
-
-def new_xxh3(data: Any = b"") -> Any:
-    """A new XXH3-128 digest object (fed ``data``): the fast check of local copies."""
-    return xxhash.xxh3_128(data)
+    crc64nvme: str | None = field(default=None, compare=False)
 
 
 # Directories whose fsync is owed by an open ``batched_directory_syncs`` block (None: sync each one at once)
@@ -128,8 +120,8 @@ def atomic_local_write_stream(
 def atomic_local_copy(source: str, final: str, expected: FileFacts) -> FileFacts:
     """Copy a local file to ``final`` inside the kernel (copy_file_range: no trip through Python, as cp
     does), then hash the copy's bytes while it is fsynced, and rename it into place only if they equal
-    ``expected`` (else CorruptSegmentError and nothing appears): by XXH3-128 where ``expected`` has it (the
-    module's docstring says why that suffices), else by sha256. The hash is of the destination file as
+    ``expected`` (else CorruptSegmentError and nothing appears): by CRC-64/NVME where ``expected`` has it
+    (``storage.crc64nvme`` says why that suffices), else by sha256. The hash is of the destination file as
     the kernel holds it, so a bad source and a bad copy are both caught. OSError if the kernel cannot copy
     between these files (the caller falls back to a streamed copy) or a site is unreachable."""
     with _temporary_beside(final) as (tmp, out):
@@ -144,16 +136,16 @@ def atomic_local_copy(source: str, final: str, expected: FileFacts) -> FileFacts
         flusher = threading.Thread(target=lambda: synced.append(_call(os.fsync, out)), name="segrep-copy-fsync")
         flusher.start()  # write-back runs while this thread hashes the same bytes from the page cache
         try:
-            facts = _hash_mapped(tmp, fast=expected.xxh3 is not None)
+            facts = _hash_mapped(tmp, fast=expected.crc64nvme is not None)
         finally:
             flusher.join()
         if synced[0] is not None:
             raise synced[0]
-        if expected.xxh3 is not None:  # checked by XXH3-128: the copy is the bytes the catalog's sha256 names
-            if (facts.byte_size, facts.xxh3) != (expected.byte_size, expected.xxh3):
+        if expected.crc64nvme is not None:  # checked by CRC-64/NVME: the copy is the bytes the sha256 names
+            if (facts.byte_size, facts.crc64nvme) != (expected.byte_size, expected.crc64nvme):
                 raise CorruptSegmentError(
-                    f"{final}: the copy ({facts.byte_size} bytes, xxh3 {facts.xxh3}) does not match the catalog "
-                    f"({expected.byte_size} bytes, xxh3 {expected.xxh3})"
+                    f"{final}: the copy ({facts.byte_size} bytes, crc64nvme {facts.crc64nvme}) does not match the "
+                    f"catalog ({expected.byte_size} bytes, crc64nvme {expected.crc64nvme})"
                 )
             facts = expected
         _publish(tmp, final, facts, expected, "the copy")
@@ -218,7 +210,7 @@ class HashingFileWriter:
         self._sync_every = sync_every
         self._fd = fd
         self._digest = hashlib.sha256()
-        self._xxh3 = new_xxh3()
+        self._crc = Crc64Nvme()
         self._pending = bytearray()
         self._queued = 0  # bytes accepted by write()
         self._written = 0  # bytes written to the file by the background thread
@@ -286,7 +278,7 @@ class HashingFileWriter:
             size = os.fstat(self._fd).st_size
             if size != self._written or size != self._queued:
                 raise OSError(f"{self.name or 'file'} holds {size} bytes after fsync, {self._queued} were written")
-            self._facts = FileFacts(size, self._digest.hexdigest(), self._xxh3.hexdigest())
+            self._facts = FileFacts(size, self._digest.hexdigest(), self._crc.hexdigest())
         return self._facts
 
     def __enter__(self) -> HashingFileWriter:
@@ -303,7 +295,7 @@ class HashingFileWriter:
                 continue  # keep taking chunks so that write() never blocks on a full queue
             try:
                 self._digest.update(chunk)  # releases the GIL for large buffers, as os.write does
-                self._xxh3.update(chunk)
+                self._crc.update(chunk)
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(self._fd, view) :]
@@ -326,30 +318,36 @@ def tmp_name(final: str) -> str:
 
 
 def hash_local(path: str, *, fsync: bool) -> FileFacts:
-    digest, fast = hashlib.sha256(), new_xxh3()
-    size = 0
     with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-            fast.update(chunk)
-            size += len(chunk)
+        facts = hash_stream(f)
         if fsync:
             os.fsync(f.fileno())
+    return facts
+
+
+def hash_stream(f: Any) -> FileFacts:
+    """Size, sha256 and CRC-64/NVME of what a binary stream (anything with ``read(n)``) holds from here on."""
+    digest, fast = hashlib.sha256(), Crc64Nvme()
+    size = 0
+    while chunk := f.read(CHUNK):
+        digest.update(chunk)
+        fast.update(chunk)
+        size += len(chunk)
     return FileFacts(size, digest.hexdigest(), fast.hexdigest())
 
 
 def _hash_mapped(path: str, *, fast: bool = False) -> FileFacts:
     """Size and sha256 of a file hashed through a read-only mapping: the page cache is hashed where it is,
-    without first copying it into a buffer (about a tenth less CPU than reading it). ``fast``: its XXH3-128
-    only (the sha256 field is then empty: the caller compares the XXH3-128). Only for a temporary file of our
+    without first copying it into a buffer (about a tenth less CPU than reading it). ``fast``: its CRC-64/NVME
+    only (the sha256 field is then empty: the caller compares the CRC). Only for a temporary file of our
     own: a file truncated under a mapping faults (SIGBUS) instead of raising."""
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
-            return FileFacts(0, "", new_xxh3().hexdigest()) if fast else FileFacts(0, hashlib.sha256().hexdigest())
+            return FileFacts(0, "", Crc64Nvme().hexdigest()) if fast else FileFacts(0, hashlib.sha256().hexdigest())
         with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as view:
             if fast:
-                return FileFacts(size, "", new_xxh3(view).hexdigest())
+                return FileFacts(size, "", Crc64Nvme(view).hexdigest())
             return FileFacts(size, hashlib.sha256(view).hexdigest())
 
 

@@ -11,8 +11,9 @@ What is verified, and by whom:
   it received (a part damaged on the way is refused), and the store's answer for the whole object (the SHA-256
   of a single PUT or a server-side copy, the composite of a multipart upload) must equal segrep's: no download
   of the object again;
-- a server-side copy (same endpoint, same credentials) is verified by the SHA-256 the store computes of the
-  new object.
+- a server-side copy (same endpoint, same credentials) is verified by the checksum the store computes of the
+  new object: its CRC-64/NVME (S3's own full-object checksum, ``storage.crc64nvme``) against the catalog's,
+  or its SHA-256 for a segment whose CRC-64/NVME the catalog does not know (written before revision 0008).
 An object is visible under its final key only once complete (S3 never shows a part-finished upload); a killed
 upload is an incomplete multipart upload, which GC aborts (``abort_stale_uploads``) as it deletes orphans.
 """
@@ -36,7 +37,8 @@ from segrep.config.stores import StoreOptions
 from segrep.core import faults
 from segrep.core.errors import CorruptSegmentError
 from segrep.core.settings import bytes_from_env
-from segrep.storage.atomic import FileFacts, new_xxh3
+from segrep.storage.atomic import FileFacts
+from segrep.storage.crc64nvme import Crc64Nvme
 from segrep.storage.store_errors import StoreRefusedError, StoreUnreachableError, classify_boto
 
 PART_BYTES_ENV = "SEGREP_S3_PART_BYTES"
@@ -245,7 +247,7 @@ class _PartReader:
         self.done = False
         self.size = 0
         self.digest = hashlib.sha256()
-        self._xxh3 = new_xxh3()
+        self._crc = Crc64Nvme()
 
     def next_part(self) -> bytes:
         pieces, have = [self._rest] if self._rest else [], len(self._rest)
@@ -265,12 +267,12 @@ class _PartReader:
             self.done = self._peek_end()
         self.size += len(part)
         self.digest.update(part)
-        self._xxh3.update(part)
+        self._crc.update(part)
         return part
 
     def facts(self) -> FileFacts:
         """Size and digests of every byte read so far."""
-        return FileFacts(self.size, self.digest.hexdigest(), self._xxh3.hexdigest())
+        return FileFacts(self.size, self.digest.hexdigest(), self._crc.hexdigest())
 
     def _peek_end(self) -> bool:
         """True if the stream has nothing more (what it had is kept for the next part)."""
@@ -280,9 +282,14 @@ class _PartReader:
 
 
 def server_side_copy(source: S3Target, target: S3Target, src_path: str, path: str, expected: FileFacts) -> FileFacts:
-    """Copy an object within one store (CopyObject: no byte leaves the store), verified by the SHA-256 the
-    store computes of the new object. CorruptSegmentError (and the copy deleted) if it differs."""
+    """Copy an object within one store (CopyObject: no byte leaves the store), verified by the checksum the
+    store computes of the new object: CRC-64/NVME where the catalog knows the file's (S3's own full-object
+    checksum: the store need not hash a SHA-256 for it), else SHA-256. CorruptSegmentError (and the copy
+    deleted) if it differs."""
     key = target.key(path)
+    algorithm, wanted = (
+        ("CRC64NVME", expected.crc64nvme) if expected.crc64nvme is not None else ("SHA256", expected.sha256)
+    )
     answer = _call(
         target,
         path,
@@ -291,16 +298,16 @@ def server_side_copy(source: S3Target, target: S3Target, src_path: str, path: st
         Bucket=target.bucket,
         Key=key,
         CopySource={"Bucket": source.bucket, "Key": source.key(src_path)},
-        ChecksumAlgorithm="SHA256",
+        ChecksumAlgorithm=algorithm,
     )
-    reported = (answer.get("CopyObjectResult") or {}).get("ChecksumSHA256")
-    wanted = _b64(bytes.fromhex(expected.sha256))
-    if reported != wanted:
+    reported = (answer.get("CopyObjectResult") or {}).get(f"Checksum{algorithm}")
+    got = None if reported is None else base64.b64decode(reported).hex()
+    if got != wanted:
         delete_quietly(target, path)
-        what = "no checksum" if reported is None else f"sha256 {base64.b64decode(reported).hex()[:12]}..."
+        what = "no checksum" if got is None else f"{algorithm.lower()} {got[:16]}"
         raise CorruptSegmentError(
             f"site {target.site}: server-side copy of {src_path} to {path} is not the catalog's file: the store "
-            f"reports {what} (expected {expected.sha256[:12]}...)"
+            f"reports {what} (expected {wanted[:16]})"
         )
     return expected
 

@@ -11,7 +11,6 @@ Atomic writes themselves are in :mod:`segrep.storage.atomic`.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -30,7 +29,7 @@ from segrep.storage.atomic import (
     FileFacts,
     atomic_local_write_stream,
     hash_local,
-    new_xxh3,
+    hash_stream,
     remove_quietly,
     tmp_name,
 )
@@ -113,21 +112,15 @@ class Site:
 
     # -- reading -----------------------------------------------------------------------------------------
     def facts(self, relpath: str) -> FileFacts:
-        """Size, sha256 and XXH3-128 of a stored file, computed from its bytes."""
+        """Size, sha256 and CRC-64/NVME of a stored file, computed from its bytes."""
         if self.local:
             return hash_local(self.path(relpath), fsync=False)
-        digest, fast = hashlib.sha256(), new_xxh3()
-        size = 0
         with self.fs.open_input_stream(self.path(relpath)) as f:
-            while chunk := f.read(CHUNK):
-                digest.update(chunk)
-                fast.update(chunk)
-                size += len(chunk)
-        return FileFacts(size, digest.hexdigest(), fast.hexdigest())
+            return hash_stream(f)
 
     def verify(self, relpath: str, byte_size: int, sha256: str) -> FileFacts:
         """Raise CorruptSegmentError unless the file has exactly the recorded size and hash; else return its
-        facts (with the XXH3-128 of the bytes just checked)."""
+        facts (with the CRC-64/NVME of the bytes just checked)."""
         try:
             facts = self.facts(relpath)
         except FileNotFoundError:

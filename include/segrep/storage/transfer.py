@@ -50,19 +50,19 @@ def _kernel_copy(source: str, final: str, expected: FileFacts) -> FileFacts:
 
 
 def copy_verified(
-    source: Site, target: Site, relpath: str, byte_size: int, sha256: str, xxh3: str | None = None
+    source: Site, target: Site, relpath: str, byte_size: int, sha256: str, crc64nvme: str | None = None
 ) -> FileFacts:
     """Copy ``relpath`` from ``source`` to the same path at ``target`` and return its facts.
 
     Raises CorruptSegmentError (the receiver's INVALID) if what arrived differs from ``byte_size`` and
-    ``sha256`` (a kernel copy between local sites checks ``xxh3`` instead, when the catalog has it:
-    ``storage.atomic``); nothing appears under the final name. OSError (a site that is down) propagates
-    unchanged.
+    ``sha256`` (a kernel copy between local sites checks ``crc64nvme`` instead, when the catalog has it, and
+    so does a server-side copy on one S3 store: ``storage.crc64nvme``); nothing appears under the final name.
+    OSError (a site that is down) propagates unchanged.
     """
-    expected = FileFacts(byte_size, sha256, xxh3)
+    expected = FileFacts(byte_size, sha256, crc64nvme)
     mismatch = (
         f"copy of {relpath} from {source.name} to {target.name} does not match the catalog "
-        f"({byte_size} bytes, sha256 {sha256[:12]}...{f', xxh3 {xxh3}' if xxh3 else ''})"
+        f"({byte_size} bytes, sha256 {sha256[:12]}...{f', crc64nvme {crc64nvme}' if crc64nvme else ''})"
     )
 
     def _copy(out: HashingFileWriter) -> None:
