@@ -529,7 +529,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=1.0, help="TPC-H scale factor (1 = 6M lineitem rows)")
     ap.add_argument("--batches", type=int, default=10, help="write batches (= segments per partition, 4 partitions)")
-    ap.add_argument("--repeats", type=int, default=3, help="measurements per path (medians reported)")
+    ap.add_argument("--repeats", type=int, default=5, help="measurements per path (medians reported)")
     ap.add_argument("--seed", type=int, default=13, help="draws who goes first in each measurement, and the run's key")
     ap.add_argument("--routes", nargs="+", choices=[r.key for r in ROUTES], default=[r.key for r in ROUTES])
     ap.add_argument("--no-check", dest="check", action="store_false", help="skip re-reading the copies afterwards")
