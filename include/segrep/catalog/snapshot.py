@@ -232,6 +232,7 @@ def snapshot(
 
 
 def replica_sites(s: Session, table_id: int) -> ReplicaSites:
+    """The sites holding a receiving replica of some replicating partition of the table (one query)."""
     rows = s.execute(
         select(m.Placement.site_id, m.Placement.state, m.Placement.needs_bootstrap)
         .join(m.Partition, m.Partition.partition_id == m.Placement.partition_id)

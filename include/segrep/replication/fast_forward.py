@@ -212,7 +212,10 @@ def fast_forward_target(
     else:
         key, ttl = round_key(table, end), lease_ttl_us()
         turns = threading.Lock() if catalog.dialect == "sqlite" else contextlib.nullcontext()
-        context = _Context(catalog, table, site, end, key, ttl, policy, copier or CopyPool(), big_copier, turns)
+        own_pool = None  # the default copier: one pool for the target's partitions, closed when they are done
+        if copier is None:
+            copier = own_pool = CopyPool()
+        context = _Context(catalog, table, site, end, key, ttl, policy, copier, big_copier, turns)
         work = [
             _PartitionRun(context, part.partition.partition_id, replica.placement_id, reoffer)
             for part in snap.partitions
@@ -225,10 +228,8 @@ def fast_forward_target(
         with (
             heartbeat(catalog, key, ttl),
             ThreadPoolExecutor(max_workers=PARTITIONS_AT_ONCE) as partitions,
-            contextlib.ExitStack() as closing,
+            own_pool or contextlib.nullcontext(),
         ):
-            if isinstance(context.copier, CopyPool):  # the default copier: one pool for the target's partitions
-                closing.callback(context.copier.close)
             for part_report in partitions.map(_PartitionRun.run, work):
                 report.absorb(part_report)
         pending = snap.rollback_pending(site_row.site_id)

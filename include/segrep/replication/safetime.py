@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import select, tuple_, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
@@ -189,7 +189,8 @@ def _offered_by_all(
 
 
 def _settled_marks(part: PartitionSnapshot) -> list[dict[str, int]]:
-    """The placements of the partition whose settled watermark moves, with the new one (``_settle``'s rows)."""
+    """The placements of the partition whose settled watermark moves, each with its new watermark: rows of
+    one UPDATE by primary key."""
     epoch = part.partition.epoch
     out = []
     for placement in (part.leader, *part.replicas):
@@ -224,7 +225,7 @@ def _upsert_checkpoints(s: Session, wanted: list[_Checkpoint], now: int) -> None
         (row.partition_id, row.target_placement_id): row
         for row in s.scalars(
             select(ck)
-            .where(ck.partition_id.in_({c.partition_id for c in wanted}))
+            .where(tuple_(ck.partition_id, ck.target_placement_id).in_({(c.partition_id, c.target_id) for c in wanted}))
             .with_for_update()
             .execution_options(populate_existing=True)
         )
