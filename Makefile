@@ -27,7 +27,7 @@ test: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/pytest -n 2 --dist loadfile --durations=25 $(PYTEST_ARGS)
+	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -11,6 +11,7 @@ except in CI (CI=true), where they fail; Spark tests never skip.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import uuid
 from collections.abc import Iterator
@@ -20,7 +21,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from segrep.storage.stores import set_connection_resolver
 from tests.support.env import ORDERS_YAML, OUTAGE_YAML, Env, env_fixture, make_env, pg_schema_url, sqlite_url
+from tests.support.jvm_start import speed_up_jvm_start
 from tests.support.s3 import S3Endpoint, s3_events_yaml, start_s3_endpoints
 
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -32,6 +35,20 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 
 # A test asking for one of these fixtures needs that infrastructure: it gets the marker.
 MARKER_OF_FIXTURE = {"pg_server": "postgres", "spark": "spark"}
+JVM_ARCHIVE_DIR = pytest.StashKey[Path | None]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Once per run, in the process that starts the others (xdist's controller, or the only one): the archive
+    that halves every Spark JVM's start-up (tests/support/jvm_start.py); workers inherit SPARK_SUBMIT_OPTS."""
+    if not hasattr(config, "workerinput"):
+        config.stash[JVM_ARCHIVE_DIR] = speed_up_jvm_start()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    where = config.stash.get(JVM_ARCHIVE_DIR, None)
+    if where is not None:
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,6 +56,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for fixture, marker in MARKER_OF_FIXTURE.items():
             if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None:
                 item.add_marker(getattr(pytest.mark, marker))
+    items[:] = longest_files_first(items)
+
+
+def longest_files_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The files with ``slow`` tests first, then those with Spark tests, then the rest, each file's tests kept
+    together and in order. ``make test`` hands out whole files to two workers in this order
+    (``--dist loadfile --no-loadscope-reorder``), so a minutes-long file starts early instead of being the
+    last one left running while the other worker idles."""
+    rank: dict[str, int] = {}
+    for item in items:
+        weight = 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("spark") else 2
+        rank[item.path.as_posix()] = min(weight, rank.get(item.path.as_posix(), weight))
+    order = {id(item): n for n, item in enumerate(items)}
+    return sorted(items, key=lambda item: (rank[item.path.as_posix()], order[id(item)]))
+
+
+@pytest.fixture(autouse=True)
+def outside_airflow() -> Iterator[None]:
+    """Each test starts outside Airflow: a task run in this process (``dag.test``) makes the process resolve
+    sites' ``airflow_conn_id`` credentials through Airflow, as a task process does, and that stays set."""
+    yield
+    set_connection_resolver(None)
 
 
 def _pg_reachable() -> str | None:
