@@ -38,6 +38,10 @@ AIRFLOW_ENV = {
     # The api-server and the scheduler of the backfill test must sign and check the same task tokens.
     "AIRFLOW__API_AUTH__JWT_SECRET": "segrep-e2e-tests-only-" + "0123456789abcdef" * 4,
     "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[*]"}',
+    # Each test parses the DAGs against its own definitions (other tables, other sites). Airflow keeps a DAG's
+    # stored serialization for 30 s by default, so a test's trigger could be checked against the forms of the
+    # test before it in the same worker.
+    "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "0",
 }
 os.environ.update(AIRFLOW_ENV)
 os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"  # spark-submit and airflow of this venv
