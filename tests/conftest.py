@@ -11,7 +11,6 @@ except in CI (CI=true), where they fail; Spark tests never skip.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import uuid
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from hypothesis import HealthCheck, settings
 
 from segrep.storage.stores import set_connection_resolver
 from tests.support.env import ORDERS_YAML, OUTAGE_YAML, Env, env_fixture, make_env, pg_schema_url, sqlite_url
-from tests.support.jvm_start import speed_up_jvm_start
+from tests.support.jvm_start import JvmArchive, speed_up_jvm_start
 from tests.support.s3 import S3Endpoint, s3_events_yaml, start_s3_endpoints
 
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -35,20 +34,20 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 
 # A test asking for one of these fixtures needs that infrastructure: it gets the marker.
 MARKER_OF_FIXTURE = {"pg_server": "postgres", "spark": "spark"}
-JVM_ARCHIVE_DIR = pytest.StashKey[Path | None]()
+JVM_ARCHIVE = pytest.StashKey[JvmArchive | None]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Once per run, in the process that starts the others (xdist's controller, or the only one): the archive
     that halves every Spark JVM's start-up (tests/support/jvm_start.py); workers inherit SPARK_SUBMIT_OPTS."""
     if not hasattr(config, "workerinput"):
-        config.stash[JVM_ARCHIVE_DIR] = speed_up_jvm_start()
+        config.stash[JVM_ARCHIVE] = speed_up_jvm_start()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    where = config.stash.get(JVM_ARCHIVE_DIR, None)
-    if where is not None:
-        shutil.rmtree(where, ignore_errors=True)
+    dump = config.stash.get(JVM_ARCHIVE, None)
+    if dump is not None:
+        dump.close()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
