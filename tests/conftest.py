@@ -63,12 +63,11 @@ def longest_files_first(items: list[pytest.Item]) -> list[pytest.Item]:
     together and in order. ``make test`` hands out whole files to two workers in this order
     (``--dist loadfile --no-loadscope-reorder``), so a minutes-long file starts early instead of being the
     last one left running while the other worker idles."""
-    rank: dict[str, int] = {}
+    rank: dict[Path, int] = {}
     for item in items:
         weight = 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("spark") else 2
-        rank[item.path.as_posix()] = min(weight, rank.get(item.path.as_posix(), weight))
-    order = {id(item): n for n, item in enumerate(items)}
-    return sorted(items, key=lambda item: (rank[item.path.as_posix()], order[id(item)]))
+        rank[item.path] = min(weight, rank.get(item.path, weight))
+    return sorted(items, key=lambda item: rank[item.path])  # a stable sort: collection order within a rank
 
 
 @pytest.fixture(autouse=True)

@@ -41,8 +41,8 @@ class JvmArchive:
         partial = self.where / "spark.jsa.partial"
         self._closing = threading.Event()
         env = {**launch.spark_env(), OPTS_VAR: f"-XX:ArchiveClassesAtExit={partial}"}
-        # segrep's own spark-submit line (its --conf settings load the same classes), with the warm-up app
-        cmd = [*launch.command("merge", [], name="segrep-tests-jvm-warm-up", master="local[1]")[:-1], str(WARM_UP_APP)]
+        # segrep's own spark-submit options (its --conf settings load the same classes), with the warm-up app
+        cmd = [*launch.submit_options(name="segrep-tests-jvm-warm-up", master="local[1]"), str(WARM_UP_APP)]
         self._proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
         )

@@ -73,13 +73,18 @@ def spark_submit_binary() -> str:
 
 def command(app: str, args: Sequence[str], *, name: str, master: str | None = None) -> list[str]:
     """The spark-submit command line for ``spark_jobs/<app>.py``."""
+    return [*submit_options(name=name, master=master), str(application(app)), *args]
+
+
+def submit_options(*, name: str, master: str | None = None) -> list[str]:
+    """spark-submit and its options, up to the application: master, name, ``SPARK_CONF``, this interpreter."""
     cmd = [spark_submit_binary(), "--master", master or os.environ.get(MASTER_ENV, "local[*]"), "--name", name]
     conf = {**SPARK_CONF, "spark.pyspark.python": python(), "spark.pyspark.driver.python": python()}
     for key, value in conf.items():
         cmd += ["--conf", f"{key}={value}"]
     if os.environ.get(PY_FILES_ENV):
         cmd += ["--py-files", os.environ[PY_FILES_ENV]]
-    return [*cmd, str(application(app)), *args]
+    return cmd
 
 
 def spark_env() -> dict[str, str]:
