@@ -11,6 +11,7 @@ import contextlib
 import cProfile
 import io
 import json
+import os
 import pstats
 import sys
 import time
@@ -40,6 +41,24 @@ def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float
     start = time.perf_counter()
     out = fn(*args, **kwargs)
     return out, time.perf_counter() - start
+
+
+def evict(paths: Sequence[str | Path]) -> None:
+    """Drop the files' clean pages from the page cache (cold-ish: the disk or the host may still cache)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def warm(paths: Sequence[str | Path]) -> None:
+    """Read the files through, so that their pages are in the page cache."""
+    for p in paths:
+        with open(p, "rb") as f:
+            while f.read(8 * 1024 * 1024):
+                pass
 
 
 @contextlib.contextmanager

@@ -63,7 +63,7 @@ from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support (the moto servers)
 
-from benchkit import log, timed
+from benchkit import evict, log, timed, warm
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
@@ -356,23 +356,6 @@ def sync_tree(root: Path) -> float:
     files = [str(p) for p in root.rglob("*") if p.is_file()]
     _, secs = timed(subprocess.run, ["sync", "--", *files], check=True)
     return secs
-
-
-def evict(paths: Sequence[str]) -> None:
-    """Drop the files' clean pages from the page cache (cold-ish: the disk or the host may still cache)."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def warm(paths: Sequence[str]) -> None:
-    for p in paths:
-        with open(p, "rb") as f:
-            while f.read(8 * 1024 * 1024):
-                pass
 
 
 def baseline(world: World, n: int, sample: Samples, source: Site) -> None:

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from benchkit import fill_chains, log, make_env, pg_schema, print_table, profile_top, timed, verdict
+from benchkit import evict, fill_chains, log, make_env, pg_schema, print_table, profile_top, timed, verdict, warm
 from sqlalchemy import select
 
 from segrep.catalog import Catalog
@@ -120,23 +120,6 @@ def set_leader(catalog: Catalog, site_id: int) -> None:
             ).one()
             part.leader_placement_id = pl.placement_id
             part.epoch += 1
-
-
-def evict(paths: Sequence[Path]) -> None:
-    """Drop the files' clean pages from the page cache (cold-ish: the disk or the host may still cache)."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def warm(paths: Sequence[Path]) -> None:
-    for p in paths:
-        with open(p, "rb") as f:
-            while f.read(8 * 1024 * 1024):
-                pass
 
 
 # -- (a) fast-forward and (b) the round with nothing to do -----------------------------------------------------
