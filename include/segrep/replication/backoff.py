@@ -14,7 +14,6 @@ from __future__ import annotations
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog.sql import insert_ignore
 from segrep.config.definitions import Policy
@@ -46,31 +45,29 @@ def bump_backoff(s: Session, table_id: int, site_id: int, reason: str, policy: P
     row.updated_us = now
 
 
-def record_target(
-    catalog: Catalog, round_id: int, table_id: int, site_id: int, report: TargetReport, policy: Policy
-) -> None:
-    """Keep the target's report with the round, and move its back-off by the outcome, in one transaction."""
-    with catalog.write() as s:
-        now = hlc.now_us()
-        if report.status == TargetStatus.FAILED and not report.refused:
-            bump_backoff(s, table_id, site_id, f"unreachable: {report.error}", policy)
-        elif report.status == TargetStatus.DECLINED and report.backs_off:
-            bump_backoff(s, table_id, site_id, report.decline_reason or "declined", policy)
-        elif report.status == TargetStatus.OK:
-            s.execute(delete(m.Backoff).where(m.Backoff.table_id == table_id, m.Backoff.site_id == site_id))
-        insert_ignore(
-            s,
-            m.RoundTarget,
-            {"round_id": round_id, "site_id": site_id, "status": report.status, "report": {}, "updated_us": now},
-        )
-        earlier = s.scalar(
-            select(m.RoundTarget.report)
-            .where(m.RoundTarget.round_id == round_id, m.RoundTarget.site_id == site_id)
-            .with_for_update()
-        )
-        doc = (report.after(TargetReport.from_dict(earlier)) if earlier else report).to_dict()
-        s.execute(
-            update(m.RoundTarget)
-            .where(m.RoundTarget.round_id == round_id, m.RoundTarget.site_id == site_id)
-            .values(status=report.status, report=doc, updated_us=now)
-        )
+def record_target(s: Session, round_id: int, table_id: int, site_id: int, report: TargetReport, policy: Policy) -> None:
+    """Keep the target's report with the round, and move its back-off by the outcome (in the caller's
+    transaction: the fast-forward records its last acks in the same one)."""
+    now = hlc.now_us()
+    if report.status == TargetStatus.FAILED and not report.refused:
+        bump_backoff(s, table_id, site_id, f"unreachable: {report.error}", policy)
+    elif report.status == TargetStatus.DECLINED and report.backs_off:
+        bump_backoff(s, table_id, site_id, report.decline_reason or "declined", policy)
+    elif report.status == TargetStatus.OK:
+        s.execute(delete(m.Backoff).where(m.Backoff.table_id == table_id, m.Backoff.site_id == site_id))
+    insert_ignore(
+        s,
+        m.RoundTarget,
+        {"round_id": round_id, "site_id": site_id, "status": report.status, "report": {}, "updated_us": now},
+    )
+    earlier = s.scalar(
+        select(m.RoundTarget.report)
+        .where(m.RoundTarget.round_id == round_id, m.RoundTarget.site_id == site_id)
+        .with_for_update()
+    )
+    doc = (report.after(TargetReport.from_dict(earlier)) if earlier else report).to_dict()
+    s.execute(
+        update(m.RoundTarget)
+        .where(m.RoundTarget.round_id == round_id, m.RoundTarget.site_id == site_id)
+        .values(status=report.status, report=doc, updated_us=now)
+    )

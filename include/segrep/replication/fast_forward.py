@@ -6,7 +6,10 @@ twice, or twice at once, commits each segment once per target:
   conditional root move; a lost race shows up as SEGMENT_EXISTS on the next offer and becomes an ack;
 - the receiver's commit and the sender's ack are separate transactions (as two servers would do them); a
   crash in between is repaired by the next offer, which the receiver answers SEGMENT_EXISTS. When the
-  partition goes on, the sender's ack shares the transaction of its next offer.
+  partition goes on, the sender's ack shares the transaction of its next offer; the acks of every
+  partition's last batch share the one that records the target's report;
+- a copy the target declines (INVALID) stops its partition for the round: it is offered again next round,
+  after the back-off.
 
 A batch is made durable before it is committed: each file is fsynced as it is copied (the copies of every
 partition share one pool of threads per target, ``CopyPool``), each target directory once for the batch
@@ -200,6 +203,7 @@ def fast_forward_target(
     end = clamp_end(end_us)
     policy = defs.policy(table)
     report = TargetReport(site)
+    last_acks: list[tuple[int, str, int]] = []  # the sender's acks of each partition's last batch
     with catalog.write() as s:
         snap = snapshot(s, table, active_only=not reoffer)
         rnd = ensure_round(s, snap.info.table_id, end, None)
@@ -232,6 +236,7 @@ def fast_forward_target(
         ):
             for part_report in partitions.map(_PartitionRun.run, work):
                 report.absorb(part_report)
+        last_acks = [ack for run in work for ack in _sender_acks(run.unacked)]
         pending = snap.rollback_pending(site_row.site_id)
         if pending and report.status != TargetStatus.FAILED:  # the rows a failover gave up are still there
             report.status = TargetStatus.FAILED
@@ -240,7 +245,9 @@ def fast_forward_target(
                 "rollback area (and its chain rewound) at the first round that can read the site"
             )
     report.seconds = round(time.perf_counter() - started, 3)
-    record_target(catalog, round_id, snap.info.table_id, site_row.site_id, report, policy)
+    with catalog.write() as s:  # the sender's side of the last batches, and the target's report: one transaction
+        _record_acks(s, last_acks, hlc.now_us())
+        record_target(s, round_id, snap.info.table_id, site_row.site_id, report, policy)
     if report.status == TargetStatus.FAILED:
         raise TargetUnreachable(f"target {site}: {report.error}")
     return report
@@ -308,8 +315,9 @@ class _PartitionRun:
     partition_id: int
     replica_id: int
     reoffer: bool
-    # Committed by the receiver, not yet acked by the sender: when the partition goes on, the sender acks
-    # them in the transaction of its next offer (one transaction fewer per batch on the partition's path)
+    # Committed by the receiver, not yet acked by the sender: the sender acks them in the transaction of its
+    # next offer, or, after the partition's last batch, with the other partitions' when the target is done
+    # (fewer transactions on each partition's path, and at the target's end one for all of them)
     unacked: list[_Leased] = field(default_factory=list)
 
     def run(self) -> TargetReport:
@@ -333,9 +341,8 @@ class _PartitionRun:
             if decision.next is _Next.RESTART:
                 restarted = True
                 continue
-            if decision.batch:
-                self._copy_and_commit(decision.batch, report, more=decision.next is _Next.CONTINUE)
-            if decision.next is _Next.STOP or not decision.batch:
+            declined = bool(decision.batch) and self._copy_and_commit(decision.batch, report)
+            if declined or decision.next is _Next.STOP or not decision.batch:
                 return
 
     def _decide(self, reoffer: bool, restarted: bool, report: TargetReport) -> _Decision:
@@ -449,10 +456,13 @@ class _PartitionRun:
         _release_leases(s, self.replica_id, [b.segment.segment_id for b in decision.batch[len(whole) :]], ctx.key)
         return _Decision(whole, _Next.STOP)
 
-    def _copy_and_commit(self, batch: list[_Leased], report: TargetReport, *, more: bool) -> None:
-        """Copy a decided batch, commit it at the receiver, then ack it at the sender: at once, or with the
-        next offer if the partition goes on (``more``). A crash before the ack is repaired by the next offer
-        either way (the receiver answers SEGMENT_EXISTS)."""
+    def _copy_and_commit(self, batch: list[_Leased], report: TargetReport) -> bool:
+        """Copy a decided batch, commit it at the receiver, then ack it at the sender: with the next offer, or
+        when the target is done (``unacked``); at once if the batch was cut short. A crash before the ack is
+        repaired by the next offer either way (the receiver answers SEGMENT_EXISTS). Returns whether the
+        target declined the batch (INVALID): the partition stops there for this round, as the protocol says,
+        instead of offering the same segment again (once the window had held offers back, it re-copied it
+        without end)."""
         ctx = self.ctx
         faults.point("before_copy")
         items = [b.item for b in batch]
@@ -478,7 +488,7 @@ class _PartitionRun:
         committed = commit.batch
         if committed:
             faults.point("after_commit_before_ack")
-            if more and failed is None and len(committed) == len(batch):
+            if failed is None and len(committed) == len(batch):
                 self.unacked = committed
             else:
                 with ctx.write() as s:  # the sender's side: one transaction for the batch
@@ -495,7 +505,7 @@ class _PartitionRun:
             else:
                 report.count(Outcome.INFLIGHT)  # a concurrent execution of this round got there first
             _release_all(ctx, batch[len(committed) :])
-            return
+            return False
         if failed is not None:
             n, copied = failed
             _release_all(ctx, batch[len(committed) :])
@@ -511,10 +521,11 @@ class _PartitionRun:
                         copied.invalid,
                     )
                 )
-                return
+                return True
             if copied.refused:
                 raise StoreRefusedError(copied.error or "the store refused the copy")
             raise TargetUnreachable(copied.error or "copy failed")
+        return False
 
 
 @dataclass(frozen=True)
