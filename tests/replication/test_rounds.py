@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ from tests.support.checks import (
 )
 from tests.support.cli import cli
 from tests.support.crc import crc64nvme_reference
-from tests.support.env import ORDERS_YAML, Env, make_env, pg_schema_url
+from tests.support.env import ORDERS_YAML, Env, env_fixture, make_env, pg_schema_url
 from tests.support.models import Model
 from tests.support.rounds import bring_up, corrupting_copier, no_spark, round_until_idle, take_down
 from tests.support.tables import REPLICAS, TABLE, batch
@@ -226,34 +227,37 @@ WINDOW_OF_2 = ORDERS_YAML.replace(
 )
 
 
-def test_an_invalid_copy_in_a_full_window_stops_its_partition_once(catalog_url: str, tmp_path: Path) -> None:
+@pytest.fixture
+def window_of_2_env(catalog_url: str, tmp_path: Path) -> Iterator[Env]:
+    """The usual environment, with a window of two segments in flight per replica of ``events``."""
+    yield from env_fixture(tmp_path, catalog_url, WINDOW_OF_2)
+
+
+def test_an_invalid_copy_in_a_full_window_stops_its_partition_once(window_of_2_env: Env) -> None:
     """Five segments per partition, a window of two: the first batch's copy is INVALID. The partition stops
     there for the round (the protocol's INVALID: retry later), once; it used to decide again at once, since
     the window had held offers back, and copy the same corrupt segment again without end."""
-    env = make_env(tmp_path, catalog_url, WINDOW_OF_2)
-    try:
-        assert env.defs.policy(TABLE).max_incoming_segments == 2
-        for k in range(5):
-            write_batch(env.catalog, TABLE, batch(range(30), f"v{k}"))
-        plan = plan_round(env.catalog, env.defs, TABLE)
-        batches: list[int] = []
+    env = window_of_2_env
+    assert env.defs.policy(TABLE).max_incoming_segments == 2
+    for k in range(5):
+        write_batch(env.catalog, TABLE, batch(range(30), f"v{k}"))
+    plan = plan_round(env.catalog, env.defs, TABLE)
+    batches: list[int] = []
 
-        def counting(items: list[CopyItem]) -> list[Any]:
-            batches.append(len(items))
-            if len(batches) > 10:
-                raise AssertionError(f"the same offers copied again and again: {batches}")
-            return corrupting_copier(items)
+    def counting(items: list[CopyItem]) -> list[Any]:
+        batches.append(len(items))
+        if len(batches) > 10:
+            raise AssertionError(f"the same offers copied again and again: {batches}")
+        return corrupting_copier(items)
 
-        report = fast_forward_target(env.catalog, env.defs, TABLE, "dr", plan.end_us, copier=counting)
-        assert report.status == "declined" and report.outcomes == {"INVALID": 2}, report  # one per partition
-        assert batches == [2, 2] and len(report.invalid) == 2, (batches, report.invalid)
-        assert segment_rows(env.catalog, "dr") == [] and lease_count(env.catalog) == 0
+    report = fast_forward_target(env.catalog, env.defs, TABLE, "dr", plan.end_us, copier=counting)
+    assert report.status == "declined" and report.outcomes == {"INVALID": 2}, report  # one per partition
+    assert batches == [2, 2] and len(report.invalid) == 2, (batches, report.invalid)
+    assert segment_rows(env.catalog, "dr") == [] and lease_count(env.catalog) == 0
 
-        retry = run_round(env.catalog, env.defs, TABLE, reoffer=True, submit=no_spark)
-        assert retry.status == "ok" and retry.targets["dr"].segments_copied == 10, format_report(retry)
-        assert_replicas_equal_leader(env.catalog)
-    finally:
-        env.catalog.dispose()
+    retry = run_round(env.catalog, env.defs, TABLE, reoffer=True, submit=no_spark)
+    assert retry.status == "ok" and retry.targets["dr"].segments_copied == 10, format_report(retry)
+    assert_replicas_equal_leader(env.catalog)
 
 
 def _item_for_first_segment(env: Env) -> CopyItem:
