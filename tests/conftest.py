@@ -10,6 +10,7 @@ except in CI (CI=true), where they fail; Spark tests never skip.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import uuid
@@ -39,7 +40,11 @@ JVM_ARCHIVE = pytest.StashKey[JvmArchive | None]()
 
 def pytest_configure(config: pytest.Config) -> None:
     """Once per run, in the process that starts the others (xdist's controller, or the only one): the archive
-    that halves every Spark JVM's start-up (tests/support/jvm_start.py); workers inherit SPARK_SUBMIT_OPTS."""
+    that halves every Spark JVM's start-up (tests/support/jvm_start.py); workers inherit SPARK_SUBMIT_OPTS.
+    In every process: py4j's INFO lines off. It closes its connections when they are collected, at a worker's
+    exit, and says so at INFO into a stream pytest has closed by then ("--- Logging error ---" and a stack in
+    the run's output); its warnings and errors still show."""
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     if not hasattr(config, "workerinput"):
         config.stash[JVM_ARCHIVE] = speed_up_jvm_start()
 

@@ -107,11 +107,8 @@ def test_local_copies_carry_the_writers_crc64nvme_and_one_the_catalog_lacks_is_c
     assert rep.status == "ok" and all(t.segments_copied == written for t in rep.targets.values())
     with env.catalog.read() as s:
         rows = s.scalars(select(m.Segment)).all()
-        sites = dict(
-            s.execute(select(m.Placement.placement_id, m.Site.name).join(m.Site, m.Site.site_id == m.Placement.site_id))
-            .tuples()
-            .all()
-        )
+        placed = select(m.Placement.placement_id, m.Site.name).join(m.Site, m.Site.site_id == m.Placement.site_id)
+        sites = {placement_id: name for placement_id, name in s.execute(placed)}
     assert len(rows) == written * (1 + len(REPLICAS))
     for row in rows:
         data = (env.site_dir(sites[row.placement_id]) / row.relpath).read_bytes()
