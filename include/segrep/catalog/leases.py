@@ -12,24 +12,32 @@ instead of blocking other rounds for the length of the longest copy or merge.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import BindParameter, bindparam, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
-from segrep.catalog.sql import conflict_insert, rowcount
+from segrep.catalog.sql import ignoring_insert, rowcount
+
+# built once (catalog.sql says why): every offer of a round runs these
+_TARGETS: BindParameter[list[Any]] = bindparam("targets", expanding=True)
+_EXPIRE = (
+    delete(m.Lease)
+    .where(m.Lease.target_placement_id.in_(_TARGETS), m.Lease.expires_us <= bindparam("now"))
+    .execution_options(synchronize_session=False)
+)
+_LIVE = select(m.Lease.target_placement_id, m.Lease.segment_id, m.Lease.holder).where(
+    m.Lease.target_placement_id.in_(_TARGETS), m.Lease.expires_us > bindparam("now")
+)
 
 
 def expire(s: Session, target_placement_ids: int | list[int], now_us: int) -> None:
     """Drop expired leases of these targets (a plain DELETE: no scan of the objects loaded in the session)."""
     ids = [target_placement_ids] if isinstance(target_placement_ids, int) else target_placement_ids
     if ids:
-        s.execute(
-            delete(m.Lease)
-            .where(m.Lease.target_placement_id.in_(ids), m.Lease.expires_us <= now_us)
-            .execution_options(synchronize_session=False)
-        )
+        s.execute(_EXPIRE, {"targets": ids, "now": now_us})
 
 
 def in_flight(s: Session, target_placement_id: int, now_us: int) -> dict[str, str]:
@@ -41,10 +49,7 @@ def in_flight_many(s: Session, target_placement_ids: list[int], now_us: int) -> 
     """Per target: segment id -> lease holder of every unexpired receipt (one query for many targets)."""
     out: dict[int, dict[str, str]] = {}
     if target_placement_ids:
-        q = select(m.Lease.target_placement_id, m.Lease.segment_id, m.Lease.holder).where(
-            m.Lease.target_placement_id.in_(target_placement_ids), m.Lease.expires_us > now_us
-        )
-        for target, seg, holder in s.execute(q):
+        for target, seg, holder in s.execute(_LIVE, {"targets": target_placement_ids, "now": now_us}):
             out.setdefault(target, {})[seg] = holder
     return out
 
@@ -76,8 +81,7 @@ def acquire_many(
         for seg in segment_ids
     ]
     # the rows as parameters of one statement (one compiled form whatever their number), not inlined as VALUES
-    stmt = conflict_insert(s, m.Lease).on_conflict_do_nothing().returning(m.Lease.segment_id)
-    return set(s.scalars(stmt, rows))
+    return set(s.scalars(ignoring_insert(s, m.Lease, returning="segment_id"), rows))
 
 
 def release(s: Session, target_placement_id: int, segment_id: str, holder: str) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from sqlalchemy import func, select, update
+from sqlalchemy import BindParameter, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
@@ -57,9 +57,28 @@ class TableInfo:
         return keys.decode(value, self.key_type)
 
 
+# built once (catalog.sql says why): a round's every offer reads these
+_IDS: BindParameter[list[Any]] = bindparam("ids", expanding=True)
+_TABLE_NAMED = select(m.Table).where(m.Table.name == bindparam("name"))
+_SITES = select(m.Site)
+_SITE_NAMED = select(m.Site).where(m.Site.name == bindparam("name"))
+_PARTITION_LOCKED = select(m.Partition).where(m.Partition.partition_id == bindparam("id")).with_for_update()
+_PLACEMENT = select(m.Placement).where(m.Placement.placement_id == bindparam("id"))
+_ACTIVE_PLACEMENTS = (
+    select(m.Placement)
+    .where(m.Placement.partition_id.in_(_IDS), m.Placement.removed_us.is_(None))
+    .order_by(m.Placement.placement_id)
+)
+_SEGMENTS_OF = select(m.Segment).where(m.Segment.placement_id.in_(_IDS)).order_by(m.Segment.entry_id)
+# plain rows, not ORM objects: a partition's acks outnumber its segments, and every offer reads them
+_ACKS_HELD_BY = select(m.Ack.holder_placement_id, m.Ack.segment_id, m.Ack.target_placement_id).where(
+    m.Ack.holder_placement_id.in_(_IDS)
+)
+
+
 def table_info(s: Session, name: str) -> TableInfo:
     check_name("table", name)
-    row = s.scalars(select(m.Table).where(m.Table.name == name)).one_or_none()
+    row = s.scalars(_TABLE_NAMED, {"name": name}).one_or_none()
     if row is None:
         known = s.scalars(select(m.Table.name).order_by(m.Table.name)).all()
         raise NotFoundError(
@@ -70,15 +89,24 @@ def table_info(s: Session, name: str) -> TableInfo:
 
 def site_by_name(s: Session, name: str) -> m.Site:
     check_name("site", name)
-    row = s.scalars(select(m.Site).where(m.Site.name == name)).one_or_none()
+    row = s.scalars(_SITE_NAMED, {"name": name}).one_or_none()
     if row is None:
         known = s.scalars(select(m.Site.name).order_by(m.Site.name)).all()
         raise NotFoundError(f"unknown site {name!r} in the catalog; known: {', '.join(known) or 'none'}")
     return row
 
 
+def locked_partition(s: Session, partition_id: int) -> m.Partition | None:
+    """The partition's row, locked FOR UPDATE (on PostgreSQL; SQLite's write transaction locks it already)."""
+    return s.scalars(_PARTITION_LOCKED, {"id": partition_id}).one_or_none()
+
+
+def placement(s: Session, placement_id: int) -> m.Placement | None:
+    return s.scalars(_PLACEMENT, {"id": placement_id}).one_or_none()
+
+
 def sites_by_id(s: Session) -> dict[int, m.Site]:
-    return {site.site_id: site for site in s.scalars(select(m.Site))}
+    return {site.site_id: site for site in s.scalars(_SITES)}
 
 
 def partitions_of(s: Session, info: TableInfo, states: Iterable[str] | None = None) -> list[m.Partition]:
@@ -109,8 +137,7 @@ def sort_partitions(info: TableInfo, parts: list[m.Partition]) -> list[m.Partiti
 def active_placements(s: Session, partition_ids: Sequence[int]) -> list[m.Placement]:
     if not partition_ids:
         return []
-    q = select(m.Placement).where(m.Placement.partition_id.in_(partition_ids), m.Placement.removed_us.is_(None))
-    return list(s.scalars(q.order_by(m.Placement.placement_id)))
+    return list(s.scalars(_ACTIVE_PLACEMENTS, {"ids": list(partition_ids)}))
 
 
 def placement_at(s: Session, partition_id: int, site_id: int) -> m.Placement | None:
@@ -124,8 +151,7 @@ def segments_of(s: Session, placement_ids: Sequence[int]) -> dict[int, list[m.Se
     """Each placement's segment list in list order (oldest first)."""
     out: dict[int, list[m.Segment]] = defaultdict(list)
     if placement_ids:
-        q = select(m.Segment).where(m.Segment.placement_id.in_(placement_ids)).order_by(m.Segment.entry_id)
-        for seg in s.scalars(q):
+        for seg in s.scalars(_SEGMENTS_OF, {"ids": list(placement_ids)}):
             out[seg.placement_id].append(seg)
     return out
 
@@ -142,11 +168,7 @@ def acks_of(s: Session, holder_ids: Sequence[int]) -> dict[tuple[int, str], set[
     """(holder placement, segment id) -> set of target placement ids that acked it."""
     out: dict[tuple[int, str], set[int]] = defaultdict(set)
     if holder_ids:
-        # plain rows, not ORM objects: a partition's acks outnumber its segments, and every offer reads them
-        a = m.Ack
-        columns = (a.holder_placement_id, a.segment_id, a.target_placement_id)
-        rows = s.execute(select(*columns).where(a.holder_placement_id.in_(holder_ids)))
-        for holder, segment_id, target in rows:
+        for holder, segment_id, target in s.execute(_ACKS_HELD_BY, {"ids": list(holder_ids)}):
             out[(holder, segment_id)].add(target)
     return out
 

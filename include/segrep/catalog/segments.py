@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import insert, update
+from sqlalchemy import bindparam, insert, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
@@ -78,7 +78,7 @@ def insert_segments(s: Session, rows: list[dict[str, Any]]) -> None:
     INSERT per row to learn each new ``entry_id``, which nobody reads here. The entries are numbered in
     that order (an INSERT's rows take their ids in order), which is the list order."""
     if rows:
-        s.execute(insert(m.Segment), rows)
+        s.execute(_INSERT_SEGMENTS, rows)
 
 
 def register_segment(
@@ -102,17 +102,28 @@ def register_segment(
     return row
 
 
+# built once (catalog.sql says why): every commit of a batch moves a root
+_MOVE_ROOT = (
+    update(m.Placement)
+    .where(m.Placement.placement_id == bindparam("placement"), m.Placement.root_segment_id == bindparam("expected"))
+    .values(root_segment_id=bindparam("root"))
+    .execution_options(synchronize_session=False)
+)
+_MOVE_FIRST_ROOT = (
+    update(m.Placement)
+    .where(m.Placement.placement_id == bindparam("placement"), m.Placement.root_segment_id.is_(None))
+    .values(root_segment_id=bindparam("root"))
+    .execution_options(synchronize_session=False)
+)
+_INSERT_SEGMENTS = insert(m.Segment)
+
+
 def move_root_to(s: Session, placement_id: int, segment_id: str, *, expected_root: str | None) -> None:
     """Make ``segment_id`` (in the placement's list, or being added to it) the placement's root if the root is
     still ``expected_root`` (a conditional update), else ConflictError: someone else moved the chain first."""
-    root_is = (
-        m.Placement.root_segment_id.is_(None) if expected_root is None else m.Placement.root_segment_id == expected_root
-    )
-    res = s.execute(
-        update(m.Placement)
-        .where(m.Placement.placement_id == placement_id, root_is)
-        .values(root_segment_id=segment_id)
-        .execution_options(synchronize_session=False)
-    )
+    if expected_root is None:
+        res = s.execute(_MOVE_FIRST_ROOT, {"placement": placement_id, "root": segment_id})
+    else:
+        res = s.execute(_MOVE_ROOT, {"placement": placement_id, "root": segment_id, "expected": expected_root})
     if rowcount(res) != 1:
         raise ConflictError(f"placement {placement_id}: root moved while writing {segment_id}")

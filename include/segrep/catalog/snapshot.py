@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import Select, case, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, Select, bindparam, case, or_, select
+from sqlalchemy.orm import Session, aliased
 
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
@@ -123,7 +123,7 @@ class TableSnapshot:
         raise KeyError(name)
 
 
-def unsettled_partitions(table_id: int) -> Select[int]:
+def unsettled_partitions(table_id: int | ColumnElement[int]) -> Select[int]:
     """Ids of the table's partitions where some placement has list entries past its settled watermark (a
     watermark set under an older leader epoch counts as 0). Answered from the (placement, entry) index."""
     pl, pa, sg = m.Placement, m.Partition, m.Segment
@@ -135,6 +135,28 @@ def unsettled_partitions(table_id: int) -> Select[int]:
         .where(pa.table_id == table_id, pl.removed_us.is_(None), unsettled)
         .distinct()
     )
+
+
+# built once (catalog.sql says why): every offer of a round reads one partition
+_PARTITIONS = select(m.Partition).where(
+    m.Partition.table_id == bindparam("table_id"), m.Partition.state.in_([str(x) for x in REPLICATING_STATES])
+)
+_CHOSEN_PARTITIONS = _PARTITIONS.where(m.Partition.partition_id.in_(bindparam("ids", expanding=True)))
+_ACTIVE_PARTITIONS = _PARTITIONS.where(m.Partition.partition_id.in_(unsettled_partitions(bindparam("table_id"))))
+
+
+_WATERMARK = case((m.Placement.settled_epoch == m.Partition.epoch, m.Placement.settled_entry_id), else_=0)
+_FRESH_ENTRIES = (
+    select(m.Segment)
+    .join(m.Placement, m.Placement.placement_id == m.Segment.placement_id)
+    .join(m.Partition, m.Partition.partition_id == m.Placement.partition_id)
+    .where(m.Segment.placement_id.in_(bindparam("ids", expanding=True)), m.Segment.entry_id > _WATERMARK)
+    .order_by(m.Segment.entry_id)
+)
+_ACKS_OF_ENTRIES = select(m.Ack.holder_placement_id, m.Ack.segment_id, m.Ack.target_placement_id).where(
+    m.Ack.holder_placement_id.in_(bindparam("holders", expanding=True)),
+    m.Ack.segment_id.in_(bindparam("segments", expanding=True)),
+)
 
 
 def _unsettled_entries(
@@ -153,26 +175,13 @@ def _unsettled_entries(
     }
     if not marks:
         return out, acks
-    pl = m.Placement
-    watermark = case((pl.settled_epoch == m.Partition.epoch, pl.settled_entry_id), else_=0)
-    fresh = (
-        select(m.Segment)
-        .join(pl, pl.placement_id == m.Segment.placement_id)
-        .join(m.Partition, m.Partition.partition_id == pl.partition_id)
-        .where(m.Segment.placement_id.in_(list(marks)), m.Segment.entry_id > watermark)
-        .order_by(m.Segment.entry_id)
-    )
-    for seg in s.scalars(fresh):
+    for seg in s.scalars(_FRESH_ENTRIES, {"ids": list(marks)}):
         out[seg.placement_id].append(seg)
     loaded = [(seg.placement_id, seg.segment_id) for segs in out.values() for seg in segs]
     for off in range(0, len(loaded), 5000):  # bounded IN lists
         chunk = loaded[off : off + 5000]
-        rows = s.execute(
-            select(m.Ack.holder_placement_id, m.Ack.segment_id, m.Ack.target_placement_id).where(
-                m.Ack.holder_placement_id.in_({h for h, _ in chunk}), m.Ack.segment_id.in_({x for _, x in chunk})
-            )
-        )
-        for holder, seg_id, target in rows:
+        holders, segments = sorted({h for h, _ in chunk}), sorted({x for _, x in chunk})
+        for holder, seg_id, target in s.execute(_ACKS_OF_ENTRIES, {"holders": holders, "segments": segments}):
             acks[(holder, seg_id)].add(target)
     return out, acks
 
@@ -195,14 +204,11 @@ def snapshot(
     re-bootstrapped; ``include_stalled`` keeps them (GC and status look at them).
     """
     info = q.table_info(s, table)
-    query = select(m.Partition).where(
-        m.Partition.table_id == info.table_id, m.Partition.state.in_([str(x) for x in REPLICATING_STATES])
-    )
     if partition_ids is not None:
-        query = query.where(m.Partition.partition_id.in_(partition_ids))
-    elif active_only:
-        query = query.where(m.Partition.partition_id.in_(unsettled_partitions(info.table_id)))
-    parts = q.sort_partitions(info, list(s.scalars(query)))
+        query, params = _CHOSEN_PARTITIONS, {"table_id": info.table_id, "ids": partition_ids}
+    else:
+        query, params = (_ACTIVE_PARTITIONS if active_only else _PARTITIONS), {"table_id": info.table_id}
+    parts = q.sort_partitions(info, list(s.scalars(query, params)))
     placements = q.active_placements(s, [p.partition_id for p in parts])
     by_partition: dict[int, list[m.Placement]] = defaultdict(list)
     for pl in placements:
@@ -231,20 +237,65 @@ def snapshot(
     return TableSnapshot(info, q.sites_by_id(s), out, sites)
 
 
+def receiving_replicas(s: Session, info: q.TableInfo, site_id: int, *, active_only: bool = False) -> list[m.Placement]:
+    """The placements at ``site_id`` that a fast-forward offers segments to, partitions in key order: the
+    replicas a snapshot of the table would list for that site (a replicating partition with a leader; a
+    receiving placement that is not the leader and needs no bootstrap), read in one query without their
+    segment lists and acks (each partition's offers read those in full: the fast-forward's set-up needs
+    only which placements to run). ``active_only`` as in :func:`snapshot`."""
+    query = _ACTIVE_RECEIVING if active_only else _RECEIVING
+    rows = s.execute(query, {"table_id": info.table_id, "site_id": site_id}).all()
+    order = {p.partition_id: n for n, p in enumerate(q.sort_partitions(info, [p for _, p in rows]))}
+    return [placement for placement, _ in sorted(rows, key=lambda row: order[row[1].partition_id])]
+
+
+_LEADER = aliased(m.Placement)
+_RECEIVING = (
+    select(m.Placement, m.Partition)
+    .join(m.Partition, m.Partition.partition_id == m.Placement.partition_id)
+    .join(_LEADER, _LEADER.placement_id == m.Partition.leader_placement_id)
+    .where(
+        m.Partition.table_id == bindparam("table_id"),
+        m.Partition.state.in_([str(x) for x in REPLICATING_STATES]),
+        _LEADER.removed_us.is_(None),
+        m.Placement.site_id == bindparam("site_id"),
+        m.Placement.removed_us.is_(None),
+        m.Placement.placement_id != m.Partition.leader_placement_id,
+        m.Placement.state.in_([str(x) for x in RECEIVING_STATES]),
+        m.Placement.needs_bootstrap.is_(False),
+    )
+    .order_by(m.Placement.placement_id)
+)
+_ACTIVE_RECEIVING = _RECEIVING.where(m.Partition.partition_id.in_(unsettled_partitions(bindparam("table_id"))))
+
+
+def given_up_held(s: Session, table_id: int, placement_ids: list[int]) -> int:
+    """How many list entries of these placements are segments a failover with ``on_return: rollback`` gave
+    up (``TableSnapshot.rollback_pending`` for a site's placements, without reading their lists)."""
+    given_up = given_up_segments(s, table_id)
+    if not given_up or not placement_ids:
+        return 0
+    held = s.scalars(select(m.Segment.segment_id).where(m.Segment.placement_id.in_(placement_ids)))
+    return sum(1 for segment_id in held if segment_id in given_up)
+
+
+_REPLICA_SITES = (
+    select(m.Placement.site_id, m.Placement.state, m.Placement.needs_bootstrap)
+    .join(m.Partition, m.Partition.partition_id == m.Placement.partition_id)
+    .where(
+        m.Partition.table_id == bindparam("table_id"),
+        m.Partition.state.in_([str(x) for x in REPLICATING_STATES]),
+        m.Placement.removed_us.is_(None),
+        m.Placement.state.in_([str(x) for x in RECEIVING_STATES]),
+        or_(m.Partition.leader_placement_id.is_(None), m.Partition.leader_placement_id != m.Placement.placement_id),
+    )
+    .distinct()
+)
+
+
 def replica_sites(s: Session, table_id: int) -> ReplicaSites:
     """The sites holding a receiving replica of some replicating partition of the table (one query)."""
-    rows = s.execute(
-        select(m.Placement.site_id, m.Placement.state, m.Placement.needs_bootstrap)
-        .join(m.Partition, m.Partition.partition_id == m.Placement.partition_id)
-        .where(
-            m.Partition.table_id == table_id,
-            m.Partition.state.in_([str(x) for x in REPLICATING_STATES]),
-            m.Placement.removed_us.is_(None),
-            m.Placement.state.in_([str(x) for x in RECEIVING_STATES]),
-            or_(m.Partition.leader_placement_id.is_(None), m.Partition.leader_placement_id != m.Placement.placement_id),
-        )
-        .distinct()
-    ).all()
+    rows = s.execute(_REPLICA_SITES, {"table_id": table_id}).all()
     return ReplicaSites(
         frozenset(site_id for site_id, _, _ in rows),
         frozenset(site_id for site_id, state, _ in rows if state != PlacementState.LIVE),
@@ -252,11 +303,12 @@ def replica_sites(s: Session, table_id: int) -> ReplicaSites:
     )
 
 
+_ROLLBACK_LOSSES = select(m.Failover.failover_id, m.Failover.loss).where(
+    m.Failover.table_id == bindparam("table_id"), m.Failover.on_return == "rollback"
+)
+
+
 def given_up_segments(s: Session, table_id: int) -> dict[str, int]:
     """The segments the table's failovers with ``on_return: rollback`` gave up, each with that failover's id."""
-    found = s.execute(
-        select(m.Failover.failover_id, m.Failover.loss).where(
-            m.Failover.table_id == table_id, m.Failover.on_return == "rollback"
-        )
-    ).all()
+    found = s.execute(_ROLLBACK_LOSSES, {"table_id": table_id}).all()
     return {sid: fid for fid, loss in found for x in loss or () for sid in x["segment_ids"]}

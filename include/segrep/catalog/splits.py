@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
@@ -115,14 +115,19 @@ def lacking_counts(view: SplitView, cut_entry_id: int | None) -> dict[int, int]:
     return {child: len(segs) for child, segs in lacking_segments(view, cut_entry_id).items()}
 
 
+# built once (catalog.sql says why): every round commit asks
+_UNLOADING = select(m.Split.split_id).where(
+    m.Split.table_id == bindparam("table_id"), m.Split.state == str(SplitState.UNLOAD)
+)
+
+
 def unload_safe_bound(s: Session, table_id: int) -> int | None:
     """The instant before the oldest row that the children of a parent in UNLOAD still lack, or None.
 
     Such rows are readable where the parent's placement holds them (the reader adds it), but no replication
     of the children vouches for them yet: no site's safe time may pass them until they are merged."""
     bound: int | None = None
-    query = select(m.Split.split_id).where(m.Split.table_id == table_id, m.Split.state == SplitState.UNLOAD)
-    for split_id in s.scalars(query).all():
+    for split_id in s.scalars(_UNLOADING, {"table_id": table_id}).all():
         for segs in lacking_segments(split_view(s, split_id), None).values():
             low = min(seg.min_version for seg in segs) - 1
             bound = low if bound is None else min(bound, low)

@@ -1,10 +1,17 @@
-"""Generic SQL helpers that behave the same on SQLite and PostgreSQL."""
+"""Generic SQL helpers that behave the same on SQLite and PostgreSQL.
+
+Statements on a round's hot path (each offer and commit of every batch) are built once, with bound
+parameters (``bindparam``; lists as expanding parameters), and executed with their values: building a
+statement costs SQLAlchemy more than SQLite takes to run it (about 100 us against 5 us here), and a round's
+catalog work is on its critical path (every millisecond of it is one of the round's).
+"""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import CursorResult, Result
+from sqlalchemy import CursorResult, Executable, Result
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -19,12 +26,29 @@ def conflict_insert(s: Session, model: type[m.Base]) -> postgresql.Insert | sqli
     return postgresql.insert(model) if s.get_bind().dialect.name == "postgresql" else sqlite.insert(model)
 
 
+def ignoring_insert(s: Session, model: type[m.Base], returning: str | None = None) -> Executable:
+    """INSERT ... ON CONFLICT DO NOTHING into ``model`` in the session's dialect (RETURNING the column named
+    ``returning``, if given), built once per dialect; its rows are the parameters of the execution."""
+    return _ignoring_insert(s.get_bind().dialect.name, model, returning)
+
+
+@functools.cache
+def _ignoring_insert(dialect: str, model: type[m.Base], returning: str | None) -> Executable:
+    stmt = (postgresql.insert(model) if dialect == "postgresql" else sqlite.insert(model)).on_conflict_do_nothing()
+    return stmt if returning is None else stmt.returning(model.__table__.c[returning])
+
+
+@functools.cache
+def _insert_returning_key(dialect: str, model: type[m.Base]) -> Executable:
+    stmt = (postgresql.insert(model) if dialect == "postgresql" else sqlite.insert(model)).on_conflict_do_nothing()
+    return stmt.returning(*model.__table__.primary_key)
+
+
 def insert_ignore(s: Session, model: type[m.Base], values: dict[str, Any]) -> bool:
     """INSERT the row unless its key exists (ON CONFLICT DO NOTHING); True if a row was inserted."""
-    ins = conflict_insert(s, model)
-    key = list(model.__table__.primary_key)
     # RETURNING says whether a row went in; rowcount cannot (PostgreSQL drivers may report -1 for an INSERT)
-    return s.execute(ins.values(**values).on_conflict_do_nothing().returning(*key)).first() is not None
+    stmt = _insert_returning_key(s.get_bind().dialect.name, model)
+    return s.execute(stmt, values).first() is not None
 
 
 def record_ack(s: Session, holder_id: int, segment_id: str, target_id: int, acked_us: int) -> None:

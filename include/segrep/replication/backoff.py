@@ -11,7 +11,7 @@ each round names the problem until the site is fixed, and the first round after 
 
 from __future__ import annotations
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
@@ -54,20 +54,28 @@ def record_target(s: Session, round_id: int, table_id: int, site_id: int, report
     elif report.status == TargetStatus.DECLINED and report.backs_off:
         bump_backoff(s, table_id, site_id, report.decline_reason or "declined", policy)
     elif report.status == TargetStatus.OK:
-        s.execute(delete(m.Backoff).where(m.Backoff.table_id == table_id, m.Backoff.site_id == site_id))
-    insert_ignore(
-        s,
-        m.RoundTarget,
-        {"round_id": round_id, "site_id": site_id, "status": report.status, "report": {}, "updated_us": now},
-    )
-    earlier = s.scalar(
-        select(m.RoundTarget.report)
-        .where(m.RoundTarget.round_id == round_id, m.RoundTarget.site_id == site_id)
-        .with_for_update()
-    )
+        s.execute(_CLEAR_BACKOFF, {"table_id": table_id, "site_id": site_id})
+    fresh = {"round_id": round_id, "site_id": site_id, "status": report.status, "report": {}, "updated_us": now}
+    insert_ignore(s, m.RoundTarget, fresh)
+    target = {"round": round_id, "site": site_id}
+    earlier = s.scalar(_TARGET_REPORT, target)
     doc = (report.after(TargetReport.from_dict(earlier)) if earlier else report).to_dict()
-    s.execute(
-        update(m.RoundTarget)
-        .where(m.RoundTarget.round_id == round_id, m.RoundTarget.site_id == site_id)
-        .values(status=report.status, report=doc, updated_us=now)
+    s.execute(_SET_TARGET_REPORT, {**target, "new_status": report.status, "doc": doc, "now": now})
+
+
+# built once (catalog.sql says why): every target of every round records its report
+_CLEAR_BACKOFF = delete(m.Backoff).where(
+    m.Backoff.table_id == bindparam("table_id"), m.Backoff.site_id == bindparam("site_id")
+)
+# (not named for their columns: an UPDATE keeps those names for its SET clause)
+_THIS_TARGET = (m.RoundTarget.round_id == bindparam("round"), m.RoundTarget.site_id == bindparam("site"))
+_TARGET_REPORT = select(m.RoundTarget.report).where(*_THIS_TARGET).with_for_update()
+_SET_TARGET_REPORT = (
+    update(m.RoundTarget)
+    .where(*_THIS_TARGET)
+    .values(
+        status=bindparam("new_status"),
+        report=bindparam("doc", type_=m.RoundTarget.__table__.c.report.type),
+        updated_us=bindparam("now"),
     )
+)

@@ -6,7 +6,7 @@ checkpoints and safe time only move forward; the report is rewritten from what t
 
 from __future__ import annotations
 
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, select
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
@@ -20,6 +20,13 @@ from segrep.spark.results import CommitSummary, commit_merge_results
 
 NOT_REPORTED = "its fast-forward task did not report (failed or not run)"
 
+# built once (catalog.sql says why)
+_DROP_LEASES = delete(m.Lease).where(m.Lease.holder == bindparam("holder"))
+_ROUND = select(m.Round).where(
+    m.Round.table_id == bindparam("table_id"), m.Round.interval_end_us == bindparam("end_us")
+)
+_TARGETS = select(m.RoundTarget).where(m.RoundTarget.round_id == bindparam("round_id"))
+
 
 def commit_round(
     catalog: Catalog, defs: Definitions, table: str, end_us: int, *, merge_ran: bool = True
@@ -32,13 +39,11 @@ def commit_round(
         # A finished round has nothing in flight. Leases it still holds were taken by an attempt that crashed
         # and whose retry no longer needed them (the leader changed meanwhile): without this they would
         # linger until they expire. A task of this round run again later simply takes its leases anew.
-        s.execute(delete(m.Lease).where(m.Lease.holder == round_key(table, end_us)))
+        s.execute(_DROP_LEASES, {"holder": round_key(table, end_us)})
         info = q.table_info(s, table)
-        rnd = s.scalars(
-            select(m.Round).where(m.Round.table_id == info.table_id, m.Round.interval_end_us == end_us)
-        ).one()
+        rnd = s.scalars(_ROUND, {"table_id": info.table_id, "end_us": end_us}).one()
         sites = q.sites_by_id(s)
-        rows = s.scalars(select(m.RoundTarget).where(m.RoundTarget.round_id == rnd.round_id))
+        rows = s.scalars(_TARGETS, {"round_id": rnd.round_id})
         targets = {sites[t.site_id].name: TargetReport.from_dict({**t.report, "status": t.status}) for t in rows}
         stored = rnd.report or {}
         plan = PlanSummary.from_dict(stored["plan"]) if "plan" in stored else None

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, select
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
@@ -44,8 +44,8 @@ from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.segments import entry_of, insert_segments, move_root_to, segment_values
-from segrep.catalog.snapshot import snapshot
-from segrep.catalog.sql import conflict_insert
+from segrep.catalog.snapshot import given_up_held, receiving_replicas, snapshot
+from segrep.catalog.sql import ignoring_insert
 from segrep.config.definitions import Definitions, Policy
 from segrep.config.stores import StoreOptions, options_for
 from segrep.core import faults, hlc
@@ -205,11 +205,12 @@ def fast_forward_target(
     report = TargetReport(site)
     last_acks: list[tuple[int, str, int]] = []  # the sender's acks of each partition's last batch
     with catalog.write() as s:
-        snap = snapshot(s, table, active_only=not reoffer)
-        rnd = ensure_round(s, snap.info.table_id, end, None)
-        round_id = rnd.round_id
+        info = q.table_info(s, table)
+        round_id = ensure_round(s, info.table_id, end, None).round_id
         site_row = q.site_by_name(s, site)
-        backoff = s.get(m.Backoff, (snap.info.table_id, site_row.site_id))
+        backoff = s.get(m.Backoff, (info.table_id, site_row.site_id))
+        replicas = receiving_replicas(s, info, site_row.site_id, active_only=not reoffer)
+        pending = given_up_held(s, info.table_id, [r.placement_id for r in replicas])
     if backoff is not None and backoff.next_attempt_us > hlc.now_us() and not reoffer:
         report.status = TargetStatus.BACKOFF
         report.error = f"backing off after {backoff.failures} failure(s) ({backoff.last_reason}); next attempt later"
@@ -220,12 +221,7 @@ def fast_forward_target(
         if copier is None:
             copier = own_pool = CopyPool()
         context = _Context(catalog, table, site, end, key, ttl, policy, copier, big_copier, turns)
-        work = [
-            _PartitionRun(context, part.partition.partition_id, replica.placement_id, reoffer)
-            for part in snap.partitions
-            for replica in part.replicas
-            if replica.site_id == site_row.site_id
-        ]
+        work = [_PartitionRun(context, replica.partition_id, replica.placement_id, reoffer) for replica in replicas]
         # Partitions are independent chains: copying several at once keeps the disk busy while one waits on
         # an fsync (each partition still goes strictly in order, and takes its own row lock to decide). The
         # heartbeat keeps the round's leases alive while this process copies, and only while it does.
@@ -237,7 +233,6 @@ def fast_forward_target(
             for part_report in partitions.map(_PartitionRun.run, work):
                 report.absorb(part_report)
         last_acks = [ack for run in work for ack in _sender_acks(run.unacked)]
-        pending = snap.rollback_pending(site_row.site_id)
         if pending and report.status != TargetStatus.FAILED:  # the rows a failover gave up are still there
             report.status = TargetStatus.FAILED
             report.error = (
@@ -247,7 +242,7 @@ def fast_forward_target(
     report.seconds = round(time.perf_counter() - started, 3)
     with catalog.write() as s:  # the sender's side of the last batches, and the target's report: one transaction
         _record_acks(s, last_acks, hlc.now_us())
-        record_target(s, round_id, snap.info.table_id, site_row.site_id, report, policy)
+        record_target(s, round_id, info.table_id, site_row.site_id, report, policy)
     if report.status == TargetStatus.FAILED:
         raise TargetUnreachable(f"target {site}: {report.error}")
     return report
@@ -351,7 +346,7 @@ class _PartitionRun:
         ctx, pid, replica_id = self.ctx, self.partition_id, self.replica_id
         unacked, self.unacked = self.unacked, []
         with ctx.write() as s:
-            s.get(m.Partition, pid, with_for_update=True)  # serialises deciders of this partition
+            q.locked_partition(s, pid)  # serialises deciders of this partition
             _record_acks(s, _sender_acks(unacked), hlc.now_us())
             snap = snapshot(s, ctx.table, [pid])
             part = next((p for p in snap.partitions if p.partition.partition_id == pid), None)
@@ -537,6 +532,12 @@ class _Commit:
     superseded: bool
 
 
+# built once (catalog.sql says why): which of a batch's segments the receiver's list holds already
+_LISTED = select(m.Segment.segment_id).where(
+    m.Segment.placement_id == bindparam("placement"), m.Segment.segment_id.in_(bindparam("segments", expanding=True))
+)
+
+
 def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> _Commit:
     """The receiver registers the copied segments in order, moving its root conditionally, notes that the
     sender holds each, and drops the leases: one transaction for the batch (all of one partition). Commits
@@ -546,20 +547,14 @@ def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> _Commit:
     first = batch[0]
     try:
         with ctx.write() as s:
-            part = s.get(m.Partition, first.partition_id, with_for_update=True)
-            replica = s.get(m.Placement, first.replica_id)
+            part = q.locked_partition(s, first.partition_id)
+            replica = q.placement(s, first.replica_id)
             if part is None or replica is None or replica.removed_us is not None:
                 return _Commit([], superseded=True)
             if part.leader_placement_id != first.leader_id or part.epoch != first.epoch:
                 return _Commit([], superseded=True)
-            present = set(
-                s.scalars(
-                    select(m.Segment.segment_id).where(
-                        m.Segment.placement_id == first.replica_id,
-                        m.Segment.segment_id.in_([b.segment.segment_id for b in batch]),
-                    )
-                )
-            )
+            listed = {"placement": first.replica_id, "segments": [b.segment.segment_id for b in batch]}
+            present = set(s.scalars(_LISTED, listed))
             now = hlc.now_us()
             start = replica.root_segment_id
             root = start
@@ -617,20 +612,23 @@ def _record_acks(s: Session, acks: list[tuple[int, str, int]], now_us: int) -> N
         {"holder_placement_id": holder, "segment_id": seg, "target_placement_id": target, "acked_us": now_us}
         for holder, seg, target in acks
     ]
-    s.execute(conflict_insert(s, m.Ack).on_conflict_do_nothing(), rows)
+    s.execute(ignoring_insert(s, m.Ack), rows)
+
+
+_RELEASE = (
+    delete(m.Lease)
+    .where(
+        m.Lease.target_placement_id == bindparam("replica"),
+        m.Lease.segment_id.in_(bindparam("segments", expanding=True)),
+        m.Lease.holder == bindparam("key"),
+    )
+    .execution_options(synchronize_session=False)
+)
 
 
 def _release_leases(s: Session, replica_id: int, segment_ids: list[str], key: str) -> None:
     """Drop this round's leases on these segments of one replica (``leases.release`` for a batch)."""
-    s.execute(
-        delete(m.Lease)
-        .where(
-            m.Lease.target_placement_id == replica_id,
-            m.Lease.segment_id.in_(segment_ids),
-            m.Lease.holder == key,
-        )
-        .execution_options(synchronize_session=False)
-    )
+    s.execute(_RELEASE, {"replica": replica_id, "segments": segment_ids, "key": key})
 
 
 def _release_replica(ctx: _Context, replica_id: int) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
@@ -22,23 +22,27 @@ from segrep.config.definitions import Policy
 log = logging.getLogger(__name__)
 
 
+# built once (catalog.sql says why): every round's plan asks (and mostly finds none)
+_FEEDERS = (
+    select(m.Placement.feeder_site_id)
+    .where(
+        m.Placement.partition_id.in_(
+            select(m.Partition.partition_id).where(m.Partition.table_id == bindparam("table_id"))
+        ),
+        m.Placement.feeder_site_id.is_not(None),
+        m.Placement.removed_us.is_(None),
+    )
+    .distinct()
+)
+
+
 def update_fallbacks(s: Session, table_id: int, policy: Policy, now_us: int) -> None:
     """Mark (or clear) the fallback of every cascaded placement of the table by its feeder's back-off."""
-    part_ids = select(m.Partition.partition_id).where(m.Partition.table_id == table_id)
-    found = set(
-        s.scalars(
-            select(m.Placement.feeder_site_id)
-            .where(
-                m.Placement.partition_id.in_(part_ids),
-                m.Placement.feeder_site_id.is_not(None),
-                m.Placement.removed_us.is_(None),
-            )
-            .distinct()
-        )
-    )
+    found = set(s.scalars(_FEEDERS, {"table_id": table_id}))
     feeders = {site_id for site_id in found if site_id is not None}
     if not feeders:
         return
+    part_ids = select(m.Partition.partition_id).where(m.Partition.table_id == table_id)
     down: set[int] = set()
     if policy.feeder_fallback_s is not None:
         limit_us = now_us - policy.feeder_fallback_s * 1_000_000

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.catalog.snapshot import snapshot
+from segrep.catalog.snapshot import given_up_segments, snapshot
 from segrep.core import hlc
 from segrep.core import schema as sch
 from segrep.core.chain import visible_segments
@@ -107,10 +107,7 @@ def roll_back_returned(catalog: Catalog, table: str) -> list[RolledBack]:
 def _pending(s: Session, table: str) -> list[tuple[int, int, int, list[str]]]:
     """(failover id, partition id, placement id, segment ids) still in a follower's list, per placement."""
     info = q.table_info(s, table)
-    moves = s.scalars(
-        select(m.Failover).where(m.Failover.table_id == info.table_id, m.Failover.on_return == "rollback")
-    ).all()
-    lost = {sid: f.failover_id for f in moves for x in f.loss for sid in x["segment_ids"]}
+    lost = given_up_segments(s, info.table_id)
     if not lost:
         return []
     rows = s.execute(

@@ -11,7 +11,7 @@ at any point blocks other rounds for at most one TTL.
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
@@ -56,4 +56,10 @@ def ensure_round(s: Session, table_id: int, end_us: int, start_us: int | None) -
         "report": {},
     }
     insert_ignore(s, m.Round, row)
-    return s.scalars(select(m.Round).where(m.Round.table_id == table_id, m.Round.interval_end_us == end_us)).one()
+    return s.scalars(_ROUND, {"table_id": table_id, "end_us": end_us}).one()
+
+
+# built once (catalog.sql says why)
+_ROUND = select(m.Round).where(
+    m.Round.table_id == bindparam("table_id"), m.Round.interval_end_us == bindparam("end_us")
+)

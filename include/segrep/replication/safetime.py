@@ -19,14 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import select, tuple_, update
+from sqlalchemy import bindparam, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog.snapshot import PartitionSnapshot, snapshot
 from segrep.catalog.splits import unload_safe_bound
-from segrep.catalog.sql import conflict_insert, insert_ignore
+from segrep.catalog.sql import ignoring_insert, insert_ignore
 from segrep.core import hlc
 from segrep.core.chain import is_referenced, newest_major, visible_segments
 from segrep.core.states import PlacementState
@@ -219,17 +219,9 @@ def _upsert_checkpoints(s: Session, wanted: list[_Checkpoint], now: int) -> None
         | {"max_version": c.max_version, "updated_us": now}
         for c in wanted
     ]
-    s.execute(conflict_insert(s, m.Checkpoint).on_conflict_do_nothing(), rows)
-    ck = m.Checkpoint
-    held = {
-        (row.partition_id, row.target_placement_id): row
-        for row in s.scalars(
-            select(ck)
-            .where(tuple_(ck.partition_id, ck.target_placement_id).in_({(c.partition_id, c.target_id) for c in wanted}))
-            .with_for_update()
-            .execution_options(populate_existing=True)
-        )
-    }
+    s.execute(ignoring_insert(s, m.Checkpoint), rows)
+    keys = sorted({(c.partition_id, c.target_id) for c in wanted})
+    held = {(row.partition_id, row.target_placement_id): row for row in s.scalars(_CHECKPOINTS_LOCKED, {"keys": keys})}
     for c in wanted:
         row = held[(c.partition_id, c.target_id)]  # inserted above or already there, and now locked
         if c.segment_id is None and row.segment_id is not None:
@@ -238,15 +230,25 @@ def _upsert_checkpoints(s: Session, wanted: list[_Checkpoint], now: int) -> None
             row.segment_id, row.max_version, row.updated_us = c.segment_id, c.max_version, now
 
 
+# built once (catalog.sql says why): every round commit runs these
+_CHECKPOINTS_LOCKED = (
+    select(m.Checkpoint)
+    .where(tuple_(m.Checkpoint.partition_id, m.Checkpoint.target_placement_id).in_(bindparam("keys", expanding=True)))
+    .with_for_update()
+    .execution_options(populate_existing=True)
+)
+_SAFE_TIME_LOCKED = (
+    select(m.SafeTime)
+    .where(m.SafeTime.table_id == bindparam("table_id"), m.SafeTime.site_id == bindparam("site_id"))
+    .with_for_update()
+    .execution_options(populate_existing=True)
+)
+
+
 def _advance(s: Session, table_id: int, site_id: int, safe: int, now: int) -> int:
     """Raise the stored safe time to ``safe`` if that is later (never lower it); return the stored value."""
     insert_ignore(s, m.SafeTime, {"table_id": table_id, "site_id": site_id, "safe_time_us": safe, "updated_us": now})
-    row = s.scalars(
-        select(m.SafeTime)
-        .where(m.SafeTime.table_id == table_id, m.SafeTime.site_id == site_id)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).one()
+    row = s.scalars(_SAFE_TIME_LOCKED, {"table_id": table_id, "site_id": site_id}).one()
     if safe > row.safe_time_us:
         row.safe_time_us, row.updated_us = safe, now
     return row.safe_time_us
