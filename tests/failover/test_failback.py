@@ -16,6 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from segrep.failover.promote import failover
+from segrep.replication.fast_forward import fast_forward_target
+from segrep.replication.round import TargetUnreachable
 from segrep.replication.run import run_round
 from tests.support.badinput import unchanged
 from tests.support.checks import assert_replicas_equal_leader, triples
@@ -133,3 +135,21 @@ def test_with_on_return_merge_the_lost_rows_are_merged_into_the_new_leader(merge
     assert_replicas_equal_leader(env.catalog, ("primary", "edge"))
     _code, out, _ = cli(env, "rollback", "list")
     assert out.strip() == "no rollback files"
+
+
+def test_a_returned_leader_not_yet_rolled_back_fails_as_a_target(outage_env: Env) -> None:
+    """The fast-forward's set-up counts the segments a failover with ``on_return: rollback`` gave up that the
+    target's placements still list (``catalog.snapshot.given_up_held``): back before any plan could set
+    them aside (here no plan ran: an Airflow fast-forward task started after `primary` came back, its plan
+    task before), `primary` fails as a target, naming them, and the next round rolls it back and serves it."""
+    env = outage_env
+    kept, _lost, aside = _lose_primary(env, Model())
+    bring_up(env, "primary", aside)
+    with pytest.raises(TargetUnreachable, match=r"site primary still holds \d+ segment\(s\) a failover gave up"):
+        fast_forward_target(env.catalog, env.defs, TABLE, "primary")
+
+    back = run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # rollback, then fast-forward from dr
+    assert back.targets["primary"].status == "ok", back.targets["primary"]
+    run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    assert triples(env.catalog) == kept.snapshot()
+    assert_replicas_equal_leader(env.catalog, ("primary", "edge"))
