@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, Select, bindparam, case, or_, select
+from sqlalchemy import ColumnElement, Select, bindparam, case, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from segrep.catalog import models as m
@@ -271,12 +271,23 @@ _ACTIVE_RECEIVING = _RECEIVING.where(m.Partition.partition_id.in_(unsettled_part
 
 def given_up_held(s: Session, table_id: int, placement_ids: list[int]) -> int:
     """How many list entries of these placements are segments a failover with ``on_return: rollback`` gave
-    up (``TableSnapshot.rollback_pending`` for a site's placements, without reading their lists)."""
-    given_up = given_up_segments(s, table_id)
+    up (``TableSnapshot.rollback_pending`` for a site's placements, without reading their lists: counted in
+    the catalog, a few given-up ids against however long the lists are)."""
+    given_up = sorted(given_up_segments(s, table_id))
     if not given_up or not placement_ids:
         return 0
-    held = s.scalars(select(m.Segment.segment_id).where(m.Segment.placement_id.in_(placement_ids)))
-    return sum(1 for segment_id in held if segment_id in given_up)
+    chunks = (given_up[off : off + 5000] for off in range(0, len(given_up), 5000))  # bounded IN lists
+    return sum(s.scalar(_HELD, {"placements": placement_ids, "segments": chunk}) or 0 for chunk in chunks)
+
+
+_HELD = (
+    select(func.count())
+    .select_from(m.Segment)
+    .where(
+        m.Segment.placement_id.in_(bindparam("placements", expanding=True)),
+        m.Segment.segment_id.in_(bindparam("segments", expanding=True)),
+    )
+)
 
 
 _REPLICA_SITES = (
