@@ -81,7 +81,7 @@ def acquire_many(
         for seg in segment_ids
     ]
     # the rows as parameters of one statement (one compiled form whatever their number), not inlined as VALUES
-    return set(s.scalars(ignoring_insert(s, m.Lease, returning="segment_id"), rows))
+    return set(s.scalars(ignoring_insert(s, m.Lease, ("segment_id",)), rows))
 
 
 def release(s: Session, target_placement_id: int, segment_id: str, holder: str) -> bool:

@@ -123,12 +123,15 @@ class TableSnapshot:
         raise KeyError(name)
 
 
+# A placement's settled watermark; one set under an older leader epoch counts as 0
+_WATERMARK = case((m.Placement.settled_epoch == m.Partition.epoch, m.Placement.settled_entry_id), else_=0)
+
+
 def unsettled_partitions(table_id: int | ColumnElement[int]) -> Select[int]:
     """Ids of the table's partitions where some placement has list entries past its settled watermark (a
     watermark set under an older leader epoch counts as 0). Answered from the (placement, entry) index."""
     pl, pa, sg = m.Placement, m.Partition, m.Segment
-    watermark = case((pl.settled_epoch == pa.epoch, pl.settled_entry_id), else_=0)
-    unsettled = select(sg.entry_id).where(sg.placement_id == pl.placement_id, sg.entry_id > watermark).exists()
+    unsettled = select(sg.entry_id).where(sg.placement_id == pl.placement_id, sg.entry_id > _WATERMARK).exists()
     return (
         select(pl.partition_id)
         .join(pa, pa.partition_id == pl.partition_id)
@@ -145,7 +148,6 @@ _CHOSEN_PARTITIONS = _PARTITIONS.where(m.Partition.partition_id.in_(bindparam("i
 _ACTIVE_PARTITIONS = _PARTITIONS.where(m.Partition.partition_id.in_(unsettled_partitions(bindparam("table_id"))))
 
 
-_WATERMARK = case((m.Placement.settled_epoch == m.Partition.epoch, m.Placement.settled_entry_id), else_=0)
 _FRESH_ENTRIES = (
     select(m.Segment)
     .join(m.Placement, m.Placement.placement_id == m.Segment.placement_id)

@@ -21,34 +21,24 @@ from segrep.core.errors import NotFoundError
 Row = TypeVar("Row", bound=m.Base)
 
 
-def conflict_insert(s: Session, model: type[m.Base]) -> postgresql.Insert | sqlite.Insert:
-    """An INSERT into ``model`` in the session's dialect, which offers ON CONFLICT (both catalogs have it)."""
-    return postgresql.insert(model) if s.get_bind().dialect.name == "postgresql" else sqlite.insert(model)
-
-
-def ignoring_insert(s: Session, model: type[m.Base], returning: str | None = None) -> Executable:
-    """INSERT ... ON CONFLICT DO NOTHING into ``model`` in the session's dialect (RETURNING the column named
-    ``returning``, if given), built once per dialect; its rows are the parameters of the execution."""
+def ignoring_insert(s: Session, model: type[m.Base], returning: tuple[str, ...] = ()) -> Executable:
+    """INSERT ... ON CONFLICT DO NOTHING into ``model`` in the session's dialect (both catalogs have it),
+    RETURNING the columns named in ``returning``; built once per dialect, its rows are the parameters of the
+    execution."""
     return _ignoring_insert(s.get_bind().dialect.name, model, returning)
 
 
 @functools.cache
-def _ignoring_insert(dialect: str, model: type[m.Base], returning: str | None) -> Executable:
+def _ignoring_insert(dialect: str, model: type[m.Base], returning: tuple[str, ...]) -> Executable:
     stmt = (postgresql.insert(model) if dialect == "postgresql" else sqlite.insert(model)).on_conflict_do_nothing()
-    return stmt if returning is None else stmt.returning(model.__table__.c[returning])
-
-
-@functools.cache
-def _insert_returning_key(dialect: str, model: type[m.Base]) -> Executable:
-    stmt = (postgresql.insert(model) if dialect == "postgresql" else sqlite.insert(model)).on_conflict_do_nothing()
-    return stmt.returning(*model.__table__.primary_key)
+    return stmt.returning(*(model.__table__.c[name] for name in returning)) if returning else stmt
 
 
 def insert_ignore(s: Session, model: type[m.Base], values: dict[str, Any]) -> bool:
     """INSERT the row unless its key exists (ON CONFLICT DO NOTHING); True if a row was inserted."""
     # RETURNING says whether a row went in; rowcount cannot (PostgreSQL drivers may report -1 for an INSERT)
-    stmt = _insert_returning_key(s.get_bind().dialect.name, model)
-    return s.execute(stmt, values).first() is not None
+    key = tuple(column.name for column in model.__table__.primary_key)
+    return s.execute(ignoring_insert(s, model, key), values).first() is not None
 
 
 def record_ack(s: Session, holder_id: int, segment_id: str, target_id: int, acked_us: int) -> None:

@@ -14,7 +14,7 @@ from segrep.catalog import queries as q
 from segrep.config.definitions import Definitions
 from segrep.core import faults, hlc
 from segrep.replication.reports import PlanSummary, RoundReport, RoundStatus, TargetReport, TargetStatus
-from segrep.replication.round import round_key
+from segrep.replication.round import round_key, round_row
 from segrep.replication.safetime import update_checkpoints_and_safe_time
 from segrep.spark.results import CommitSummary, commit_merge_results
 
@@ -22,9 +22,6 @@ NOT_REPORTED = "its fast-forward task did not report (failed or not run)"
 
 # built once (catalog.sql says why)
 _DROP_LEASES = delete(m.Lease).where(m.Lease.holder == bindparam("holder"))
-_ROUND = select(m.Round).where(
-    m.Round.table_id == bindparam("table_id"), m.Round.interval_end_us == bindparam("end_us")
-)
 _TARGETS = select(m.RoundTarget).where(m.RoundTarget.round_id == bindparam("round_id"))
 
 
@@ -41,7 +38,7 @@ def commit_round(
         # linger until they expire. A task of this round run again later simply takes its leases anew.
         s.execute(_DROP_LEASES, {"holder": round_key(table, end_us)})
         info = q.table_info(s, table)
-        rnd = s.scalars(_ROUND, {"table_id": info.table_id, "end_us": end_us}).one()
+        rnd = round_row(s, info.table_id, end_us)
         sites = q.sites_by_id(s)
         rows = s.scalars(_TARGETS, {"round_id": rnd.round_id})
         targets = {sites[t.site_id].name: TargetReport.from_dict({**t.report, "status": t.status}) for t in rows}

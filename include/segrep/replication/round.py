@@ -56,6 +56,11 @@ def ensure_round(s: Session, table_id: int, end_us: int, start_us: int | None) -
         "report": {},
     }
     insert_ignore(s, m.Round, row)
+    return round_row(s, table_id, end_us)
+
+
+def round_row(s: Session, table_id: int, end_us: int) -> m.Round:
+    """The row of the table's round for the interval ending at ``end_us`` (it must exist)."""
     return s.scalars(_ROUND, {"table_id": table_id, "end_us": end_us}).one()
 
 
