@@ -22,11 +22,23 @@ class TargetStatus(StrEnum):
     DECLINED = "declined"  # an offer was declined (OVERLOADED, INVALID, INFLIGHT): retried next round
     BACKOFF = "backoff"  # not attempted: the target is backing off after failures
     FAILED = "failed"  # the site could not be read or written
+    WAITING = "waiting"  # held up by another round's leases (named with their holder and expiry): nothing moved
+    DOWN = "down"  # the site's root or identity marker is missing or foreign: nothing written, acked or moved
 
     @property
     def rank(self) -> int:
         """Worse outcomes rank higher; a target's status is its partitions' worst."""
-        return {TargetStatus.OK: 0, TargetStatus.BACKOFF: 0, TargetStatus.DECLINED: 1, TargetStatus.FAILED: 2}[self]
+        return _RANK[self]
+
+
+_RANK = {
+    TargetStatus.OK: 0,
+    TargetStatus.BACKOFF: 0,
+    TargetStatus.WAITING: 1,
+    TargetStatus.DECLINED: 1,
+    TargetStatus.FAILED: 2,
+    TargetStatus.DOWN: 3,
+}
 
 
 class RoundStatus(StrEnum):
