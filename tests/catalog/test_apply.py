@@ -81,7 +81,10 @@ def test_site_id_and_uri_changes(env: Env) -> None:
     with pytest.raises(RefusedError, match="cannot move it"):
         apply_definitions(env.catalog, _redefine(env, "uri: sites/primary", "uri: sites/elsewhere"))
     changes = apply_definitions(env.catalog, _redefine(env, "uri: sites/edge", "uri: sites/edge2"))
-    assert [str(c) for c in changes] == [f"change  site edge uri to {env.root / 'data/sites/edge2'}"]
+    assert [str(c) for c in changes] == [
+        f"change  site edge uri to {env.root / 'data/sites/edge2'}",
+        "claim   site edge: identity marker created",  # the new root gets the site's marker
+    ]
 
 
 def test_adding_and_removing_replicas(env: Env) -> None:

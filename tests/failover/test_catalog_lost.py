@@ -202,6 +202,11 @@ def test_catalog_lost_with_the_leaders_site_is_rebuilt_from_the_survivors_files(
     at_dr = len(site_lists(new.catalog)[0]["dr"])
     fresh = at_dr - len(lost.lists["dr"])  # written at dr since the failover
     lost.lose_primary_for_good()  # the lost region comes back empty (a new store at the same place)
+    # This catalog never claimed primary (apply recorded it --site-down): it stays DOWN/UNIDENTIFIED, and no
+    # round fills it, until the operator says the empty store is the site.
+    primary_line = next(x for x in ok(new, "site", "list").splitlines() if x.startswith("primary "))
+    assert "DOWN/UNIDENTIFIED: root missing" in primary_line, primary_line
+    assert ok(new, "site", "adopt", "primary") == "site primary: identity marker created\n"
     out = ok(new, "round", TABLE)
     # edge re-learns the 6 rebuilt segments it holds (no ack survived) and copies the new ones; primary, whose
     # placements are empty in this catalog, gets every segment.

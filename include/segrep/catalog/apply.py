@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from segrep.catalog import Catalog
+from segrep.catalog import Catalog, site_identity
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.config.definitions import Definitions, SiteDef, TableDef
@@ -27,6 +27,7 @@ from segrep.core import hlc, keys
 from segrep.core import schema as sch
 from segrep.core.errors import RefusedError
 from segrep.core.states import PartitionState, PlacementState
+from segrep.storage.identity import IdentityProblem
 from segrep.storage.probe import check_sites
 
 
@@ -59,6 +60,7 @@ def apply_definitions(
                 _sync_table(s, tdef, changes)
             _drop_undefined_tables(s, defs, changes)
             _drop_undefined_sites(s, defs, changes)
+            _identify_sites(s, defs, skip, changes, dry_run=dry_run)
             if dry_run:
                 raise _DryRun
     except _DryRun:
@@ -89,14 +91,51 @@ def _sync_sites(s: Session, defs: Definitions, changes: list[Change]) -> None:
         if row.uri != sdef.uri:
             _refuse_if_site_has_segments(s, row, sdef)
             row.uri = sdef.uri
+            row.site_uuid = None  # the new root is claimed below, as a new site's is
             changes.append(Change("change", f"site {sdef.name} uri to {sdef.uri}"))
     s.flush()
 
 
+def _identify_sites(s: Session, defs: Definitions, down: set[str], changes: list[Change], *, dry_run: bool) -> None:
+    """Claim every defined site not claimed yet (write its identity marker, creating a new root), and name
+    every claimed site whose root is missing or foreign: it is DOWN/UNIDENTIFIED, and apply never creates
+    anything in its place. A site named ``--site-down`` is not looked at; one never claimed whose root is
+    missing while the catalog lists segments there is not claimed either (its volume may be unmounted)."""
+    for row in s.scalars(select(m.Site).where(m.Site.name.in_(list(defs.sites))).order_by(m.Site.name)):
+        if row.name in down:
+            continue
+        expected = site_identity.expected_identity(s, row)
+        check = site_identity.check_site(s, row)
+        if expected is not None:
+            if not check.ok:
+                changes.append(Change("down", f"{check.detail}"))
+            continue
+        held = q.segment_count_at_site(s, row.site_id)
+        if held and check.problem is IdentityProblem.NO_ROOT:
+            changes.append(
+                Change(
+                    "down",
+                    f"site {row.name}: its root is missing while the catalog lists {held} segment(s) "
+                    f"there; not claimed (`segrep site adopt {row.name}` once it is back or replaced)",
+                )
+            )
+            continue
+        if check.found is not None and check.found.catalog_uuid != site_identity.catalog_uuid(s):
+            changes.append(
+                Change(
+                    "down",
+                    f"site {row.name}: its root holds the marker of {check.found.describe()}, not claimed; "
+                    f"`segrep catalog rebuild --site {row.name}` claims it with its files",
+                )
+            )
+            continue
+        claimed = site_identity.claim(s, row, dry_run=dry_run)
+        if claimed.result is not site_identity.ClaimResult.KEPT:
+            changes.append(Change("claim", str(claimed)))
+
+
 def _refuse_if_site_has_segments(s: Session, row: m.Site, sdef: SiteDef) -> None:
-    n = s.scalar(
-        select(func.count()).select_from(m.Segment).join(m.Placement).where(m.Placement.site_id == row.site_id)
-    )
+    n = q.segment_count_at_site(s, row.site_id)
     if n:
         raise RefusedError(
             f"site {sdef.name}: cannot move it from {redact_uri(row.uri)} to {sdef.uri} while the catalog references "

@@ -20,6 +20,16 @@ class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON}
 
 
+class CatalogIdentity(Base):
+    """The catalog's uuid (one row, made by migration 0009): every site marker names the catalog it belongs
+    to, so a root claimed by another catalog (or a lost one) is told apart from this catalog's own."""
+
+    __tablename__ = "catalog_identity"
+
+    catalog_uuid: Mapped[str] = mapped_column(String(32), primary_key=True)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+
+
 class Site(Base):
     __tablename__ = "sites"
 
@@ -27,6 +37,8 @@ class Site(Base):
     name: Mapped[str] = mapped_column(String(63), unique=True)
     uri: Mapped[str] = mapped_column(Text)
     created_us: Mapped[int] = mapped_column(BigInteger)
+    # The uuid the site's identity marker carries; NULL until a marker is written (apply, bootstrap, adopt)
+    site_uuid: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class Table(Base):

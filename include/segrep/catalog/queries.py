@@ -178,6 +178,12 @@ def segment_count(s: Session, table_id: int) -> int:
     return int(s.scalar(q) or 0)
 
 
+def segment_count_at_site(s: Session, site_id: int) -> int:
+    """How many segment entries the catalog lists at a site's placements."""
+    q = select(func.count()).select_from(m.Segment).join(m.Placement).where(m.Placement.site_id == site_id)
+    return int(s.scalar(q) or 0)
+
+
 def reset_watermarks(s: Session, partition_id: int) -> None:
     """Make every list entry of the partition relevant to planning again (a new replica, a rejoin, or acks
     dropped by an OUT_OF_ORDER restart): the settled watermarks go back to 0."""

@@ -28,6 +28,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.segments import segment_row
+from segrep.catalog.site_identity import record_found
 from segrep.core.errors import CorruptSegmentError, RefusedError
 from segrep.storage.atomic import FileFacts
 from segrep.storage.segment_meta import SegmentEntry
@@ -139,11 +140,14 @@ def rebuild_site(
     RefusedError, with nothing written, for a loss ``accept_loss`` has not accepted (see the module)."""
     transaction = catalog.read() if dry_run else catalog.write()
     with transaction as s:
+        # Only a root whose marker names this site is rebuilt from: an empty mount point would drop it all.
+        record_found(s, q.site_by_name(s, site_name), dry_run=True)
         report, plan = _plan(s, site_name, dry_run=dry_run, accept_loss=accept_loss)
         if dry_run:
             return report
         if report.refused:
             raise RefusedError(report.refusal())
+        record_found(s, q.site_by_name(s, site_name))  # the marker now names this catalog
         for pl, items, root in plan:
             s.execute(delete(m.Segment).where(m.Segment.placement_id == pl.placement_id))
             for it in items:

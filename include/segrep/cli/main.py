@@ -247,10 +247,50 @@ def site_list(obj: Context) -> None:
             s.execute(select(m.Placement.site_id, func.count()).join(m.Segment).group_by(m.Placement.site_id)).all()
         )
         rows = [
-            [x.name, x.site_id, redact_uri(x.uri), counts.get(x.site_id, 0), segs.get(x.site_id, 0)]
+            [x.name, x.site_id, redact_uri(x.uri), counts.get(x.site_id, 0), segs.get(x.site_id, 0), _identity(s, x)]
             for x in s.scalars(select(m.Site).order_by(m.Site.name))
         ]
-    click.echo(format_rows(["site", "id", "uri", "placements", "segments"], rows))
+    click.echo(format_rows(["site", "id", "uri", "placements", "segments", "identity"], rows))
+
+
+def _identity(s: Any, row: m.Site) -> str:
+    """The site's identity marker as `site list` shows it: ok and its uuid, or why it is DOWN/UNIDENTIFIED."""
+    from segrep.catalog.site_identity import check_site
+    from segrep.storage.stores import STORE_ERRORS
+
+    try:
+        check = check_site(s, row)
+    except STORE_ERRORS as exc:
+        return f"unreachable: {describe(exc)}"
+    if check.ok:
+        return f"ok ({row.site_uuid})"
+    return f"DOWN/UNIDENTIFIED: {check.problem}"
+
+
+@site_group.command("adopt")
+@click.argument("site")
+@click.option("--dry-run", is_flag=True, help="Say what the root holds and what would be written; write nothing.")
+@click.pass_obj
+@_user_errors
+def site_adopt(obj: Context, site: str, dry_run: bool) -> None:
+    """Claim SITE's root for this catalog: write its identity marker (creating the root if it is missing).
+
+    For a root that is really the site but lost its marker, was restored or replaced, or was claimed by a
+    catalog that is gone. Rounds, writes and repairs never create a root themselves: a root without this
+    catalog's marker is DOWN/UNIDENTIFIED until it is adopted. The marker of another site of this catalog is
+    never overwritten."""
+    from segrep.catalog import site_identity
+
+    catalog = obj.catalog()
+    if dry_run:
+        with catalog.read() as s:
+            row = q.site_by_name(s, site)
+            check = site_identity.check_site(s, row)
+        click.echo(f"{check.detail}: would write the identity marker of site {site} (dry run: nothing written)")
+        return
+    with catalog.write() as s:
+        claim = site_identity.claim(s, q.site_by_name(s, site), adopt=True)
+    click.echo(str(claim))
 
 
 @main.group("table")

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.site_identity import open_site
 from segrep.core import keys
 from segrep.core import schema as sch
 from segrep.core.chain import is_referenced, visible_segments
@@ -99,7 +100,7 @@ def placement_files(catalog: Catalog, table: str, site: str | None = None) -> tu
             part = by_partition[pl.partition_id]
             visible = (*visible, *_visible(parent_pl, seg_lists))
             begin, end, disjoint = part.begin_key, part.end_key, False
-        site_obj = Site(sites[pl.site_id].name, sites[pl.site_id].uri)
+        site_obj = open_site(s, sites[pl.site_id])
         is_leader = pl.placement_id == by_partition[pl.partition_id].leader_placement_id
         out.append(
             PlacementFiles(

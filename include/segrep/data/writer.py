@@ -30,6 +30,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.segments import register_segment
+from segrep.catalog.site_identity import open_site
 from segrep.catalog.sql import rowcount
 from segrep.core import hlc
 from segrep.core import schema as sch
@@ -109,11 +110,11 @@ def _attempt(
     try:
         work = [(t, rows_) for t, rows_ in zip(targets, groups, strict=True) if rows_ is not None]
         if len(work) == 1:  # one partition (a key-sorted batch often is): no pool to start and join
-            written.append(_write_file(info, *work[0], delete))
+            written.append(_write_file(catalog, info, *work[0], delete))
         else:
             # Parquet encoding, hashing and fsync release the GIL: partitions are written side by side.
             with ThreadPoolExecutor(max_workers=min(len(work), WRITE_THREADS)) as pool:
-                futures = [pool.submit(_write_file, info, t, rows_, delete) for t, rows_ in work]
+                futures = [pool.submit(_write_file, catalog, info, t, rows_, delete) for t, rows_ in work]
             failure: BaseException | None = None
             for future in futures:
                 try:
@@ -236,7 +237,7 @@ def _bucketize(col: pa.ChunkedArray, bounds: list[object], dtype: pa.DataType) -
 
 
 def _write_file(
-    info: q.TableInfo, target: _Target, part_rows: pa.Table, delete: bool
+    catalog: Catalog, info: q.TableInfo, target: _Target, part_rows: pa.Table, delete: bool
 ) -> tuple[_Target, SegmentEntry, str, FileFacts, Site]:
     part, placement = target.partition, target.placement
     version = hlc.next_version(part.last_version)
@@ -255,7 +256,7 @@ def _write_file(
         partition_end=part.end_key,
         **entry_stats(stamped, info.primary_key),
     )
-    site = Site(target.site.name, target.site.uri)
+    site = open_site(catalog, target.site)  # checks the site's identity marker before writing
     relpath = segment_relpath(info.name, part.partition_id, entry.segment_id)
     facts = site.write_segment(relpath, stamped, entry.to_meta())
     return target, entry, relpath, facts, site

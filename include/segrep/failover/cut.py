@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.site_identity import open_site
 from segrep.catalog.snapshot import snapshot
 from segrep.config.definitions import Definitions
 from segrep.core import hlc
@@ -32,7 +33,6 @@ from segrep.spark.items import round_item
 from segrep.spark.launch import Submit
 from segrep.spark.manifest import Manifest, MergeItem
 from segrep.spark.results import commit_results
-from segrep.storage.site import Site
 from segrep.storage.workdir import compaction_paths
 
 
@@ -80,7 +80,7 @@ def cut_table(
         if not newer:
             continue
         site_row = snap.sites[part.leader.site_id]
-        site = Site(site_row.name, site_row.uri)
+        site = open_site(s, site_row)
         relpath = rollback_relpath(table, part.partition.partition_id, failover_id, "cut")
         written = stored_rows(site, relpath)  # a re-run after a failed fold reads nothing again
         if written is None:

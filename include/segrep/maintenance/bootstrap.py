@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from segrep.catalog import Catalog
+from segrep.catalog import Catalog, site_identity
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.config.definitions import Definitions
@@ -86,7 +86,10 @@ def bootstrap(catalog: Catalog, defs: Definitions, table: str, site: str, mode: 
     with catalog.write() as s:
         info = q.table_info(s, table)
         site_row = q.site_by_name(s, site)
-        storage = Site(site_row.name, site_row.uri)
+        if site_row.site_uuid is None:  # a site apply recorded without claiming it (it was down then)
+            report.actions.append(str(site_identity.claim(s, site_row)))
+        storage = site_identity.open_site(s, site_row)
+        storage.ensure_identified()  # DOWN/UNIDENTIFIED: refused before any placement changes
         for part in q.partitions_of(s, info, q.WRITABLE_STATES):
             s.get(m.Partition, part.partition_id, with_for_update=True)  # serialises with rounds and GC
             pl = q.placement_at(s, part.partition_id, site_row.site_id)

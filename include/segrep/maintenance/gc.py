@@ -30,6 +30,7 @@ from sqlalchemy import delete, func, select
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.site_identity import open_site
 from segrep.catalog.snapshot import PartitionSnapshot, snapshot
 from segrep.config.definitions import Definitions, Policy
 from segrep.core import hlc
@@ -226,7 +227,7 @@ def collect(
     orphan_sites = {site.site_id for site in sites.values()}
     for site_id in sorted(orphan_sites):
         site_row = sites[site_id]
-        site = Site(site_row.name, site_row.uri)
+        site = open_site(catalog, site_row)
         orphans = _orphans(catalog, site, site_id, names, now, defs, table, report)
         report.deletions.extend(orphans)
         _stale_uploads(site, names, now, defs, dry_run, report)
@@ -288,7 +289,7 @@ def _remove_files(
             )
         if not still:
             try:
-                Site(site.name, site.uri).delete(d.relpath)
+                open_site(catalog, site).delete(d.relpath)
             except OSError as exc:
                 if report is not None:
                     report.held.append(

@@ -23,6 +23,9 @@ NOT_REPORTED = "its fast-forward task did not report (failed or not run)"
 # built once (catalog.sql says why)
 _DROP_LEASES = delete(m.Lease).where(m.Lease.holder == bindparam("holder"))
 _TARGETS = select(m.RoundTarget).where(m.RoundTarget.round_id == bindparam("round_id"))
+_DOWN = select(m.RoundTarget.site_id).where(
+    m.RoundTarget.round_id == bindparam("round_id"), m.RoundTarget.status == str(TargetStatus.DOWN)
+)
 
 
 def commit_round(
@@ -31,7 +34,7 @@ def commit_round(
     """Record merge results, then checkpoints and safe time, then the round's report. Idempotent."""
     merges = commit_merge_results(catalog, defs, table, end_us) if merge_ran else CommitSummary()
     faults.point("before_checkpoint")
-    safe_times = update_checkpoints_and_safe_time(catalog, table, end_us)
+    safe_times = update_checkpoints_and_safe_time(catalog, table, end_us, hold=_down_targets(catalog, table, end_us))
     with catalog.write() as s:
         # A finished round has nothing in flight. Leases it still holds were taken by an attempt that crashed
         # and whose retry no longer needed them (the leader changed meanwhile): without this they would
@@ -49,7 +52,7 @@ def commit_round(
             for name in sorted(plan.targets):
                 if name not in targets:
                     targets[name] = TargetReport(name, status=TargetStatus.FAILED, error=NOT_REPORTED)
-        failed = sorted(t for t, r in targets.items() if r.status == TargetStatus.FAILED)
+        failed = sorted(t for t, r in targets.items() if r.status in (TargetStatus.FAILED, TargetStatus.DOWN))
         status = RoundStatus.FAILED if failed else RoundStatus.OK
         if not failed and any(r.status != TargetStatus.OK for r in targets.values()):
             status = RoundStatus.PARTIAL
@@ -57,3 +60,11 @@ def commit_round(
         report = RoundReport(rnd.round_id, table, end_us, status, failed, targets, merges, safe_times, spark_apps, plan)
         rnd.report, rnd.status, rnd.finished_us = report.stored(), status, hlc.now_us()
     return report
+
+
+def _down_targets(catalog: Catalog, table: str, end_us: int) -> frozenset[int]:
+    """The sites this round found DOWN/UNIDENTIFIED: their safe time must not move (nothing says the rows
+    it would claim are readable there)."""
+    with catalog.read() as s:
+        rnd = round_row(s, q.table_info(s, table).table_id, end_us)
+        return frozenset(s.scalars(_DOWN, {"round_id": rnd.round_id}))

@@ -44,6 +44,7 @@ from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.segments import entry_of, insert_segments, move_root_to, segment_values
+from segrep.catalog.site_identity import expected_identity
 from segrep.catalog.snapshot import given_up_held, receiving_replicas, snapshot
 from segrep.catalog.sql import ignoring_insert
 from segrep.config.definitions import Definitions, Policy
@@ -58,9 +59,10 @@ from segrep.replication.offers import offers_to, whole_cuts
 from segrep.replication.reports import InvalidSegment, TargetReport, TargetStatus
 from segrep.replication.round import TargetUnreachable, clamp_end, ensure_round, lease_ttl_us, round_key
 from segrep.storage.atomic import FileFacts, batched_directory_syncs
+from segrep.storage.identity import SiteUnidentifiedError
 from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.segment_meta import SegmentEntry
-from segrep.storage.site import Site
+from segrep.storage.site import Expected, Site
 from segrep.storage.store_errors import StoreRefusedError
 from segrep.storage.transfer import copy_verified
 
@@ -211,9 +213,12 @@ def fast_forward_target(
         backoff = s.get(m.Backoff, (info.table_id, site_row.site_id))
         replicas = receiving_replicas(s, info, site_row.site_id, active_only=not reoffer)
         pending = given_up_held(s, info.table_id, [r.placement_id for r in replicas])
+        expect = Expected(expected_identity(s, site_row))
     if backoff is not None and backoff.next_attempt_us > hlc.now_us() and not reoffer:
         report.status = TargetStatus.BACKOFF
         report.error = f"backing off after {backoff.failures} failure(s) ({backoff.last_reason}); next attempt later"
+    elif (unidentified := _identity_problem(site_row, expect)) is not None:
+        report.status, report.error = unidentified
     else:
         key, ttl = round_key(table, end), lease_ttl_us()
         turns = threading.Lock() if catalog.dialect == "sqlite" else contextlib.nullcontext()
@@ -233,7 +238,7 @@ def fast_forward_target(
             for part_report in partitions.map(_PartitionRun.run, work):
                 report.absorb(part_report)
         last_acks = [ack for run in work for ack in _sender_acks(run.unacked)]
-        if pending and report.status != TargetStatus.FAILED:  # the rows a failover gave up are still there
+        if pending and report.status.rank < TargetStatus.FAILED.rank:  # the rows a failover gave up are still there
             report.status = TargetStatus.FAILED
             report.error = (
                 f"site {site} still holds {pending} segment(s) a failover gave up; they are set aside in its "
@@ -243,9 +248,22 @@ def fast_forward_target(
     with catalog.write() as s:  # the sender's side of the last batches, and the target's report: one transaction
         _record_acks(s, last_acks, hlc.now_us())
         record_target(s, round_id, info.table_id, site_row.site_id, report, policy)
-    if report.status == TargetStatus.FAILED:
+    if report.status in (TargetStatus.FAILED, TargetStatus.DOWN):
         raise TargetUnreachable(f"target {site}: {report.error}")
     return report
+
+
+def _identity_problem(row: m.Site, expect: Expected) -> tuple[TargetStatus, str] | None:
+    """Whether the target's root is the site the catalog expects (its identity marker), looked at before
+    anything is copied: a root that vanished or is foreign is DOWN, and nothing is written, acked or moved
+    there; a store that cannot be read at all is the FAILED it always was."""
+    try:
+        Site(row.name, row.uri, expect=expect).ensure_identified()
+    except SiteUnidentifiedError as exc:
+        return TargetStatus.DOWN, str(exc)
+    except STORE_ERRORS as exc:
+        return TargetStatus.FAILED, describe(exc)
+    return None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.site_identity import open_site
 from segrep.catalog.snapshot import PartitionSnapshot, TableSnapshot, snapshot
 from segrep.catalog.sql import record_ack
 from segrep.config.definitions import Definitions, Policy
@@ -29,7 +30,6 @@ from segrep.replication.round import clamp_end, ensure_round, lease_ttl_us, roun
 from segrep.spark.items import file_ref, round_item
 from segrep.spark.manifest import FileRef, Manifest, MergeItem
 from segrep.storage.probe import STORE_ERRORS, describe
-from segrep.storage.site import Site
 from segrep.storage.workdir import manifest_path
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ def _plan_merges(
         incoming: list[FileRef] = []
         for follower in part.replicas:
             offered = pushes_from(part, follower, end)
-            if offered and not _can_read(snap, follower, offered[0], readable):
+            if offered and not _can_read(s, snap, follower, offered[0], readable):
                 pushes["SITE_DOWN"] += len(offered)  # its pushes wait; the merge would fail on its files
                 continue
             for seg in offered:
@@ -203,13 +203,13 @@ def _origin_forks(part: PartitionSnapshot, incoming: list[FileRef]) -> dict[str,
 _UNREADABLE: tuple[type[Exception], ...] = (*STORE_ERRORS, SegrepError)
 
 
-def _can_read(snap: TableSnapshot, follower: m.Placement, seg: m.Segment, seen: dict[int, bool]) -> bool:
+def _can_read(s: Session, snap: TableSnapshot, follower: m.Placement, seg: m.Segment, seen: dict[int, bool]) -> bool:
     """Whether the follower's site answers for one of its pushed files (asked once per site and plan): a
     follower that is down (an old leader after a failover, say) must not fail the whole round's merge."""
     if follower.site_id not in seen:
         row = snap.sites[follower.site_id]
         try:
-            seen[follower.site_id] = Site(row.name, row.uri).exists(seg.relpath)
+            seen[follower.site_id] = open_site(s, row).exists(seg.relpath)
         except _UNREADABLE as exc:
             log.info("pushes from %s wait: %s", row.name, describe(exc))
             seen[follower.site_id] = False

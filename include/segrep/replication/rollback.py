@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.site_identity import open_site
 from segrep.catalog.snapshot import given_up_segments, snapshot
 from segrep.core import hlc
 from segrep.core import schema as sch
@@ -144,12 +145,12 @@ def _roll_back(
         ]
         root_before = placement.root_segment_id
         chain = q.chain_of(placement, part.segments.get(placement_id, []))
-    site = Site(site_row.name, site_row.uri)
+    site = open_site(catalog, site_row)
     relpath = rollback_relpath(table, partition_id, failover_id, placement_id)
     try:
         written = stored_rows(site, relpath)  # a re-run after a crash reads nothing again
         if written is None:
-            rows = _set_aside_rows(info, site, lost, Site(leader_site.name, leader_site.uri), leader_segs)
+            rows = _set_aside_rows(info, site, lost, open_site(catalog, leader_site), leader_segs)
             low = min((seg.min_version for seg in lost), default=None)
             high = max((seg.max_version for seg in lost), default=None)
             write_rollback(
@@ -235,7 +236,7 @@ def list_rollbacks(catalog: Catalog, table: str | None = None) -> list[RollbackF
         sites = list(q.sites_by_id(s).values())
     out = []
     for row in sorted(sites, key=lambda x: x.name):
-        site = Site(row.name, row.uri)
+        site = open_site(catalog, row)
         for relpath in _rollback_files(site, table):
             meta = rollback_manifest(site, relpath)
             out.append(
@@ -274,6 +275,6 @@ def drop_rollbacks(catalog: Catalog, table: str, site: str, failover_id: int | N
         if f.site == site and (failover_id is None or f.failover_id == failover_id):
             with catalog.read() as s:
                 row = q.site_by_name(s, site)
-            Site(row.name, row.uri).delete(f.relpath)
+            open_site(catalog, row).delete(f.relpath)
             gone.append(f.relpath)
     return gone

@@ -68,10 +68,13 @@ def leader_vouches(part: PartitionSnapshot) -> int:
     return safe
 
 
-def update_checkpoints_and_safe_time(catalog: Catalog, table: str, end_us: int) -> dict[str, int]:
+def update_checkpoints_and_safe_time(
+    catalog: Catalog, table: str, end_us: int, *, hold: frozenset[int] = frozenset()
+) -> dict[str, int]:
     """Write the checkpoints of the partitions with unsettled entries, move their settled watermarks, and
     advance each target site's safe time; return the safe times. A settled partition has nothing pending
-    anywhere, so it vouches for ``end - 1`` everywhere without being read."""
+    anywhere, so it vouches for ``end - 1`` everywhere without being read. The sites in ``hold`` (found
+    DOWN/UNIDENTIFIED by this round) keep the safe time they had."""
     with catalog.write() as s:
         snap = snapshot(s, table, active_only=True)
         now = hlc.now_us()
@@ -97,9 +100,11 @@ def update_checkpoints_and_safe_time(catalog: Catalog, table: str, end_us: int) 
         for site_id, safe in candidate.items():
             if unloading is not None:
                 safe = min(safe, unloading)
-            if site_id in joining or site_id in snap.stalled_site_ids or snap.rollback_pending(site_id):
-                continue  # a joining replica is not readable yet; one that needs a bootstrap is stuck; an old
-                # leader still listing what its failover gave up serves rows the table no longer has
+            held = site_id in hold or site_id in joining or site_id in snap.stalled_site_ids
+            if held or snap.rollback_pending(site_id):
+                continue  # a site found down is unknown; a joining replica is not readable yet; one that needs a
+                # bootstrap is stuck; an old leader still listing what its failover gave up serves rows the table
+                # no longer has
             out[snap.sites[site_id].name] = _advance(s, snap.info.table_id, site_id, safe, now)
     return out
 

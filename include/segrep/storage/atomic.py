@@ -32,6 +32,7 @@ from typing import Any
 from segrep.core import faults
 from segrep.core.errors import CorruptSegmentError
 from segrep.storage.crc64nvme import Crc64Nvme
+from segrep.storage.identity import ensure_dirs_below
 
 CHUNK = 4 * 1024 * 1024
 _BATCH = 1024 * 1024  # small writes (Parquet page headers) are gathered up to this size before going out
@@ -95,6 +96,7 @@ def atomic_local_write_stream(
     expected: FileFacts | None = None,
     *,
     sync_every: int | None = _SYNC_EVERY,
+    root: str | None = None,
 ) -> FileFacts:
     """Run ``write(stream)`` onto a temporary file beside ``final``, then fsync it, rename it to ``final`` and
     fsync the directory: readers see the complete file or none. Returns the size and sha256 of the file.
@@ -107,9 +109,10 @@ def atomic_local_write_stream(
     rest, a truncated or replaced file) is what ``Site.verify`` catches, from the bytes, whenever a file is
     checked against its catalog entry. Any error from write(2), fdatasync or fsync fails the write and
     removes the temporary file, so nothing unverified ever gets the final name. With ``expected`` (a copy of
-    a known file), facts that differ raise CorruptSegmentError before the rename.
+    a known file), facts that differ raise CorruptSegmentError before the rename. With ``root`` (a site's),
+    directories are made below it only: a vanished root is never made again (``identity.ensure_dirs_below``).
     """
-    with _temporary_beside(final) as (tmp, fd):
+    with _temporary_beside(final, root) as (tmp, fd):
         with HashingFileWriter(fd, tmp, sync_every=sync_every) as out:
             write(out)
             facts = out.finish()
@@ -117,14 +120,14 @@ def atomic_local_write_stream(
     return facts
 
 
-def atomic_local_copy(source: str, final: str, expected: FileFacts) -> FileFacts:
+def atomic_local_copy(source: str, final: str, expected: FileFacts, *, root: str | None = None) -> FileFacts:
     """Copy a local file to ``final`` inside the kernel (copy_file_range: no trip through Python, as cp
     does), then hash the copy's bytes while it is fsynced, and rename it into place only if they equal
     ``expected`` (else CorruptSegmentError and nothing appears): by CRC-64/NVME where ``expected`` has it
     (``storage.crc64nvme`` says why that suffices), else by sha256. The hash is of the destination file as
     the kernel holds it, so a bad source and a bad copy are both caught. OSError if the kernel cannot copy
     between these files (the caller falls back to a streamed copy) or a site is unreachable."""
-    with _temporary_beside(final) as (tmp, out):
+    with _temporary_beside(final, root) as (tmp, out):
         with open(source, "rb", buffering=0) as src:
             left = os.fstat(src.fileno()).st_size
             while left > 0:
@@ -153,9 +156,13 @@ def atomic_local_copy(source: str, final: str, expected: FileFacts) -> FileFacts
 
 
 @contextlib.contextmanager
-def _temporary_beside(final: str) -> Iterator[tuple[str, int]]:
-    """A new temporary file beside ``final``, open for writing; removed on any error (``_publish`` renames it)."""
-    os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
+def _temporary_beside(final: str, root: str | None = None) -> Iterator[tuple[str, int]]:
+    """A new temporary file beside ``final``, open for writing; removed on any error (``_publish`` renames it).
+    Its directory is made if missing: below ``root`` only, when a site root is given."""
+    if root is None:
+        os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
+    else:
+        ensure_dirs_below(root, os.path.dirname(final))
     tmp = tmp_name(final)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:

@@ -6,6 +6,9 @@ can be rebuilt from storage. Files are written to a temporary name in the same d
 renamed (then the directory is fsynced): a file visible under its final name is complete, and its sha256 is
 known before the catalog references it.
 Atomic writes themselves are in :mod:`segrep.storage.atomic`.
+
+A Site opened with what the catalog expects of it (``expect``) checks the identity marker at its root before
+its first read or write (:mod:`segrep.storage.identity`); writes never create the root itself.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import os
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +28,7 @@ import pyarrow.parquet as pq
 from segrep.config.stores import StoreOptions
 from segrep.core.errors import CorruptSegmentError, SegrepError
 from segrep.core.names import NAME_RE, SEGMENT_ID_RE, check_name, check_segment_id
+from segrep.storage import identity
 from segrep.storage.atomic import (
     CHUNK,
     FileFacts,
@@ -49,6 +54,13 @@ DECODE_ERRORS = (pa.ArrowException, OSError, ValueError)
 _SEGMENT_PATH_RE = re.compile(rf"{NAME_RE.pattern}/(0|[1-9][0-9]*)/{SEGMENT_ID_RE.pattern}\.parquet")
 
 
+@dataclass(frozen=True)
+class Expected:
+    """What the catalog expects a site's marker to say: ``identity`` None for a site it has not claimed yet."""
+
+    identity: identity.SiteIdentity | None
+
+
 def segment_relpath(table: str, partition_id: int, segment_id: str) -> str:
     check_name("table", table)
     if not isinstance(partition_id, int) or isinstance(partition_id, bool) or partition_id < 0:
@@ -61,9 +73,13 @@ class Site:
     """One site's storage root. Local paths use the OS directly (for fsync and atomic rename); any other
     URI goes through ``pyarrow.fs`` (hdfs://, s3://, ...), where the final move is the store's own."""
 
-    def __init__(self, name: str, uri: str, options: StoreOptions | None = None) -> None:
+    def __init__(
+        self, name: str, uri: str, options: StoreOptions | None = None, *, expect: Expected | None = None
+    ) -> None:
         """``options``: the store's endpoint and credentials reference; by default those the loaded
-        definitions give this site (``storage.stores.open_store``)."""
+        definitions give this site (``storage.stores.open_store``). ``expect``: the identity the catalog
+        expects at the root, checked before the first read or write (``catalog.site_identity.open_site``
+        passes it); None only where a caller already checked it (a Spark executor, whose driver did)."""
         self.name = check_name("site", name)
         self.uri = uri
         store = open_store(self.name, uri, options)
@@ -71,9 +87,30 @@ class Site:
         self.root: str = store.root
         self.local: bool = store.local
         self.s3: S3Target | None = store.s3
+        self.expect = expect
 
     def path(self, relpath: str) -> str:
         return f"{self.root.rstrip('/')}/{relpath}"
+
+    # -- identity ------------------------------------------------------------------------------------------
+    def identity_check(self) -> identity.IdentityCheck:
+        """Look at the root's marker now (no cache); what the catalog expects, if it said."""
+        expected = self.expect.identity if self.expect is not None else None
+        return identity.check(self.fs, self.root, self.local, expected, self.name)
+
+    def ensure_identified(self) -> None:
+        """SiteUnidentifiedError unless the root holds the marker the catalog expects (a passed check is
+        remembered for a few seconds per process). A Site opened without ``expect`` is not checked."""
+        if self.expect is None:
+            return
+        expected = self.expect.identity
+        if expected is not None and identity.recently_passed(self.root, expected):
+            return
+        result = self.identity_check()
+        if not result.ok:
+            raise identity.SiteUnidentifiedError(f"DOWN/UNIDENTIFIED: {result.detail}")
+        assert expected is not None  # an unclaimed site never passes
+        identity.remember(self.root, expected)
 
     # -- writing -----------------------------------------------------------------------------------------
     def write_segment(self, relpath: str, table: pa.Table, meta: dict[str, Any]) -> FileFacts:
@@ -86,10 +123,13 @@ class Site:
         The Parquet settings are pyarrow's defaults, as a plain ``pq.write_table`` would use, plus a CRC32 in
         every page header, which every read verifies: a flipped bit in a data page fails the read instead of
         serving a changed value."""
+        self.ensure_identified()
         table = table.replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
         final = self.path(relpath)
         if self.local:
-            return atomic_local_write_stream(final, lambda out: pq.write_table(table, out, write_page_checksum=True))
+            return atomic_local_write_stream(
+                final, lambda out: pq.write_table(table, out, write_page_checksum=True), root=self.root
+            )
         if self.s3 is not None:
             sink = pa.BufferOutputStream()
             pq.write_table(table, sink, write_page_checksum=True)
@@ -104,6 +144,7 @@ class Site:
         return self.facts(relpath)
 
     def delete(self, relpath: str) -> None:
+        self.ensure_identified()
         if self.local:
             remove_quietly(self.path(relpath))
         else:
@@ -113,6 +154,7 @@ class Site:
     # -- reading -----------------------------------------------------------------------------------------
     def facts(self, relpath: str) -> FileFacts:
         """Size, sha256 and CRC-64/NVME of a stored file, computed from its bytes."""
+        self.ensure_identified()
         if self.local:
             return hash_local(self.path(relpath), fsync=False)
         with self.fs.open_input_stream(self.path(relpath)) as f:
@@ -135,6 +177,7 @@ class Site:
     def read_segment(self, relpath: str, columns: list[str] | None = None) -> pa.Table:
         """A segment's rows, page checksums verified (pyarrow raises OSError on a mismatch); no catalog check:
         for a file this process just wrote or verified. Reads for users go through ``read_checked``."""
+        self.ensure_identified()
         return pq.read_table(self.path(relpath), columns=columns, filesystem=self.fs, page_checksum_verification=True)
 
     def check_footer(self, relpath: str, expected: ExpectedSegment) -> pq.FileMetaData:
@@ -142,6 +185,7 @@ class Site:
         footer entry (segment id, table, partition, counts and ranges), its row count and its columns equal the
         catalog's.
         Reads the footer only. CorruptSegmentError naming the site, the file and every difference otherwise."""
+        self.ensure_identified()
         path = self.path(relpath)
         try:
             with self.fs.open_input_file(path) as f:
@@ -199,6 +243,7 @@ class Site:
 
     def read_meta(self, relpath: str) -> dict[str, Any]:
         """The segment's catalog entry from the Parquet footer (no row is read)."""
+        self.ensure_identified()
         try:
             md = pq.read_metadata(self.path(relpath), filesystem=self.fs).metadata or {}
         except (pa.ArrowInvalid, OSError) as exc:
@@ -209,6 +254,7 @@ class Site:
         return doc
 
     def exists(self, relpath: str) -> bool:
+        self.ensure_identified()
         return bool(self.fs.get_file_info(self.path(relpath)).type == pafs.FileType.File)
 
     def list_segment_files(self) -> Iterator[str]:
@@ -216,6 +262,7 @@ class Site:
 
         Only names that fit the layout (valid table name, partition number, segment id) are segment files;
         anything else (temporary files, a user's notes) is not listed and never touched."""
+        self.ensure_identified()
         selector = pafs.FileSelector(self.root, recursive=True, allow_not_found=True)
         prefix = self.root.rstrip("/") + "/"
         rels = []

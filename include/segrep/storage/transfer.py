@@ -40,9 +40,9 @@ class _KernelCopyUnsupported(Exception):
     pass
 
 
-def _kernel_copy(source: str, final: str, expected: FileFacts) -> FileFacts:
+def _kernel_copy(source: str, final: str, expected: FileFacts, root: str) -> FileFacts:
     try:
-        return atomic_local_copy(source, final, expected)
+        return atomic_local_copy(source, final, expected, root=root)
     except OSError as exc:
         if exc.errno in _UNSUPPORTED:
             raise _KernelCopyUnsupported from exc
@@ -59,6 +59,8 @@ def copy_verified(
     so does a server-side copy on one S3 store: ``storage.crc64nvme``); nothing appears under the final name.
     OSError (a site that is down) propagates unchanged.
     """
+    source.ensure_identified()
+    target.ensure_identified()
     expected = FileFacts(byte_size, sha256, crc64nvme)
     mismatch = (
         f"copy of {relpath} from {source.name} to {target.name} does not match the catalog "
@@ -74,8 +76,8 @@ def copy_verified(
         try:
             if source.local and type(source.fs) is pafs.LocalFileSystem and hasattr(os, "copy_file_range"):
                 with contextlib.suppress(_KernelCopyUnsupported):
-                    return _kernel_copy(source.path(relpath), target.path(relpath), expected)
-            return atomic_local_write_stream(target.path(relpath), _copy, expected, sync_every=None)
+                    return _kernel_copy(source.path(relpath), target.path(relpath), expected, target.root)
+            return atomic_local_write_stream(target.path(relpath), _copy, expected, sync_every=None, root=target.root)
         except CorruptSegmentError:
             raise CorruptSegmentError(mismatch) from None
     try:

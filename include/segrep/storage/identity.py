@@ -1,0 +1,231 @@
+"""Site identity markers (DESIGN 13): a small JSON file at every site root that says which site of which
+catalog the root is.
+
+A root that vanished (an unmounted volume, a lost bucket prefix) must never be taken for an empty site: a
+round would otherwise recreate it, copy files into it and claim it caught up, and the real site's files would
+be missing when it came back. So only ``segrep apply``, ``bootstrap`` and ``site adopt`` write a marker (and
+create a root); everything else checks it, and a root without it, or with one naming another site or another
+catalog, is DOWN/UNIDENTIFIED: nothing is written there, nothing acked, and safe time does not move.
+
+The marker is written atomically (a temporary name, fsync, rename locally; one PUT on an object store) and
+read back before it counts. A check that passed is remembered for ``CACHE_S`` seconds per process (a round
+checks each site once, not once per file); local writes also refuse to create the root itself
+(``ensure_dirs_below``), so a root that vanishes within that time is still never recreated.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from segrep.core.errors import SegrepError
+
+MARKER_NAME = "_segrep_site.json"
+MARKER_FORMAT = 1
+CACHE_S = 10.0
+
+
+class SiteUnidentifiedError(SegrepError, OSError):
+    """A site root that is missing, has no identity marker, or has one naming another site or catalog.
+
+    An OSError too: every path that treats an unreachable store as that site's failure (and never the whole
+    operation's) treats this one alike; rounds report it as DOWN."""
+
+
+class IdentityProblem(StrEnum):
+    """Why a root is not the site the catalog expects."""
+
+    NO_ROOT = "root missing"
+    NO_MARKER = "no identity marker"
+    UNREADABLE = "identity marker unreadable"
+    OTHER_SITE = "marker names another site"
+    OTHER_CATALOG = "marker names another catalog"
+    UNCLAIMED = "never claimed"
+
+
+@dataclass(frozen=True)
+class SiteIdentity:
+    """What a site's marker says (and what the catalog expects it to say)."""
+
+    site: str
+    site_id: int
+    site_uuid: str
+    catalog_uuid: str
+
+    def to_doc(self, written_us: int) -> dict[str, Any]:
+        return {"format": MARKER_FORMAT, **asdict(self), "written_us": written_us}
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> SiteIdentity:
+        """The identity in a marker's JSON; ValueError if it is not a marker of this format."""
+        if not isinstance(doc, dict) or doc.get("format") != MARKER_FORMAT:
+            raise ValueError("not a segrep site marker of format 1")
+        fields = {"site": str, "site_id": int, "site_uuid": str, "catalog_uuid": str}
+        if any(not isinstance(doc.get(k), t) or isinstance(doc.get(k), bool) for k, t in fields.items()):
+            raise ValueError("a field of the marker is missing or of the wrong type")
+        return cls(doc["site"], doc["site_id"], doc["site_uuid"], doc["catalog_uuid"])
+
+    def describe(self) -> str:
+        return f"site {self.site} (id {self.site_id}, uuid {self.site_uuid}) of catalog {self.catalog_uuid}"
+
+
+@dataclass(frozen=True)
+class IdentityCheck:
+    """The outcome of looking at a root: ``found`` is the marker's identity, if one could be read."""
+
+    problem: IdentityProblem | None
+    detail: str
+    found: SiteIdentity | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def marker_path(root: str) -> str:
+    return f"{root.rstrip('/')}/{MARKER_NAME}"
+
+
+def look(fs: pafs.FileSystem, root: str, local: bool) -> tuple[bool, SiteIdentity | None, str]:
+    """(root exists, the marker's identity or None, what was wrong reading it). An object store's root is a
+    prefix: it "exists" when its marker does. Store errors (unreachable) propagate."""
+    if local and not os.path.isdir(root):
+        return False, None, ""
+    path = marker_path(root)
+    try:
+        with fs.open_input_stream(path) as f:
+            raw = f.read(64 * 1024)
+    except FileNotFoundError:
+        return not local or os.path.isdir(root), None, ""
+    except OSError as exc:
+        if local and getattr(exc, "errno", None) in (errno.ENOENT, errno.ENOTDIR):
+            return os.path.isdir(root), None, ""
+        if not local and "not found" in str(exc).lower():  # pyarrow's S3 file system says so in words
+            return True, None, ""
+        raise
+    try:
+        return True, SiteIdentity.from_doc(json.loads(raw)), ""
+    except ValueError as exc:
+        return True, None, str(exc)
+
+
+def check(fs: pafs.FileSystem, root: str, local: bool, expected: SiteIdentity | None, name: str) -> IdentityCheck:
+    """Compare the marker at ``root`` with ``expected`` (None: the catalog has not claimed the site yet)."""
+    exists, found, unreadable = look(fs, root, local)
+    if not exists:
+        return IdentityCheck(IdentityProblem.NO_ROOT, f"site {name}: its root {root} does not exist")
+    if unreadable:
+        return IdentityCheck(IdentityProblem.UNREADABLE, f"site {name}: the marker {marker_path(root)}: {unreadable}")
+    if expected is None:
+        what = f"holds the marker of {found.describe()}" if found is not None else "has no identity marker"
+        return IdentityCheck(
+            IdentityProblem.UNCLAIMED,
+            f"site {name} has not been claimed by this catalog (its root {what}): run `segrep apply`, or "
+            f"`segrep site adopt {name}` if this root really is the site",
+            found,
+        )
+    if found is None:
+        return IdentityCheck(
+            IdentityProblem.NO_MARKER,
+            f"site {name}: its root {root} has no identity marker {MARKER_NAME} (an unmounted volume or a lost "
+            f"prefix?); nothing is written there until it returns, or `segrep site adopt {name}` claims the root",
+        )
+    if (found.site, found.site_id, found.site_uuid) != (expected.site, expected.site_id, expected.site_uuid):
+        return IdentityCheck(
+            IdentityProblem.OTHER_SITE,
+            f"site {name}: its root {root} holds the marker of {found.describe()}, not of {expected.describe()}",
+            found,
+        )
+    if found.catalog_uuid != expected.catalog_uuid:
+        return IdentityCheck(
+            IdentityProblem.OTHER_CATALOG,
+            f"site {name}: its root {root} belongs to catalog {found.catalog_uuid}, not to this catalog "
+            f"({expected.catalog_uuid}); `segrep catalog rebuild --site {name}` or `segrep site adopt {name}` "
+            "claims it for this one",
+            found,
+        )
+    return IdentityCheck(None, f"site {name}: {found.describe()}", found)
+
+
+def write(fs: pafs.FileSystem, root: str, local: bool, identity: SiteIdentity, now_us: int) -> None:
+    """Write the marker at ``root`` (creating a local root) atomically, and read it back."""
+    data = (json.dumps(identity.to_doc(now_us), sort_keys=True, indent=1) + "\n").encode()
+    path = marker_path(root)
+    if local:
+        os.makedirs(root, exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    else:
+        with fs.open_output_stream(path) as out:
+            out.write(data)
+    _, back, _ = look(fs, root, local)
+    if back != identity:
+        raise SegrepError(f"the identity marker written at {path} reads back differently")
+    forget(root)
+
+
+# -- the per-process cache of checks that passed -------------------------------------------------------------
+_passed: dict[tuple[str, SiteIdentity], float] = {}
+_lock = threading.Lock()
+
+
+def recently_passed(root: str, expected: SiteIdentity) -> bool:
+    with _lock:
+        at = _passed.get((root, expected))
+    return at is not None and time.monotonic() - at < CACHE_S
+
+
+def remember(root: str, expected: SiteIdentity) -> None:
+    with _lock:
+        _passed[(root, expected)] = time.monotonic()
+
+
+def forget(root: str | None = None) -> None:
+    """Drop remembered checks (of one root, or all): a marker written or a site known to have changed."""
+    with _lock:
+        for key in [k for k in _passed if root is None or k[0] == root]:
+            del _passed[key]
+
+
+def ensure_dirs_below(root: str, directory: str) -> None:
+    """Create ``directory`` and its missing parents up to, never including, the local ``root``: a root that
+    vanished is SiteUnidentifiedError here, not silently made again by the next write."""
+    if os.path.isdir(directory):
+        return
+    rel = os.path.relpath(directory, root)
+    if rel.startswith(".."):
+        raise SegrepError(f"{directory} is not under the site root {root}")
+    current = root
+    for part in [] if rel == "." else rel.split(os.sep):
+        current = os.path.join(current, part)
+        try:
+            os.mkdir(current)
+        except FileExistsError:
+            continue
+        except FileNotFoundError:
+            raise SiteUnidentifiedError(
+                f"the site root {root} does not exist (an unmounted volume?): nothing is created in its place"
+            ) from None
+    if not os.path.isdir(root):
+        raise SiteUnidentifiedError(f"the site root {root} does not exist: nothing is created in its place")
