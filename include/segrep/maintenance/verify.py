@@ -26,6 +26,7 @@ from sqlalchemy import select
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.site_identity import open_site
 from segrep.catalog.verifications import record_file_checks, record_verification
 from segrep.core import hlc, keys
 from segrep.core import schema as sch
@@ -172,6 +173,10 @@ def scope_of(catalog: Catalog, table: str, site: str | None, at: int | None) -> 
             ).all()
         )
         flagged = frozenset(pl.placement_id for pl in placements if pl.needs_bootstrap)
+        leader_sites = {sites[pl.site_id].name for pl in placements if pl.placement_id in leaders}
+        for row in sites.values():  # a vanished or foreign root is DOWN/UNIDENTIFIED, never "0 rows, all lost"
+            if row.name in leader_sites or (row.name in holding and site in (None, row.name)):
+                open_site(s, row).ensure_identified(fresh=True)
     if site is not None and site not in holding:
         raise NotFoundError(f"site {site!r} holds no placement of {table} (it is at: {', '.join(holding) or 'none'})")
     ids = {x.name: x.site_id for x in sites.values()}

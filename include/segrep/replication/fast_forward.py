@@ -258,7 +258,7 @@ def _identity_problem(row: m.Site, expect: Expected) -> tuple[TargetStatus, str]
     anything is copied: a root that vanished or is foreign is DOWN, and nothing is written, acked or moved
     there; a store that cannot be read at all is the FAILED it always was."""
     try:
-        Site(row.name, row.uri, expect=expect).ensure_identified()
+        Site(row.name, row.uri, expect=expect).ensure_identified(fresh=True)  # once per target and round
     except SiteUnidentifiedError as exc:
         return TargetStatus.DOWN, str(exc)
     except STORE_ERRORS as exc:

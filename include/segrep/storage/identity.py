@@ -121,7 +121,8 @@ def check(fs: pafs.FileSystem, root: str, local: bool, expected: SiteIdentity | 
     """Compare the marker at ``root`` with ``expected`` (None: the catalog has not claimed the site yet)."""
     exists, found, unreadable = look(fs, root, local)
     if not exists:
-        return IdentityCheck(IdentityProblem.NO_ROOT, f"site {name}: its root {root} does not exist")
+        what = "is not a directory" if local and os.path.lexists(root) else "does not exist"
+        return IdentityCheck(IdentityProblem.NO_ROOT, f"site {name}: its root {root} {what}")
     if unreadable:
         return IdentityCheck(IdentityProblem.UNREADABLE, f"site {name}: the marker {marker_path(root)}: {unreadable}")
     if expected is None:
@@ -225,7 +226,8 @@ def ensure_dirs_below(root: str, directory: str) -> None:
             continue
         except FileNotFoundError:
             raise SiteUnidentifiedError(
-                f"the site root {root} does not exist (an unmounted volume?): nothing is created in its place"
+                f"DOWN/UNIDENTIFIED: the site root {root} does not exist (an unmounted volume?): nothing is "
+                "created in its place"
             ) from None
     if not os.path.isdir(root):
-        raise SiteUnidentifiedError(f"the site root {root} does not exist: nothing is created in its place")
+        raise SiteUnidentifiedError(f"DOWN/UNIDENTIFIED: the site root {root} does not exist: nothing is created")

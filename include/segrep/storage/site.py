@@ -98,13 +98,14 @@ class Site:
         expected = self.expect.identity if self.expect is not None else None
         return identity.check(self.fs, self.root, self.local, expected, self.name)
 
-    def ensure_identified(self) -> None:
+    def ensure_identified(self, *, fresh: bool = False) -> None:
         """SiteUnidentifiedError unless the root holds the marker the catalog expects (a passed check is
-        remembered for a few seconds per process). A Site opened without ``expect`` is not checked."""
+        remembered for a few seconds per process, unless ``fresh``). A Site opened without ``expect`` is not
+        checked."""
         if self.expect is None:
             return
         expected = self.expect.identity
-        if expected is not None and identity.recently_passed(self.root, expected):
+        if not fresh and expected is not None and identity.recently_passed(self.root, expected):
             return
         result = self.identity_check()
         if not result.ok:
