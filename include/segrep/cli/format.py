@@ -116,9 +116,9 @@ def status_note(state: TargetState) -> str:
     if state.backing_off is not None:
         notes.append(f"backing off ({state.backing_off})")
     for hold in state.leases:
-        notes.append(
-            f"{hold.segments} segment(s) in flight, leased by round {hold.holder} until {hlc.iso(hold.expires_us)}"
-        )
+        notes.append(hold.describe())
+    if state.waited and not state.leases:  # the leases it waited for have lapsed or been let go since
+        notes.append(f"last round {state.waited}")
     checked = state.last_verified
     if checked is not None and checked.differences:
         notes.append(
