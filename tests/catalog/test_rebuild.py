@@ -14,9 +14,9 @@ from tests.support.badinput import assert_user_error
 from tests.support.checks import segment_facts, triples
 from tests.support.cli import cli
 from tests.support.env import Env
-from tests.support.models import Model
-from tests.support.rounds import bring_up, round_until_idle, take_down
+from tests.support.rounds import bring_up, take_down
 from tests.support.tables import orders
+from tests.support.union import listed_at, load_events, middle_segment
 
 
 def snapshot(env: Env) -> tuple[list[tuple], dict[int, str | None]]:
@@ -59,47 +59,13 @@ def test_rebuild_dry_run_and_foreign_files(env: Env) -> None:
 # -- the union rule (issue 32): a file one site lost is fetched from any site that holds it ----------------
 
 
-def _load_events(env: Env) -> Model:
-    """Four batches and an overwrite of the `events` table, replicated to dr and edge; the independent replay."""
-    model = Model()
-    for i in range(4):
-        model.upsert(env, range(i * 12, i * 12 + 12), f"v{i}-")
-    model.upsert(env, range(0, 48, 5), "w-")
-    round_until_idle(env)
-    return model
-
-
-def _listed_at(env: Env, site: str, table: str = "events") -> list[m.Segment]:
-    """The site's list entries of ``table``, the first partition's oldest first."""
-    with env.catalog.read() as s:
-        return list(
-            s.scalars(
-                select(m.Segment)
-                .join(m.Placement, m.Placement.placement_id == m.Segment.placement_id)
-                .join(m.Site, m.Site.site_id == m.Placement.site_id)
-                .join(m.Partition, m.Partition.partition_id == m.Segment.partition_id)
-                .join(m.Table, m.Table.table_id == m.Partition.table_id)
-                .where(m.Site.name == site, m.Table.name == table, m.Placement.removed_us.is_(None))
-                .order_by(m.Segment.partition_id, m.Segment.entry_id)
-            )
-        )
-
-
-def _middle_segment(env: Env, site: str) -> m.Segment:
-    """A segment in the middle of a chain at ``site``: rows on both sides of it."""
-    segs = _listed_at(env, site)
-    first = [x for x in segs if x.partition_id == segs[0].partition_id]
-    assert len(first) >= 3
-    return first[1]
-
-
 def test_rebuild_fetches_a_leader_file_from_a_replica_and_repair_keeps_every_row(outage_env: Env) -> None:
     """The tester's first case: a leader file is deleted while both replicas hold it. The rebuild with
     --accept-loss fetched nothing and dropped it ("LOST ... dropped"), and repair then rebuilt both replicas
     from the leader: the rows were gone at every site."""
     env = outage_env
-    model = _load_events(env)
-    lost = _middle_segment(env, "primary")
+    model = load_events(env)
+    lost = middle_segment(env, "primary")
     (env.site_dir("primary") / lost.relpath).unlink()
 
     code, out, err = cli(env, "catalog", "rebuild", "--site", "primary", "--accept-loss")
@@ -108,7 +74,7 @@ def test_rebuild_fetches_a_leader_file_from_a_replica_and_repair_keeps_every_row
     line = next(x for x in out.splitlines() if lost.segment_id in x)
     assert "FETCHED" in line and "fetched from dr" in line, out
     assert (env.site_dir("primary") / lost.relpath).read_bytes() == (env.site_dir("dr") / lost.relpath).read_bytes()
-    assert lost.segment_id in {x.segment_id for x in _listed_at(env, "primary")}
+    assert lost.segment_id in {x.segment_id for x in listed_at(env, "primary")}
 
     code, out, err = cli(env, "repair", "events")
     assert code == 0, (out, err)
@@ -118,8 +84,8 @@ def test_rebuild_fetches_a_leader_file_from_a_replica_and_repair_keeps_every_row
 
 def test_rebuild_dry_run_says_where_it_would_fetch_from_and_changes_nothing(outage_env: Env) -> None:
     env = outage_env
-    _load_events(env)
-    lost = _middle_segment(env, "primary")
+    load_events(env)
+    lost = middle_segment(env, "primary")
     (env.site_dir("primary") / lost.relpath).unlink()
     before = snapshot(env)
     code, out, err = cli(env, "catalog", "rebuild", "--site", "primary", "--dry-run")
@@ -130,8 +96,8 @@ def test_rebuild_dry_run_says_where_it_would_fetch_from_and_changes_nothing(outa
 
 def test_only_what_no_reachable_site_holds_is_dropped_and_the_unreachable_sites_are_named(outage_env: Env) -> None:
     env = outage_env
-    _load_events(env)
-    lost = _middle_segment(env, "primary")
+    load_events(env)
+    lost = middle_segment(env, "primary")
     (env.site_dir("primary") / lost.relpath).unlink()
     (env.site_dir("dr") / lost.relpath).unlink()  # dr lost it too; edge, which holds it, is down
     aside = take_down(env, "edge")

@@ -9,12 +9,12 @@ import json
 from segrep.catalog.rebuild import rebuild_site
 from segrep.cli.format import format_report
 from segrep.replication.run import run_round
-from tests.catalog.test_rebuild import _listed_at, _load_events, _middle_segment
 from tests.support.checks import assert_acks_are_prefixes, assert_safe_time_honest, safe_times, triples
 from tests.support.cli import cli
 from tests.support.env import Env
 from tests.support.rounds import bring_up, no_spark, round_until_idle, take_down
 from tests.support.tables import TABLE
+from tests.support.union import listed_at, load_events, middle_segment
 
 
 def _dr_status(env: Env) -> dict:
@@ -27,8 +27,8 @@ def test_a_replica_rebuilt_with_a_loss_is_offered_it_again_and_not_reported_caug
     """The tester's second case: rounds said "dr: ok (nothing to offer)", status 0 pending and a lag of
     0.2 s, while dr served a fraction of the rows; only --reoffer or verify noticed."""
     env = outage_env
-    model = _load_events(env)
-    lost = _middle_segment(env, "dr")
+    model = load_events(env)
+    lost = middle_segment(env, "dr")
     (env.site_dir("dr") / lost.relpath).unlink()
     away = {site: take_down(env, site) for site in ("primary", "edge")}  # no reachable site holds it
     try:
@@ -38,7 +38,7 @@ def test_a_replica_rebuilt_with_a_loss_is_offered_it_again_and_not_reported_caug
             bring_up(env, site, aside)
     assert code == 0, err
     assert any("LOST" in x and lost.segment_id in x and "dropped" in x for x in out.splitlines()), out
-    assert lost.segment_id not in {x.segment_id for x in _listed_at(env, "dr")}
+    assert lost.segment_id not in {x.segment_id for x in listed_at(env, "dr")}
 
     state = _dr_status(env)
     assert state["pending_segments"] >= 1, state
@@ -59,8 +59,8 @@ def test_a_replica_rebuilt_with_a_loss_is_offered_it_again_and_not_reported_caug
 
 def test_the_newest_segment_lost_at_a_replica_is_offered_again(outage_env: Env) -> None:
     env = outage_env
-    model = _load_events(env)
-    segs = [x for x in _listed_at(env, "dr") if x.partition_id == _listed_at(env, "dr")[0].partition_id]
+    model = load_events(env)
+    segs = [x for x in listed_at(env, "dr") if x.partition_id == listed_at(env, "dr")[0].partition_id]
     lost = segs[-1]
     (env.site_dir("dr") / lost.relpath).unlink()
     away = {site: take_down(env, site) for site in ("primary", "edge")}
