@@ -291,7 +291,9 @@ def _plan(s: Session, site_name: str, *, dry_run: bool, accept_loss: bool) -> tu
         root = _root(heads, pl.root_segment_id)
         unchained: list[m.Segment] = []
         if dropped and part.leader_placement_id != pl.placement_id:
-            root, unchained = _whole_root(known, pl.root_segment_id, present)
+            rewound, unchained = _whole_root(known, pl.root_segment_id, present)
+            if unchained or rewound != pl.root_segment_id:  # a dropped segment was on its walk
+                root = rewound
         report.placements[pl.placement_id] = (len(items), root)
         forks = [h.segment_id for h in heads if h.segment_id != root]
         if forks and not unchained:
