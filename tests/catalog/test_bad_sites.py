@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from segrep.catalog.apply import apply_definitions
 from segrep.config.definitions import Definitions, SiteDef
 from segrep.core.errors import SegrepError
 from segrep.storage import probe
+from segrep.storage.identity import MARKER_NAME
 from segrep.storage.probe import PROBE_PREFIX, SiteUnusableError, check_sites
 from segrep.storage.site import Site
 from tests.support.badinput import assert_user_error, tree_state, unchanged
@@ -173,8 +175,10 @@ def test_dry_run_creates_nothing_and_apply_leaves_no_probe_behind(catalog_url: s
         before = tree_state(env.root)
         code, out, err = cli(env, "apply")
         assert code == 0, err
-        assert tree_state(env.root) == before  # the probe removed the roots it made for itself
-        env.site_dir("dr").mkdir(parents=True)
+        # the probe removed what it made for itself; each new site's root holds its identity marker only
+        added = sorted(set(tree_state(env.root)) - set(before))
+        markers = [f"data/sites/{site}/{MARKER_NAME}" for site in ("dr", "edge", "primary")]
+        assert added == sorted(["data", "data/sites", *(m.rsplit("/", 1)[0] for m in markers), *markers]), added
         code, out, err = cli(env, "apply")
         assert code == 0 and "nothing to change" in out, err
         assert _probe_leftovers(env.root) == [] and env.site_dir("dr").is_dir()
@@ -187,7 +191,7 @@ def test_dry_run_creates_nothing_and_apply_leaves_no_probe_behind(catalog_url: s
 
 def test_a_root_replaced_by_a_plain_file_after_loading_is_refused(env: Env) -> None:
     defs = env.defs
-    env.site_dir("dr").parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(env.site_dir("dr"))  # it held only its identity marker
     env.site_dir("dr").write_text("down for maintenance\n")
     with unchanged(env), pytest.raises(SiteUnusableError) as caught:
         apply_definitions(env.catalog, _defs_with(defs, "dr", str(env.site_dir("dr"))))

@@ -10,9 +10,13 @@ from segrep.catalog import models as m
 from segrep.catalog.rebuild import rebuild_site
 from segrep.core.errors import RefusedError
 from segrep.data.writer import write_batch
-from tests.support.checks import segment_facts
+from tests.support.badinput import assert_user_error
+from tests.support.checks import segment_facts, triples
+from tests.support.cli import cli
 from tests.support.env import Env
+from tests.support.rounds import bring_up, take_down
 from tests.support.tables import orders
+from tests.support.union import listed_at, load_events, middle_segment
 
 
 def snapshot(env: Env) -> tuple[list[tuple], dict[int, str | None]]:
@@ -50,3 +54,61 @@ def test_rebuild_dry_run_and_foreign_files(env: Env) -> None:
     with pytest.raises(RefusedError, match="unreadable segment metadata"):
         rebuild_site(env.catalog, "primary")
     assert snapshot(env) == before
+
+
+# -- the union rule (issue 32): a file one site lost is fetched from any site that holds it ----------------
+
+
+def test_rebuild_fetches_a_leader_file_from_a_replica_and_repair_keeps_every_row(outage_env: Env) -> None:
+    """The tester's first case: a leader file is deleted while both replicas hold it. The rebuild with
+    --accept-loss fetched nothing and dropped it ("LOST ... dropped"), and repair then rebuilt both replicas
+    from the leader: the rows were gone at every site."""
+    env = outage_env
+    model = load_events(env)
+    lost = middle_segment(env, "primary")
+    (env.site_dir("primary") / lost.relpath).unlink()
+
+    code, out, err = cli(env, "catalog", "rebuild", "--site", "primary", "--accept-loss")
+    assert code == 0, err
+    assert "LOST" not in out, out
+    line = next(x for x in out.splitlines() if lost.segment_id in x)
+    assert "FETCHED" in line and "fetched from dr" in line, out
+    assert (env.site_dir("primary") / lost.relpath).read_bytes() == (env.site_dir("dr") / lost.relpath).read_bytes()
+    assert lost.segment_id in {x.segment_id for x in listed_at(env, "primary")}
+
+    code, out, err = cli(env, "repair", "events")
+    assert code == 0, (out, err)
+    for site in ("primary", "dr", "edge"):
+        assert triples(env.catalog, site) == model.snapshot(), site
+
+
+def test_rebuild_dry_run_says_where_it_would_fetch_from_and_changes_nothing(outage_env: Env) -> None:
+    env = outage_env
+    load_events(env)
+    lost = middle_segment(env, "primary")
+    (env.site_dir("primary") / lost.relpath).unlink()
+    before = snapshot(env)
+    code, out, err = cli(env, "catalog", "rebuild", "--site", "primary", "--dry-run")
+    assert code == 0, err
+    assert "would fetch from dr" in out and "LOST" not in out and "would refuse" not in out, out
+    assert snapshot(env) == before and not (env.site_dir("primary") / lost.relpath).exists()
+
+
+def test_only_what_no_reachable_site_holds_is_dropped_and_the_unreachable_sites_are_named(outage_env: Env) -> None:
+    env = outage_env
+    load_events(env)
+    lost = middle_segment(env, "primary")
+    (env.site_dir("primary") / lost.relpath).unlink()
+    (env.site_dir("dr") / lost.relpath).unlink()  # dr lost it too; edge, which holds it, is down
+    aside = take_down(env, "edge")
+    try:
+        code, out, err = cli(env, "catalog", "rebuild", "--site", "primary")
+        assert_user_error(code, out, err, lost.segment_id, "nor at any reachable site", "edge could not be asked")
+        code, out, err = cli(env, "catalog", "rebuild", "--site", "primary", "--accept-loss")
+    finally:
+        bring_up(env, "edge", aside)
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if lost.segment_id in x)
+    assert "LOST" in line and "dropped" in line and f"versions {lost.min_version}..{lost.max_version}" in line
+    assert f"{lost.row_count} row(s)" in line
+    assert any(x.startswith("  UNREACHABLE: site edge") for x in out.splitlines()), out

@@ -27,8 +27,10 @@ from segrep.catalog import models as m
 from segrep.cli.format import status_note
 from segrep.core import hlc
 from segrep.maintenance import gc as gc_mod
+from segrep.maintenance.bootstrap import bootstrap
 from segrep.maintenance.compaction import compact
 from segrep.maintenance.gc import collect
+from segrep.maintenance.repair import repair
 from segrep.replication.run import run_round
 from segrep.replication.status import status_rows
 from segrep.storage.site import Site
@@ -47,6 +49,7 @@ from tests.support.maintenance import (
 from tests.support.models import Model
 from tests.support.rounds import bring_up, no_spark, round_until_idle, set_leader, take_down
 from tests.support.tables import REPLICAS, TABLE
+from tests.support.union import drop_at_leader_while_replicas_are_away, load_events
 
 GC_YAML = ORDERS_YAML.replace(
     "    replicas: [dr, edge]\n", "    replicas: [dr, edge]\n    policy: {retry_delay_s: 0, compact_min_segments: 2}\n"
@@ -364,3 +367,29 @@ def test_compact_cli_selects_partitions_and_launches_nothing_when_nothing_is_due
     assert code == 2 and err.startswith("segrep: error: unknown table 'nope'")
     round_until_idle(env)
     all_sites_read_the_model(env, model)
+
+
+def test_gc_never_deletes_a_returning_sites_copy_of_what_the_leader_lost(outage_env: Env) -> None:
+    """The union rule and GC (issue 32): the leader lost a segment while dr and edge, which hold it, were
+    away (a rebuild dropped it). Once back, GC keeps their copies, even where dr's placement was replaced
+    meanwhile (a re-bootstrap, as repair did before it mended leaders first): an ack saying the leader held
+    the segment used to let GC delete the replaced placement's copy, the last one at that site. Repair then
+    brings the rows back from a replica."""
+    env = outage_env
+    model = load_events(env)
+    lost = drop_at_leader_while_replicas_are_away(env)
+    with env.catalog.write() as s:  # dr's placements need a bootstrap: replaced by new ones from the leader
+        site_id = s.scalars(select(m.Site.site_id).where(m.Site.name == "dr")).one()
+        for pl in s.scalars(select(m.Placement).where(m.Placement.site_id == site_id)):
+            pl.needs_bootstrap = True
+    bootstrap(env.catalog, env.defs, TABLE, "dr", "auto")
+
+    report = collect(env.catalog, env.defs, TABLE, now_us=hlc.now_us() + 10**12)  # past every grace
+    assert lost.relpath not in {d.relpath for d in report.deletions}, report.deletions
+    assert any(lost.segment_id in x and "the leader lacks it" in x for x in report.held), report.held
+    for site in ("dr", "edge"):
+        assert (env.site_dir(site) / lost.relpath).exists(), site
+
+    done = repair(env.catalog, env.defs, TABLE, submit=no_spark)
+    assert [(x.segment_id, x.fetched) for x in done.leader] == [(lost.segment_id, True)]
+    assert triples(env.catalog, "primary") == model.snapshot()

@@ -11,10 +11,11 @@ import pytest
 from sqlalchemy import select
 
 from segrep.catalog import models as m
+from segrep.cli.format import format_repair
 from segrep.maintenance.repair import repair
 from segrep.maintenance.verify import Verdict, verify
 from tests.support.badinput import catalog_rows, tree_state, unchanged
-from tests.support.checks import assert_files_match_catalog, assert_replicas_equal_leader, sorted_table
+from tests.support.checks import assert_files_match_catalog, assert_replicas_equal_leader, sorted_table, triples
 from tests.support.cli import cli
 from tests.support.damage import (
     Copy,
@@ -30,8 +31,9 @@ from tests.support.damage import (
 )
 from tests.support.env import Env
 from tests.support.models import Model
-from tests.support.rounds import no_spark, round_until_idle
+from tests.support.rounds import no_spark, round_until_idle, set_leader
 from tests.support.tables import TABLE
+from tests.support.union import drop_at_leader_while_replicas_are_away, load_events
 
 
 def replicated(env: Env) -> None:
@@ -140,3 +142,50 @@ def test_a_replica_chain_missing_a_segment_is_rebootstrapped(env: Env) -> None:
     code, out, err = cli(env, "verify", TABLE, "--files")
     assert code == 0, out + err
     assert_replicas_equal_leader(env.catalog)
+
+
+def test_repair_mends_the_leader_from_the_replicas_and_rebuilds_no_replica_from_it(outage_env: Env) -> None:
+    """The tester's first case, the repair half: the leader lost a segment both replicas hold (a rebuild
+    dropped it while they were away). Repair re-bootstrapped both replicas from the leader and reported
+    "all equal": the rows were gone at every site. It must fetch the segment back to the leader instead."""
+    env = outage_env
+    model = load_events(env)
+    lost = drop_at_leader_while_replicas_are_away(env)
+    assert triples(env.catalog, "primary") != model.snapshot()
+
+    with unchanged(env):
+        dry = repair(env.catalog, env.defs, TABLE, dry_run=True, submit=no_spark)
+    assert [(x.segment_id, x.relinks, x.source) for x in dry.leader] == [(lost.segment_id, True, "dr")]
+    # before the mend the replicas' rows differ from the leader's: held back, not re-bootstrapped from it
+    assert dry.rebootstraps == [] and {r.site for r in dry.held_back} == {"dr", "edge"} and not dry.clean
+
+    done = repair(env.catalog, env.defs, TABLE, submit=no_spark)
+    text = format_repair(done)
+    assert done.rebootstraps == [] and done.clean, text
+    assert f"LEADER LACKS segment {lost.segment_id}" in text and "fetched to the leader from dr" in text, text
+    for site in ("primary", "dr", "edge"):
+        assert triples(env.catalog, site) == model.snapshot(), site
+    assert_files_match_catalog(env)
+    round_until_idle(env)  # rounds have nothing to undo
+    for site in ("primary", "dr", "edge"):
+        assert triples(env.catalog, site) == model.snapshot(), site
+
+
+def test_a_replica_holding_a_fork_the_leader_lacks_is_never_rebootstrapped(outage_env: Env) -> None:
+    """Rows dr wrote while it led, which the leader lacks (it went on writing, and no round has merged them
+    yet): dr's rows differ from the leader's, and repair holds dr back instead of re-bootstrapping it from a
+    leader that lacks them; the acks are left so that rounds push them (they merge on Spark)."""
+    env = outage_env
+    model = load_events(env)
+    set_leader(env.catalog, "dr")
+    model.upsert(env, range(100, 104), "dr-")
+    at_dr = model.snapshot()
+    set_leader(env.catalog, "primary")
+    model.upsert(env, range(0, 104, 7), "p-")  # the leader goes on: dr's write is a fork of its chain
+    report = repair(env.catalog, env.defs, TABLE, submit=no_spark)
+    text = format_repair(report)
+    assert report.rebootstraps == [] and not report.clean, text
+    assert report.leader and report.after is not None, text
+    assert all(not x.relinks and x.holders == ("dr",) for x in report.leader), text
+    assert "a fork of the leader's chain; rounds push it to the leader" in text, text
+    assert triples(env.catalog, "dr") == at_dr  # dr's rows, its own writes included, are all there

@@ -85,8 +85,8 @@ def test_a_killed_round_blocks_the_next_only_until_its_leases_lapse(
 
     killed_at = time.monotonic()
     first = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    if lease_count(env.catalog):  # the dead round's receipts are still in force: declined, not backed off
-        assert {t.status for t in first.targets.values()} <= {TargetStatus.DECLINED, TargetStatus.OK}
+    if lease_count(env.catalog):  # the dead round's receipts are still in force: waiting, not backed off
+        assert {t.status for t in first.targets.values()} <= {TargetStatus.WAITING, TargetStatus.OK}
         notes = [lease.holder for row in status_rows(env.catalog, TABLE) for lease in row.leases]
         assert notes and all(holder.startswith(f"{TABLE}-") for holder in notes)
     assert _backoffs(env) == [], "leases of a dead round backed the target off"
@@ -133,7 +133,8 @@ def test_a_live_round_keeps_its_leases_through_a_copy_longer_than_their_lifetime
         time.sleep(1.8)  # three lifetimes
         later = fast_forward_target(env.catalog, env.defs, TABLE, "dr", hlc.now_us(), copier=local_copier)
         assert later.segments_copied == 0 and later.outcomes.get("INFLIGHT", 0) >= 1, later
-        assert later.status == TargetStatus.DECLINED and not later.backs_off
+        assert later.status == TargetStatus.WAITING and not later.backs_off
+        assert later.error is not None and later.error.startswith("waiting: leases held by round "), later
         (row,) = [r for r in status_rows(env.catalog, TABLE) if r.target == "dr"]
         assert [lease.holder for lease in row.leases] == [f"{TABLE}-{end}"]
         assert all(lease.expires_us > hlc.now_us() for lease in row.leases)

@@ -261,6 +261,7 @@ def _item_for_first_segment(env: Env) -> CopyItem:
     with env.catalog.read() as s:
         seg = s.scalars(select(m.Segment).order_by(m.Segment.entry_id).limit(1)).one()
     scratch = env.root / "scratch"
+    scratch.mkdir(exist_ok=True)  # a root that exists: copies never create one
     return CopyItem(
         "primary", str(env.site_dir("primary")), "edge", str(scratch), seg.relpath, seg.byte_size, seg.sha256
     )
@@ -298,8 +299,8 @@ def test_outage_fails_one_target_and_a_backfill_catches_up_in_order(outage_env: 
 
     aside = take_down(env, "dr")
     # what the round records for dr: the OSError of creating the table's directory under dr's root (now a file)
-    dr_table_dir = env.site_dir("dr") / TABLE
-    dr_down = f"NotADirectoryError: [Errno {errno.ENOTDIR}] {os.strerror(errno.ENOTDIR)}: '{dr_table_dir}'"
+    dr_root = env.site_dir("dr")  # its root, a plain file now: looked at before anything is copied
+    dr_down = f"NotADirectoryError: [Errno {errno.ENOTDIR}] {os.strerror(errno.ENOTDIR)}: '{dr_root}'"
     for end, expected in zip(ends, expected_at, strict=True):
         rep = run_round(env.catalog, env.defs, TABLE, end, submit=no_spark)
         assert rep.status == "failed" and rep.failed == ["dr"], format_report(rep)

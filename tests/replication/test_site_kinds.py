@@ -532,15 +532,16 @@ def test_catalog_rebuild_from_each_sites_files_restores_the_lists(sites: Sites) 
     before = segment_lists(env)
     counts = {site: len(catalog_relpaths(env, site)) for site in SITES}
 
-    # a file missing at edge is named by the dry run and refused; once restored the rebuild is clean
+    # a file missing at edge is named by the dry run, and fetched back from a site that holds it (the union
+    # rule, issue 32): nothing is lost, and the rebuild is clean
     newest = sorted(catalog_relpaths(env, "edge"))[-1]
     data = sites.get("edge", newest)
     sites.remove("edge", newest)
     dry = rebuild_site(env.catalog, "edge", dry_run=True)
-    assert [f"{x.table}/{x.partition_id}/{x.segment_id}.parquet" for x in dry.lost] == [newest], dry.lines()
-    with pytest.raises(RefusedError, match="have no file there"):
-        rebuild_site(env.catalog, "edge")
-    sites.put("edge", newest, data)
+    assert dry.lost == [] and not dry.refused, dry.lines()
+    assert [(f"{x.table}/{x.partition_id}/{x.segment_id}.parquet", x.source) for x in dry.fetched] == [(newest, "dr")]
+    rebuild_site(env.catalog, "edge")
+    assert sites.get("edge", newest) == data
     for site in SITES:
         dry = rebuild_site(env.catalog, site, dry_run=True)
         assert not dry.refused and dry.lost == [] and dry.strays == [], dry.lines()

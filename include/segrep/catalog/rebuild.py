@@ -13,6 +13,15 @@ that never committed, a stray copy) or that holds versions past the table's cloc
 is reported too. Either makes the rebuild refuse unless ``accept_loss`` says the loss is known and accepted.
 A listed file whose bytes differ from the catalog's size and sha256, or a file that does not belong to a known
 placement, makes it refuse in any case. The whole rebuild, its checks included, is one transaction.
+
+The union rule (DESIGN section 13): a partition's history is the union of what every site holds. Before a
+listed segment counts as lost, every other site is asked for its file (same path, the catalog's size and
+sha256: ``catalog.holders``) and an intact copy is fetched back, verified; only what no reachable site holds
+is lost, and the sites that could not be asked are named. A loss accepted at a placement is made honest in
+the same transaction: the acks that say the placement holds a dropped segment go (and those of its own list
+entry), its checkpoints go (the next commit writes them again from the acks), and the site's safe time moves
+back before the oldest dropped row (its rows are no longer readable there), so the next plain round offers
+the leader's copy again and status shows it pending.
 """
 
 from __future__ import annotations
@@ -21,20 +30,27 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.holders import Holders, fetch
 from segrep.catalog.segments import segment_row
 from segrep.catalog.site_identity import record_found
-from segrep.core.errors import CorruptSegmentError, RefusedError
+from segrep.core import hlc
+from segrep.core.chain import Chain
+from segrep.core.errors import CorruptSegmentError, RefusedError, SegrepError
 from segrep.storage.atomic import FileFacts
 from segrep.storage.segment_meta import SegmentEntry
 from segrep.storage.site import Site
+from segrep.storage.stores import STORE_ERRORS
 
 _LISTED_AT_MOST = 10  # items named in a refusal; the report lists them all
+# a copy that cannot be fetched: the stores' errors and ours (a bad copy, a site that cannot be opened), and a
+# footer whose entry cannot be decoded
+_FETCH_ERRORS: tuple[type[Exception], ...] = (*STORE_ERRORS, SegrepError, ValueError, TypeError, KeyError)
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,20 @@ class StrayFile:
         )
 
 
+@dataclass(frozen=True)
+class FetchedSegment:
+    """A segment the catalog lists at the site whose file was gone there, fetched back from another site."""
+
+    table: str
+    partition_id: int
+    segment_id: str
+    row_count: int
+    source: str  # the site whose intact copy was fetched
+
+    def describe(self) -> str:
+        return f"{self.table} partition {self.partition_id} segment {self.segment_id} ({self.row_count} row(s))"
+
+
 @dataclass
 class RebuildReport:
     site: str
@@ -84,6 +114,8 @@ class RebuildReport:
     forks: dict[int, list[str]] = field(default_factory=dict)
     lost: list[LostSegment] = field(default_factory=list)
     strays: list[StrayFile] = field(default_factory=list)
+    fetched: list[FetchedSegment] = field(default_factory=list)
+    unreachable: dict[str, str] = field(default_factory=dict)  # sites that could not be asked -> why
 
     @property
     def refused(self) -> bool:
@@ -99,11 +131,16 @@ class RebuildReport:
             out.append(f"  placement {pid}: {n} segment(s), root {root or 'NULL'}")
             for fork in self.forks.get(pid, []):
                 out.append(f"    fork head {fork} (not on the chain; the leader procedure merges it)")
+        got = "would fetch" if self.dry_run else "fetched"
+        for x in self.fetched:
+            out.append(f"  FETCHED: {x.describe()} had no file at site {self.site}: {got} from {x.source}")
         fate = "dropped" if self.accept_loss else "kept in the catalog"
         if self.dry_run:
             fate = "would be dropped" if self.accept_loss else "refused without --accept-loss"
         for lost in self.lost:
-            out.append(f"  LOST: {lost.describe()} has no file at site {self.site}: {fate}")
+            out.append(f"  LOST: {lost.describe()} has no file at site {self.site} nor at any reachable site: {fate}")
+        for name, why in sorted(self.unreachable.items()):
+            out.append(f"  UNREACHABLE: site {name} could not be asked for missing files ({why})")
         taken = "taken from the file" if self.accept_loss else "refused without --accept-loss"
         for stray in self.strays:
             out.append(f"  NOT IN THE CATALOG: {stray.describe()}: {taken}")
@@ -113,7 +150,12 @@ class RebuildReport:
         parts = []
         if self.lost:
             named = "; ".join(x.describe() for x in self.lost[:_LISTED_AT_MOST])
-            parts.append(f"{len(self.lost)} catalog segment(s) have no file there (their rows would be lost): {named}")
+            parts.append(
+                f"{len(self.lost)} catalog segment(s) have no file there nor at any reachable site (their rows "
+                f"would be lost): {named}"
+            )
+        if self.unreachable:
+            parts.append(f"site(s) {', '.join(sorted(self.unreachable))} could not be asked for them")
         if self.strays:
             named = "; ".join(x.describe() for x in self.strays[:_LISTED_AT_MOST])
             parts.append(f"{len(self.strays)} file(s) the catalog does not list would go on a chain: {named}")
@@ -148,7 +190,10 @@ def rebuild_site(
         if report.refused:
             raise RefusedError(report.refusal())
         record_found(s, q.site_by_name(s, site_name))  # the marker now names this catalog
-        for pl, items, root in plan:
+        for step in plan:
+            pl, items, root = step.placement, step.items, step.root
+            if step.dropped:
+                _forget(s, pl, step.dropped, step.unchained)
             s.execute(delete(m.Segment).where(m.Segment.placement_id == pl.placement_id))
             for it in items:
                 s.add(segment_row(it.entry, pl.placement_id, it.relpath, it.facts, it.mtime_us))
@@ -167,9 +212,37 @@ def rebuild_site(
     return report
 
 
-def _plan(
-    s: Session, site_name: str, *, dry_run: bool, accept_loss: bool
-) -> tuple[RebuildReport, list[tuple[m.Placement, list[_Found], str | None]]]:
+@dataclass(frozen=True)
+class _Step:
+    """What the rebuild writes for one placement: its list, its root, and the loss it makes honest."""
+
+    placement: m.Placement
+    items: list[_Found]
+    root: str | None
+    dropped: list[LostSegment]  # listed segments no site holds: dropped (accepted)
+    unchained: list[m.Segment]  # held, but taken off the chain by the rewound root (a replica's, ``_whole_root``)
+
+
+def _whole_root(known: dict[str, m.Segment], root: str | None, present: set[str]) -> tuple[str | None, list[m.Segment]]:
+    """A replica whose chain lost a segment is rewound to the part of its chain that is whole: the root
+    becomes the base of the oldest dropped segment on the walk from its catalog root (up to the newest major),
+    or None if that base is not held either. The replica then serves a consistent prefix of the leader's
+    history, and the leader's next offers fill the gap in order (a fast-forward on that root) instead of
+    meeting a chain that cannot take them (OUT_OF_ORDER, then a major). Returns the root and the held segments
+    it took off the chain (the replica no longer serves their rows: they are offered again)."""
+    walk = Chain.of((q.to_ref(x) for x in known.values()), root).walk()
+    new, cut = root, 0
+    for n, ref in enumerate(walk):
+        if ref.segment_id not in present:
+            new, cut = ref.base_segment_id, n + 1
+        if ref.is_major:
+            break
+    if new is not None and new not in present:
+        new = None
+    return new, [known[ref.segment_id] for ref in walk[:cut] if ref.segment_id in present]
+
+
+def _plan(s: Session, site_name: str, *, dry_run: bool, accept_loss: bool) -> tuple[RebuildReport, list[_Step]]:
     """Read the catalog and the files; what the rebuild would write, and the report of it."""
     site_row = q.site_by_name(s, site_name)
     site = Site(site_row.name, site_row.uri)
@@ -191,6 +264,11 @@ def _plan(
         raise RefusedError(f"cannot rebuild site {site_name}: " + "; ".join(problems[:_LISTED_AT_MOST]))
 
     report = RebuildReport(site=site_name, dry_run=dry_run, accept_loss=accept_loss)
+    holders = Holders.besides(s, s.scalars(select(m.Site)).all(), site_name)
+    problems = _fetch_missing(site, holders, placements, tables, parts, listed, found, report)
+    if problems:
+        raise RefusedError(f"cannot rebuild site {site_name}: " + "; ".join(problems[:_LISTED_AT_MOST]))
+    report.unreachable = dict(holders.unreachable)
     plan = []
     for pl in sorted(placements.values(), key=lambda x: x.placement_id):
         part = parts[pl.partition_id]
@@ -198,7 +276,8 @@ def _plan(
         items = found.get(pl.placement_id, [])
         known = listed.get(pl.placement_id, {})
         present = {it.entry.segment_id for it in items}
-        report.lost += [_lost(table, seg) for seg in known.values() if seg.segment_id not in present]
+        dropped = [_lost(table, seg) for seg in known.values() if seg.segment_id not in present]
+        report.lost += dropped
         heads = _heads([it.entry for it in items])
         for it in items:
             entry = it.entry
@@ -214,11 +293,16 @@ def _plan(
                 StrayFile(it.relpath, entry.segment_id, entry.base_segment_id, entry.row_count, entry.max_version, why)
             )
         root = _root(heads, pl.root_segment_id)
+        unchained: list[m.Segment] = []
+        if dropped and part.leader_placement_id != pl.placement_id:
+            rewound, unchained = _whole_root(known, pl.root_segment_id, present)
+            if unchained or rewound != pl.root_segment_id:  # a dropped segment was on its walk
+                root = rewound
         report.placements[pl.placement_id] = (len(items), root)
         forks = [h.segment_id for h in heads if h.segment_id != root]
-        if forks:
+        if forks and not unchained:
             report.forks[pl.placement_id] = forks
-        plan.append((pl, _chain_order(items), root))
+        plan.append(_Step(pl, _chain_order(items), root, dropped, unchained))
     report.lost.sort(key=lambda x: (x.table, x.partition_id, x.min_version, x.segment_id))
     return report, plan
 
@@ -261,10 +345,92 @@ def _read_files(
                 "or remove it and rebuild with --accept-loss)"
             )
             continue
-        info = site.fs.get_file_info(site.path(relpath))
-        mtime_us = int(info.mtime_ns // 1000) if info.mtime_ns else 0
-        found[pl.placement_id].append(_Found(entry, relpath, facts, mtime_us))
+        found[pl.placement_id].append(_Found(entry, relpath, facts, _mtime_us(site, relpath)))
     return found, problems
+
+
+def _mtime_us(site: Site, relpath: str) -> int:
+    info = site.fs.get_file_info(site.path(relpath))
+    return int(info.mtime_ns // 1000) if info.mtime_ns else 0
+
+
+def _fetch_missing(
+    site: Site,
+    holders: Holders,
+    placements: dict[int, m.Placement],
+    tables: dict[int, str],
+    parts: dict[int, m.Partition],
+    listed: dict[int, dict[str, m.Segment]],
+    found: dict[int, list[_Found]],
+    report: RebuildReport,
+) -> list[str]:
+    """The union rule: each listed segment without a file here is looked for at every other site and, where
+    one holds it intact, fetched back (a dry run only says from where) and counted as found. Returns the
+    problems that make the rebuild refuse in any case (a copy that could not be fetched or read)."""
+    problems: list[str] = []
+    for pl in sorted(placements.values(), key=lambda x: x.placement_id):
+        present = {it.entry.segment_id for it in found.get(pl.placement_id, [])}
+        table = tables[parts[pl.partition_id].table_id]
+        for seg in sorted(listed.get(pl.placement_id, {}).values(), key=lambda x: x.entry_id):
+            if seg.segment_id in present:
+                continue
+            source = holders.find(seg.relpath, FileFacts(seg.byte_size, seg.sha256))
+            if source is None:
+                continue
+            try:
+                entry = SegmentEntry.from_meta(source.read_meta(seg.relpath))
+                if (entry.table, entry.partition_id, entry.segment_id) != (table, seg.partition_id, seg.segment_id):
+                    raise CorruptSegmentError(f"its metadata names segment {entry.segment_id} of {entry.table}")
+                if report.dry_run:
+                    facts, mtime = FileFacts(seg.byte_size, seg.sha256, seg.crc64nvme), 0
+                else:
+                    facts, mtime = fetch(source, site, seg), _mtime_us(site, seg.relpath)
+            except _FETCH_ERRORS as exc:
+                problems.append(f"{seg.relpath}: could not be fetched from site {source.name} ({exc})")
+                continue
+            found[pl.placement_id].append(_Found(entry, seg.relpath, facts, mtime))
+            report.fetched.append(FetchedSegment(table, seg.partition_id, seg.segment_id, seg.row_count, source.name))
+    return problems
+
+
+def _forget(s: Session, pl: m.Placement, dropped: list[LostSegment], unchained: list[m.Segment]) -> None:
+    """A loss accepted at a placement, made honest: it no longer holds the dropped segments (nor, on its
+    chain, those its rewound root took off), so the acks that say it does go, and those of its own dropped
+    list entries; its checkpoints go (the next commit writes them from the acks that remain; the watermarks
+    are reset by the caller); and at a replica the site's safe time moves back before the oldest row it no
+    longer serves."""
+    ids = sorted({x.segment_id for x in dropped})
+    s.execute(
+        delete(m.Ack)
+        .where(m.Ack.holder_placement_id == pl.placement_id, m.Ack.segment_id.in_(ids))
+        .execution_options(synchronize_session=False)
+    )
+    s.execute(
+        delete(m.Ack)
+        .where(
+            m.Ack.target_placement_id == pl.placement_id, m.Ack.segment_id.in_(ids + [x.segment_id for x in unchained])
+        )
+        .execution_options(synchronize_session=False)
+    )
+    s.execute(
+        delete(m.Checkpoint)
+        .where(m.Checkpoint.target_placement_id == pl.placement_id)
+        .execution_options(synchronize_session=False)
+    )
+    part = s.get(m.Partition, pl.partition_id)
+    if part is None or part.leader_placement_id == pl.placement_id:
+        return  # at the leader the rows are gone from the table itself (named in the report)
+    before = min([x.min_version for x in dropped] + [x.min_version for x in unchained]) - 1
+    s.execute(
+        update(m.SafeTime)
+        .where(
+            m.SafeTime.table_id == part.table_id,
+            m.SafeTime.site_id == pl.site_id,
+            m.SafeTime.safe_time_us > before,
+        )
+        .values(safe_time_us=before, updated_us=hlc.now_us())
+        .execution_options(synchronize_session=False)
+    )
 
 
 def _lost(table: str, seg: m.Segment) -> LostSegment:

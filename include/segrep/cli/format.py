@@ -116,9 +116,9 @@ def status_note(state: TargetState) -> str:
     if state.backing_off is not None:
         notes.append(f"backing off ({state.backing_off})")
     for hold in state.leases:
-        notes.append(
-            f"{hold.segments} segment(s) in flight, leased by round {hold.holder} until {hlc.iso(hold.expires_us)}"
-        )
+        notes.append(hold.describe())
+    if state.waited and not state.leases:  # the leases it waited for have lapsed or been let go since
+        notes.append(f"last round {state.waited}")
     checked = state.last_verified
     if checked is not None and checked.differences:
         notes.append(
@@ -238,6 +238,19 @@ def format_repair(report: RepairReport) -> str:
     """What ``segrep repair`` did (or would do): files fetched again, LOST segments, replicas re-bootstrapped."""
     verb = "would " if report.dry_run else ""
     lines = [f"repair of {report.table}{' (dry run: nothing changed)' if report.dry_run else ''}:"]
+    for x in report.leader:
+        if not x.relinks:
+            lines.append(
+                f"  LEADER LACKS {x.describe()}: a fork of the leader's chain; rounds push it to the leader, "
+                "which merges it (nothing is discarded)"
+            )
+        elif x.source is None:
+            lines.append(f"  LEADER LACKS {x.describe()}: no intact copy to fetch; nothing is discarded")
+        elif not x.fetched:
+            lines.append(f"  LEADER LACKS {x.describe()}: not fetched (its leader is not at the --site given)")
+        else:
+            done = "would fetch it to the leader" if report.dry_run else "fetched to the leader"
+            lines.append(f"  LEADER LACKS {x.describe()}: {done} from {x.source}, on its chain again")
     for f in report.files:
         p = f.problem
         fixed = "; its catalog row set back to the leader's" if f.catalog_fixed else ""
@@ -260,7 +273,12 @@ def format_repair(report: RepairReport) -> str:
         lines += format_row_check(r)[1:]
     for r in report.unmended:
         lines.append(f"  not mended: partition {r.partition_id} at {r.site}: {r.detail}")
-    if not (report.files or report.lost or report.rebootstraps or report.unmended):
+    for r in report.held_back:
+        lines.append(
+            f"  not re-bootstrapped: partition {r.partition_id} at {r.site} holds segments the leader lacks "
+            f"({r.differences} key(s) differ); rounds push them to the leader first"
+        )
+    if not (report.files or report.lost or report.rebootstraps or report.unmended or report.leader or report.held_back):
         lines.append("  nothing to repair")
     if report.after is not None:
         lines.append(format_verify(report.after))

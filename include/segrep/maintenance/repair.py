@@ -1,5 +1,8 @@
 """``segrep repair``: mend what ``verify`` finds (DESIGN section 13).
 
+- First the leader, from its replicas (``maintenance.union``, the union rule): a segment a replica holds that
+  the leader lacks is fetched back to the leader where it makes its chain whole, or left to the next round's
+  merge (a fork); a replica holding what the leader lacks is never re-bootstrapped from it.
 - A missing, damaged or divergent copy of a segment is fetched again from any holder whose file hashes to the
   segment's facts (the leader's catalog row where the leader lists the segment, else the copy's own): a
   segment's bytes are the same at every site, so the sha256 decides, and the leader's own copy is mended from
@@ -35,6 +38,7 @@ from segrep.core import hlc
 from segrep.core.errors import ConflictError
 from segrep.maintenance.bootstrap import bootstrap
 from segrep.maintenance.scrub import FileProblem, SegmentCopy, check_copy, leader_facts, segment_copies
+from segrep.maintenance.union import LeaderLack, mend_leaders
 from segrep.maintenance.verify import RowCheck, Scope, Verdict, VerifyReport, compare_rows, scope_of, verify
 from segrep.replication.join import catch_up
 from segrep.spark import launch
@@ -98,14 +102,18 @@ class RepairReport:
     rebootstraps: list[RowCheck] = field(default_factory=list)
     unmended: list[RowCheck] = field(default_factory=list)  # row checks repair could not act on (unreadable)
     after: VerifyReport | None = None
+    leader: list[LeaderLack] = field(default_factory=list)  # segments replicas hold that a leader lacked
+    # replicas whose rows differ while they hold what the leader lacks: never re-bootstrapped from it (the
+    # next round pushes their segments to the leader, which merges them)
+    held_back: list[RowCheck] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
         """Nothing lost, and: verified equal afterwards (a dry run: nothing to do)."""
-        if self.lost or self.unmended:
+        if self.lost or self.unmended or self.held_back or any(not x.fetched for x in self.leader):
             return False
         if self.dry_run:
-            return not (self.files or self.rebootstraps)
+            return not (self.files or self.rebootstraps or self.leader)
         return self.after is not None and self.after.differences == 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -117,6 +125,8 @@ class RepairReport:
             "lost": [x.to_dict() for x in self.lost],
             "rebootstraps": [r.to_dict() for r in self.rebootstraps],
             "unmended": [r.to_dict() for r in self.unmended],
+            "leader": [x.to_dict() for x in self.leader],
+            "held_back": [r.to_dict() for r in self.held_back],
             "after": None if self.after is None else self.after.to_dict(),
         }
 
@@ -150,10 +160,12 @@ def repair(
     """Mend every copy (at ``site``, or everywhere) of ``table``'s segments and every replica's rows."""
     scope = scope_of(catalog, table, site, None)
     report = RepairReport(table, dry_run)
+    pacer = Pacer(rate)
+    mends = mend_leaders(catalog, table, site=site, pacer=pacer, dry_run=dry_run)
+    report.leader = mends.lacks
     copies = segment_copies(catalog, scope.info)
     reference = leader_facts(copies)
     leader_rows = {(c.partition_id, c.segment.segment_id): c.segment for c in copies if c.is_leader}
-    pacer = Pacer(rate)
     sources = _Sources(pacer)
     bad: list[tuple[SegmentCopy, FileProblem]] = []
     for c in copies:
@@ -206,7 +218,7 @@ def repair(
             )
     if not dry_run:
         _commit_file_repairs(catalog, report.files, fixes)
-    _plan_rows(catalog, scope, report, bad)
+    _plan_rows(catalog, scope, report, bad, mends.unmended(dry_run))
     if not dry_run:
         _rebootstrap(catalog, defs, table, report.rebootstraps, submit)
         report.after = verify(catalog, table, site=site, files=True, rate=rate)
@@ -241,16 +253,24 @@ def _commit_file_repairs(
 
 
 def _plan_rows(
-    catalog: Catalog, scope: Scope, report: RepairReport, bad: list[tuple[SegmentCopy, FileProblem]]
+    catalog: Catalog,
+    scope: Scope,
+    report: RepairReport,
+    bad: list[tuple[SegmentCopy, FileProblem]],
+    holds_more: set[tuple[int, str]],
 ) -> None:
     """The replicas whose rows differ once every file is intact. On a dry run the files are not mended yet:
-    partitions with a damaged file are left to the file repairs (a real run compares them afterwards)."""
+    partitions with a damaged file are left to the file repairs (a real run compares them afterwards). A
+    replica holding what its leader lacks (``holds_more``: partition, site) is held back, never re-bootstrapped:
+    that would discard the only copies of those rows."""
     damaged = {c.partition_id for c, _ in bad}
     checks = compare_rows(catalog, scope)
     for check in checks:
         if report.dry_run and check.partition_id in damaged:
             continue
-        if check.verdict == Verdict.DIFFERENT:
+        if check.verdict == Verdict.DIFFERENT and (check.partition_id, check.site) in holds_more:
+            report.held_back.append(check)
+        elif check.verdict == Verdict.DIFFERENT:
             report.rebootstraps.append(check)
         elif check.verdict == Verdict.UNREADABLE and not any(x.partition_id == check.partition_id for x in report.lost):
             report.unmended.append(check)

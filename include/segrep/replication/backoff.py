@@ -53,7 +53,7 @@ def record_target(s: Session, round_id: int, table_id: int, site_id: int, report
         bump_backoff(s, table_id, site_id, f"unreachable: {report.error}", policy)
     elif report.status == TargetStatus.DOWN:
         bump_backoff(s, table_id, site_id, report.error or "down", policy)
-    elif report.status == TargetStatus.DECLINED and report.backs_off:
+    elif report.status in (TargetStatus.DECLINED, TargetStatus.WAITING) and report.backs_off:
         bump_backoff(s, table_id, site_id, report.decline_reason or "declined", policy)
     elif report.status == TargetStatus.OK:
         s.execute(_CLEAR_BACKOFF, {"table_id": table_id, "site_id": site_id})

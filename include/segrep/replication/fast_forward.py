@@ -45,7 +45,7 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.segments import entry_of, insert_segments, move_root_to, segment_values
 from segrep.catalog.site_identity import expected_identity
-from segrep.catalog.snapshot import given_up_held, receiving_replicas, snapshot
+from segrep.catalog.snapshot import PartitionSnapshot, given_up_held, receiving_replicas, snapshot
 from segrep.catalog.sql import ignoring_insert
 from segrep.config.definitions import Definitions, Policy
 from segrep.config.stores import StoreOptions, options_for
@@ -55,9 +55,10 @@ from segrep.core.protocol import sender_reaction
 from segrep.core.states import Outcome, Reaction
 from segrep.replication.backoff import record_target
 from segrep.replication.heartbeat import heartbeat
-from segrep.replication.offers import offers_to, whole_cuts
-from segrep.replication.reports import InvalidSegment, TargetReport, TargetStatus
+from segrep.replication.offers import offers_to, pushes_from, whole_cuts
+from segrep.replication.reports import LEASE_DECLINES, InvalidSegment, TargetReport, TargetStatus
 from segrep.replication.round import TargetUnreachable, clamp_end, ensure_round, lease_ttl_us, round_key
+from segrep.replication.waits import lease_wait
 from segrep.storage.atomic import FileFacts, batched_directory_syncs
 from segrep.storage.identity import SiteUnidentifiedError
 from segrep.storage.probe import STORE_ERRORS, describe
@@ -225,7 +226,7 @@ def fast_forward_target(
         own_pool = None  # the default copier: one pool for the target's partitions, closed when they are done
         if copier is None:
             copier = own_pool = CopyPool()
-        context = _Context(catalog, table, site, end, key, ttl, policy, copier, big_copier, turns)
+        context = _Context(catalog, table, info.table_id, site, end, key, ttl, policy, copier, big_copier, turns)
         work = [_PartitionRun(context, replica.partition_id, replica.placement_id, reoffer) for replica in replicas]
         # Partitions are independent chains: copying several at once keeps the disk busy while one waits on
         # an fsync (each partition still goes strictly in order, and takes its own row lock to decide). The
@@ -272,6 +273,7 @@ class _Context:
 
     catalog: Catalog
     table: str
+    table_id: int
     site: str  # the target site
     end: int
     key: str  # the round's key: it holds the leases
@@ -385,6 +387,7 @@ class _PartitionRun:
                 reoffer=reoffer or restarted,
                 restart=False,
             )
+            self._merge_wait(s, part, replica, now, report)
             batch: list[_Leased] = []
             room = max(max_in - len(others), 0)
             cuts = whole_cuts(part.chain(replica), offers)
@@ -413,7 +416,11 @@ class _PartitionRun:
                         return self._leased(s, _Decision(batch, _Next.CONTINUE), held, now, report)
                     decision = self._leased(s, _Decision(batch, _Next.STOP), held, now, report)
                     if len(decision.batch) == len(batch):  # else a lease held elsewhere stopped it earlier
-                        report.decline(outcome)
+                        wait = lease_wait(s, ctx.table_id, [replica_id], ctx.key, now)
+                        if outcome in LEASE_DECLINES and wait is not None:  # another round's receipts
+                            report.wait(wait.reason(), outcome)
+                        else:
+                            report.decline(outcome)
                     return decision
                 if outcome == Outcome.SEGMENT_EXISTS:
                     report.count(outcome)
@@ -450,6 +457,19 @@ class _PartitionRun:
                 root = seg.segment_id
             return self._leased(s, _Decision(batch, _Next.STOP), held, now, report)
 
+    def _merge_wait(
+        self, s: Session, part: PartitionSnapshot, replica: m.Placement, now: int, report: TargetReport
+    ) -> None:
+        """Segments this replica wrote (or got from an earlier leader) that the leader lacks wait for their merge
+        there; when another round holds the leader's leases on them, this target waits for that round too (its
+        offers are held back until the merge: ``offers_to``), and says so instead of "nothing to offer"."""
+        pushed = {seg.segment_id for seg in pushes_from(part, replica, self.ctx.end)}
+        if not pushed:
+            return
+        wait = lease_wait(s, self.ctx.table_id, [part.leader.placement_id], self.ctx.key, now, pushed)
+        if wait is not None:
+            report.wait(f"{wait.reason()} (the leader's merge of {wait.segments} segment(s) written here)")
+
     def _leased(
         self, s: Session, decision: _Decision, held: dict[str, str], now: int, report: TargetReport
     ) -> _Decision:
@@ -464,7 +484,12 @@ class _PartitionRun:
         )
         if first_lost is None:
             return decision
-        report.count(Outcome.INFLIGHT)
+        lost = decision.batch[first_lost].segment.segment_id
+        wait = lease_wait(s, ctx.table_id, [self.replica_id], ctx.key, now, [lost])
+        if wait is not None:
+            report.wait(wait.reason(), Outcome.INFLIGHT)
+        else:  # taken and let go again meanwhile: the next round offers it
+            report.count(Outcome.INFLIGHT)
         whole = _whole_prefix(decision.batch[:first_lost])
         _release_leases(s, self.replica_id, [b.segment.segment_id for b in decision.batch[len(whole) :]], ctx.key)
         return _Decision(whole, _Next.STOP)

@@ -185,6 +185,17 @@ class TargetReport:
         self.decline_reason = self.decline_reason or str(outcome)
         self.backs_off = self.backs_off or outcome not in LEASE_DECLINES
 
+    def wait(self, reason: str, outcome: Outcome | None = None) -> None:
+        """Record that another round's leases hold this target up (``reason`` names the round and when its
+        leases lapse): WAITING, unless something worse was found; no back-off (the leases lapse by themselves)."""
+        if outcome is not None:
+            self.count(outcome)
+            self.decline_reason = self.decline_reason or str(outcome)
+        if self.status.rank < TargetStatus.WAITING.rank:
+            self.status = TargetStatus.WAITING
+        if self.status == TargetStatus.WAITING:
+            self.error = self.error or reason
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -30,7 +30,8 @@ from segrep.catalog.verifications import VerificationState, last_verifications
 from segrep.core import hlc
 from segrep.core.chain import Chain, SegmentRef, offer_order
 from segrep.core.states import Outcome, PlacementState
-from segrep.replication.reports import InvalidSegment, TargetReport
+from segrep.replication.reports import InvalidSegment, TargetReport, TargetStatus
+from segrep.replication.waits import held_by, round_ids
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,12 @@ class LeaseHold:
     holder: str
     segments: int
     expires_us: int
+    round_id: int | None = None  # the holder's round, where its row names it
+
+    def describe(self) -> str:
+        """``waiting: leases held by round N until <time> (k segment(s) in flight)``: what a round started now
+        waits for there."""
+        return f"waiting: {held_by(self.holder, self.round_id, self.expires_us)} ({self.segments} segment(s) in flight)"
 
 
 DECLINES = (Outcome.OVERLOADED, Outcome.INVALID, Outcome.INFLIGHT, Outcome.OUT_OF_ORDER)
@@ -66,6 +73,7 @@ class TargetState:
     needs_bootstrap: bool = False  # out of retention: only `segrep bootstrap` brings it back
     invalid: list[InvalidSegment] = field(default_factory=list)  # copies that failed verification last round
     leases: list[LeaseHold] = field(default_factory=list)  # rounds receiving segments there now
+    waited: str | None = None  # the last round's target WAITING on another round's leases: which, until when
     last_verified: VerificationState | None = None  # the newest `segrep verify` of this table at this site
     last_round_started_us: int | None = None  # when that round's first step ran
     last_round_finished_us: int | None = None  # ... and when its commit wrote the report
@@ -154,6 +162,7 @@ def status_rows(
                         needs_bootstrap=site_id in members.stalled,
                         invalid=list(report.invalid) if report else [],
                         leases=leased.get(site_id, []),
+                        waited=report.error if report is not None and report.status == TargetStatus.WAITING else None,
                         last_verified=verified.get(site),
                         last_round_started_us=None if last is None else last.started_us,
                         last_round_finished_us=None if last is None else last.finished_us,
@@ -301,6 +310,7 @@ def _lease_holds(s: Session, table_id: int, now_us: int) -> dict[int, list[Lease
         .order_by(pl.site_id, lease.holder)
     ).all()
     out: dict[int, list[LeaseHold]] = {}
+    ids = round_ids(s, table_id, {holder for _, holder, _, _ in rows})
     for site_id, holder, n, expires in rows:
-        out.setdefault(site_id, []).append(LeaseHold(holder, int(n), int(expires)))
+        out.setdefault(site_id, []).append(LeaseHold(holder, int(n), int(expires), ids.get(holder)))
     return out

@@ -96,8 +96,11 @@ def marker_path(root: str) -> str:
 
 def look(fs: pafs.FileSystem, root: str, local: bool) -> tuple[bool, SiteIdentity | None, str]:
     """(root exists, the marker's identity or None, what was wrong reading it). An object store's root is a
-    prefix: it "exists" when its marker does. Store errors (unreachable) propagate."""
+    prefix: it "exists" when its marker does. Store errors (unreachable) propagate, and so does a local root
+    that is not a directory (NotADirectoryError): a broken store, like a read-only or full one."""
     if local and not os.path.isdir(root):
+        if os.path.lexists(root):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), root)
         return False, None, ""
     path = marker_path(root)
     try:
@@ -121,8 +124,7 @@ def check(fs: pafs.FileSystem, root: str, local: bool, expected: SiteIdentity | 
     """Compare the marker at ``root`` with ``expected`` (None: the catalog has not claimed the site yet)."""
     exists, found, unreadable = look(fs, root, local)
     if not exists:
-        what = "is not a directory" if local and os.path.lexists(root) else "does not exist"
-        return IdentityCheck(IdentityProblem.NO_ROOT, f"site {name}: its root {root} {what}")
+        return IdentityCheck(IdentityProblem.NO_ROOT, f"site {name}: its root {root} does not exist")
     if unreadable:
         return IdentityCheck(IdentityProblem.UNREADABLE, f"site {name}: the marker {marker_path(root)}: {unreadable}")
     if expected is None:
