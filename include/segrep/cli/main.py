@@ -484,7 +484,12 @@ def failover_(obj: Context, tables: tuple[str, ...], to: str | None, cut: str, d
 @main.command("switchover")
 @click.argument("tables", nargs=-1, required=True)
 @click.option("--to", "to", required=True, help="The site that takes the lead.")
-@click.option("--timeout", default="10m", show_default=True, help="Give up (and resume writes) after this long.")
+@click.option(
+    "--timeout",
+    default="10m",
+    show_default=True,
+    help="Give up (and resume writes) after this long; 0: do not wait, switch only if nothing is left to drain.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 @_user_errors
