@@ -227,3 +227,28 @@ def test_a_catalog_at_an_unknown_revision(sqlite_env: Env) -> None:
         assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("zzzz",)]
         conn.execute("UPDATE alembic_version SET version_num = ?", (head_revision(),))
     assert cli(sqlite_env, "status")[0] == 0
+
+
+# -- rollback drop -----------------------------------------------------------------------------------------------
+
+
+def test_rollback_drop_refuses_an_unknown_site_table_or_failover(env: Env) -> None:
+    """A typo must not read as "nothing to drop" (exit 0): each unknown name or failover id is refused."""
+    code, _out, err = cli(env, "failover", "orders", "--to", "dr")  # failover 1, of orders
+    assert code == 0, err
+    with unchanged(env):
+        drop = ("rollback", "drop")
+        assert_user_error(*cli(env, *drop, "orders", "--site", "nosuch"), "unknown site 'nosuch'")
+        assert_user_error(*cli(env, *drop, "nosuch", "--site", "dr"), "unknown table 'nosuch'")
+        assert_user_error(
+            *cli(env, *drop, "orders", "--site", "dr", "--failover", "99"),
+            "no failover 99 of table orders",
+            "its failovers: 1",
+        )
+        assert_user_error(
+            *cli(env, *drop, "events", "--site", "dr", "--failover", "1"), "no failover 1 of table events"
+        )
+        assert_user_error(*cli(env, *drop, "orders", "--site", "dr", "--failover", "0"), "--failover")
+        assert_user_error(*cli(env, *drop, "orders", "--site", "dr", "--failover", str(2**63)), "--failover")
+        code, out, err = cli(env, *drop, "orders", "--site", "primary", "--failover", "1")
+        assert code == 0 and out.strip() == "no rollback file matched", out + err

@@ -43,6 +43,7 @@ INT64_MAX = 2**63 - 1
 VERSION = click.IntRange(min=0, max=INT64_MAX)
 PARTITION_ID = click.IntRange(min=1, max=MAX_PARTITION_ID)
 COUNT = click.IntRange(min=0, max=INT64_MAX)
+FAILOVER_ID = click.IntRange(min=1, max=INT64_MAX)
 
 
 class Context:
@@ -561,7 +562,7 @@ def rollback_list(obj: Context, table: str | None, as_json: bool) -> None:
 @rollback_group.command("drop")
 @click.argument("table")
 @click.option("--site", required=True, help="The site whose rollback files go.")
-@click.option("--failover", "failover_id", type=int, default=None, help="Only the files of this failover.")
+@click.option("--failover", "failover_id", type=FAILOVER_ID, default=None, help="Only the files of this failover.")
 @click.pass_obj
 @_user_errors
 def rollback_drop(obj: Context, table: str, site: str, failover_id: int | None) -> None:
