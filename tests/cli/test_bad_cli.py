@@ -211,7 +211,8 @@ def test_a_file_that_is_not_a_database(sqlite_env: Env, tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"this is not a database" * 100)
     for command in (["status"], ["init"]):
-        assert_user_error(*cli(sqlite_env, "--catalog", f"sqlite:///{garbage}", *command), "not a usable database")
+        code, out, err = cli(sqlite_env, "--catalog", f"sqlite:///{garbage}", *command)
+        assert_user_error(code, out, err, "not a usable database", "not a segrep catalog")
     assert garbage.read_bytes() == b"this is not a database" * 100
 
 
@@ -252,3 +253,21 @@ def test_rollback_drop_refuses_an_unknown_site_table_or_failover(env: Env) -> No
         assert_user_error(*cli(env, *drop, "orders", "--site", "dr", "--failover", str(2**63)), "--failover")
         code, out, err = cli(env, *drop, "orders", "--site", "primary", "--failover", "1")
         assert code == 0 and out.strip() == "no rollback file matched", out + err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["read", "orders"], ["status"], ["table", "list"], ["site", "list"], ["segments", "orders"], ["apply"]],
+)
+def test_an_empty_catalog_file_is_refused_and_left_empty(sqlite_env: Env, command: list[str]) -> None:
+    """Opening an empty file made it a SQLite database (the connection's WAL pragma writes a header): a
+    command other than `init` must leave it as it is, empty, and say how to make it a catalog."""
+    empty = sqlite_env.root / "empty.db"
+    empty.touch()
+    url = f"sqlite:///{empty}"
+    with unchanged(sqlite_env):
+        assert_user_error(*cli(sqlite_env, "--catalog", url, *command), "is not initialized", "segrep init")
+    assert empty.stat().st_size == 0
+    code, out, err = cli(sqlite_env, "--catalog", url, "init")
+    assert code == 0 and "upgraded from empty" in out, out + err
+    assert cli(sqlite_env, "--catalog", url, "status")[0] == 0

@@ -22,6 +22,7 @@ from segrep.catalog.migrate import current_revision, head_revision, known_revisi
 from segrep.core.errors import SegrepError
 
 CATALOG_URL_ENV = "SEGREP_CATALOG_URL"
+_SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 _READONLY = "segrep_readonly"
 
 
@@ -127,6 +128,18 @@ class Catalog:
         db = sqlite_file(self.url)
         if db is not None and not db.exists():
             return False  # connecting would create an empty file: a read-only command creates nothing
+        if db is not None and db.is_file():
+            # Looked at before connecting: opening an empty file makes it a database (the connection's WAL
+            # pragma writes a header), and a command that only reads must leave the file as it found it.
+            with db.open("rb") as f:
+                header = f.read(len(_SQLITE_HEADER))
+            if not header:
+                return False  # an empty file: `segrep init` makes it a catalog
+            if header != _SQLITE_HEADER:
+                raise SegrepError(
+                    f"catalog {self.safe_url} is not a usable database: {db} is not a SQLite file, so not a "
+                    "segrep catalog (point --catalog at the catalog, or at a new file and run `segrep init`)"
+                )
         try:
             return inspect(self.engine).has_table("alembic_version")
         except OperationalError:
