@@ -19,6 +19,7 @@ from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, Oper
 from sqlalchemy.orm import Session, sessionmaker
 
 from segrep.catalog.migrate import current_revision, head_revision, known_revision
+from segrep.catalog.models import Base
 from segrep.core.errors import SegrepError
 
 CATALOG_URL_ENV = "SEGREP_CATALOG_URL"
@@ -156,6 +157,17 @@ class Catalog:
         self.require_known_revision()
         if current_revision(self) != head_revision():
             raise SegrepError(f"catalog {self.safe_url} is at an older schema: run `segrep init` to upgrade")
+        self.require_every_table()
+
+    def require_every_table(self) -> None:
+        """Refuse a catalog at the head revision that lacks one of its tables (dropped by hand, a partial
+        restore): a round would copy, then fail at the table it writes last and stay recorded as running."""
+        missing = sorted(set(Base.metadata.tables) - set(inspect(self.engine).get_table_names()))
+        if missing:
+            raise SegrepError(
+                f"catalog {self.safe_url} is damaged: its schema lacks the table(s) {', '.join(missing)}; restore "
+                "it from a backup, or rebuild a new catalog from the sites' files (`segrep catalog rebuild`)"
+            )
 
     def require_known_revision(self) -> None:
         """Refuse a catalog whose schema revision no migration of this segrep produced (a newer segrep's, or

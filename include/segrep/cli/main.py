@@ -165,6 +165,7 @@ def init(obj: Context) -> None:
     catalog = obj.catalog(initialized=False)
     catalog.require_known_revision()
     before, after = upgrade(catalog)
+    catalog.require_every_table()  # at head already, a dropped table is not made again: say so
     if before == after:
         click.echo(f"catalog {catalog.safe_url} is up to date (revision {after})")
     else:
