@@ -8,6 +8,7 @@ readers use a deferred ``BEGIN`` and WAL lets them run beside a writer. PostgreS
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,9 +22,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from segrep.catalog.migrate import current_revision, head_revision, known_revision
 from segrep.catalog.models import Base
 from segrep.core.errors import SegrepError
+from segrep.core.settings import seconds_from_env
 
 CATALOG_URL_ENV = "SEGREP_CATALOG_URL"
 _SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+CONNECT_TIMEOUT_ENV = "SEGREP_CATALOG_CONNECT_TIMEOUT_S"
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+MAX_CONNECT_TIMEOUT_S = 3600.0
 _READONLY = "segrep_readonly"
 
 
@@ -55,10 +60,20 @@ def make_engine(url: str) -> Engine:
         return _sqlite_engine(url, parsed.database)
     if parsed.drivername == "postgresql":
         url = parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    # The URL's own connect_timeout wins; otherwise a server that does not answer fails in seconds, not
+    # after the driver's default (130 s, or the kernel's TCP retries).
+    connect = {} if "connect_timeout" in parsed.query else {"connect_timeout": connect_timeout_s()}
     try:
-        return create_engine(url, pool_pre_ping=True)
+        return create_engine(url, pool_pre_ping=True, connect_args=connect)
     except (NoSuchModuleError, ImportError) as exc:
         raise SegrepError(f"catalog URL {parsed.drivername!r}: driver not available ({exc})") from None
+
+
+def connect_timeout_s() -> int:
+    """Seconds to wait for a PostgreSQL catalog to answer a connection: ``$SEGREP_CATALOG_CONNECT_TIMEOUT_S``,
+    else 10 (libpq waits at least 2 s, so smaller values are raised to 2)."""
+    value = seconds_from_env(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S, MAX_CONNECT_TIMEOUT_S)
+    return max(2, math.ceil(value))
 
 
 def _redacted(url: str) -> str:

@@ -67,6 +67,11 @@ class Context:
             return None
         return self.defs
 
+    @property
+    def opened(self) -> Catalog | None:
+        """The catalog if a command opened it (to name it, password hidden, when it cannot be reached)."""
+        return self._catalog
+
     def catalog(self, *, initialized: bool = True) -> Catalog:
         if self._catalog is None:
             url = self._catalog_url or os.environ.get("SEGREP_CATALOG_URL")
@@ -94,7 +99,9 @@ def _user_errors(fn: F) -> F:
         except OperationalError as exc:
             if os.environ.get("SEGREP_DEBUG"):
                 raise
-            _fail(f"catalog unreachable or failing: {str(exc.orig).strip().splitlines()[0]}", 1)
+            obj = args[0] if args and isinstance(args[0], Context) else None
+            named = f" {obj.opened.safe_url}" if obj is not None and obj.opened is not None else ""
+            _fail(f"catalog{named} unreachable or failing: {str(exc.orig).strip().splitlines()[0]}", 1)
 
     return wrapper  # type: ignore[return-value]
 
