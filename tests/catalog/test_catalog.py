@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 import pyarrow.parquet as pq
 import pytest
 from alembic import command
@@ -55,3 +57,26 @@ def test_a_catalog_missing_a_table_is_refused_before_a_round_copies(env: Env, dr
             assert_user_error(*cli(env, *args), "is damaged", dropped, "backup")
     with env.catalog.read() as s:
         assert s.scalars(select(m.Round)).all() == [] and s.scalars(select(m.Segment)).all() == []
+
+
+@pytest.mark.parametrize(
+    ("table", "column"), [("segments", "key_min"), ("segments", "key_max"), ("partitions", "end_key")]
+)
+def test_a_damaged_json_value_is_named_by_table_row_and_column(sqlite_env: Env, table: str, column: str) -> None:
+    """Before: `segrep: internal error: JSONDecodeError: Expecting value: line 1 column 4 (char 3)`."""
+    env = sqlite_env
+    pq.write_table(orders([1, 2, 200_000]), env.root / "in.parquet")
+    assert cli(env, "write", "orders", str(env.root / "in.parquet"))[0] == 0
+    with env.catalog.read() as s:
+        segment = s.scalars(select(m.Segment).order_by(m.Segment.entry_id)).first()
+        assert segment is not None
+    env.catalog.dispose()
+    row = {"segments": f"segment_id {segment.segment_id}", "partitions": f"partition_id {segment.partition_id}"}[table]
+    with sqlite3.connect(env.root / "catalog.db") as conn:
+        conn.execute(f"UPDATE {table} SET {column} = '[1,' WHERE partition_id = ?", (segment.partition_id,))
+    for args in (["read", "orders"], ["segments", "orders"], ["round", "orders"], ["table", "describe", "orders"]):
+        with unchanged(env, catalog=False):
+            line = assert_user_error(*cli(env, *args), "is damaged", f"{table}.{column} of the row", row, "'[1,'")
+        assert "(table orders)" in line and "backup" in line, line
+    with sqlite3.connect(env.root / "catalog.db") as conn:
+        assert conn.execute("SELECT count(*) FROM rounds").fetchone() == (0,)  # the round stopped before starting

@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from segrep.catalog import damaged
 from segrep.catalog.migrate import current_revision, head_revision, known_revision
 from segrep.catalog.models import Base
 from segrep.core.errors import SegrepError
@@ -92,7 +93,7 @@ def sqlite_file(url: str) -> Path | None:
 
 def _sqlite_engine(url: str, database: str | None) -> Engine:
     try:
-        engine = create_engine(url, connect_args={"timeout": 60})
+        engine = create_engine(url, connect_args={"timeout": 60}, json_deserializer=damaged.loads)
     except ArgumentError:
         raise SegrepError(
             f"invalid SQLite catalog URL {url!r}: expected sqlite:///relative/path or sqlite:////abs/path"
@@ -132,13 +133,21 @@ class Catalog:
     @contextmanager
     def write(self) -> Iterator[Session]:
         """One write transaction: committed on success, rolled back on any exception."""
-        with self._sessions.begin() as session:
+        with self._naming_damage(), self._sessions.begin() as session:
             yield session
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        with self._read_sessions.begin() as session:
+        with self._naming_damage(), self._read_sessions.begin() as session:
             yield session
+
+    @contextmanager
+    def _naming_damage(self) -> Iterator[None]:
+        """A JSON value that does not parse, named by table, row and column (catalog.damaged)."""
+        try:
+            yield
+        except damaged.DamagedValueError as exc:
+            raise damaged.locate(self.engine, exc, self.safe_url) from None
 
     def is_initialized(self) -> bool:
         db = sqlite_file(self.url)
@@ -181,7 +190,7 @@ class Catalog:
         if missing:
             raise SegrepError(
                 f"catalog {self.safe_url} is damaged: its schema lacks the table(s) {', '.join(missing)}; restore "
-                "it from a backup, or rebuild a new catalog from the sites' files (`segrep catalog rebuild`)"
+                f"it from a backup, or rebuild a new one from the sites' files ({damaged.REBUILD})"
             )
 
     def require_known_revision(self) -> None:
