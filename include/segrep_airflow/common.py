@@ -47,8 +47,10 @@ def catalog_for(defs: Definitions) -> Catalog:
 def segrep_context() -> Iterator[tuple[Definitions, Catalog]]:
     """What a task works with: the definitions, read when the task runs (the file as deployed now, not as it
     was parsed; an invalid table left out, as at parse time, so another table's bad policy does not fail this
-    table's tasks), and segrep's catalog. The catalog's engine, with its connection pool, is disposed of when
-    the block ends, however it ends, so a task leaves no connection open behind it::
+    table's tasks), and segrep's catalog, checked as every CLI command checks it (initialized, at this
+    segrep's schema, every table there: a round must not copy and then fail at the table it writes last).
+    The catalog's engine, with its connection pool, is disposed of when the block ends, however it ends, so a
+    task leaves no connection open behind it::
 
         with segrep_context() as (defs, catalog):
             return plan_round(catalog, defs, ...).to_dict()
@@ -57,6 +59,7 @@ def segrep_context() -> Iterator[tuple[Definitions, Catalog]]:
     defs = load_definitions(isolate_tables=True)
     catalog = catalog_for(defs)
     try:
+        catalog.require_initialized()
         yield defs, catalog
     finally:
         catalog.dispose()

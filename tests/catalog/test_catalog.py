@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import sqlite3
+
+import pyarrow.parquet as pq
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy import select, text
 
 from segrep.catalog import Catalog
+from segrep.catalog import models as m
 from segrep.catalog.migrate import _config, current_revision, head_revision, upgrade
 from segrep.catalog.models import Base
+from tests.support.badinput import assert_user_error, unchanged
+from tests.support.cli import cli
+from tests.support.env import Env
+from tests.support.tables import orders
 
 
 def test_init_twice_and_models_match_migrations(catalog_url: str) -> None:
@@ -33,3 +43,40 @@ def test_downgrade_then_upgrade(catalog_url: str) -> None:
     upgrade(catalog)
     assert current_revision(catalog) == head_revision()
     catalog.dispose()
+
+
+@pytest.mark.parametrize("dropped", ["round_targets", "safe_times", "checkpoints"])
+def test_a_catalog_missing_a_table_is_refused_before_a_round_copies(env: Env, dropped: str) -> None:
+    """A round wrote its last tables after copying: with one dropped, it copied, committed the copies and
+    stayed `running` for good. Now every command refuses the damaged catalog by name, before anything."""
+    with env.catalog.write() as s:
+        s.execute(text(f"DROP TABLE {dropped}"))
+    pq.write_table(orders([1, 2, 200_000]), env.root / "in.parquet")
+    for args in (["write", "orders", str(env.root / "in.parquet")], ["round", "orders"], ["status"], ["init"]):
+        with unchanged(env, catalog=False):
+            assert_user_error(*cli(env, *args), "is damaged", dropped, "backup")
+    with env.catalog.read() as s:
+        assert s.scalars(select(m.Round)).all() == [] and s.scalars(select(m.Segment)).all() == []
+
+
+@pytest.mark.parametrize(
+    ("table", "column"), [("segments", "key_min"), ("segments", "key_max"), ("partitions", "end_key")]
+)
+def test_a_damaged_json_value_is_named_by_table_row_and_column(sqlite_env: Env, table: str, column: str) -> None:
+    """Before: `segrep: internal error: JSONDecodeError: Expecting value: line 1 column 4 (char 3)`."""
+    env = sqlite_env
+    pq.write_table(orders([1, 2, 200_000]), env.root / "in.parquet")
+    assert cli(env, "write", "orders", str(env.root / "in.parquet"))[0] == 0
+    with env.catalog.read() as s:
+        segment = s.scalars(select(m.Segment).order_by(m.Segment.entry_id)).first()
+        assert segment is not None
+    env.catalog.dispose()
+    row = {"segments": f"segment_id {segment.segment_id}", "partitions": f"partition_id {segment.partition_id}"}[table]
+    with sqlite3.connect(env.root / "catalog.db") as conn:
+        conn.execute(f"UPDATE {table} SET {column} = '[1,' WHERE partition_id = ?", (segment.partition_id,))
+    for args in (["read", "orders"], ["segments", "orders"], ["round", "orders"], ["table", "describe", "orders"]):
+        with unchanged(env, catalog=False):
+            line = assert_user_error(*cli(env, *args), "is damaged", f"{table}.{column} of the row", row, "'[1,'")
+        assert "(table orders)" in line and "backup" in line, line
+    with sqlite3.connect(env.root / "catalog.db") as conn:
+        assert conn.execute("SELECT count(*) FROM rounds").fetchone() == (0,)  # the round stopped before starting

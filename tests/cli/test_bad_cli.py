@@ -7,7 +7,11 @@ export must never land, every out-of-range number, garbage catalog URLs.
 
 from __future__ import annotations
 
+import os
+import socket
 import sqlite3
+import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +23,7 @@ from hypothesis import strategies as st
 from segrep.catalog.migrate import head_revision
 from segrep.spark import launch
 from tests.support.badinput import assert_user_error, tree_state, unchanged
-from tests.support.cli import cli
+from tests.support.cli import cli, cli_command
 from tests.support.env import Env
 from tests.support.maintenance import arrow_submit
 from tests.support.tables import orders
@@ -211,7 +215,8 @@ def test_a_file_that_is_not_a_database(sqlite_env: Env, tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"this is not a database" * 100)
     for command in (["status"], ["init"]):
-        assert_user_error(*cli(sqlite_env, "--catalog", f"sqlite:///{garbage}", *command), "not a usable database")
+        code, out, err = cli(sqlite_env, "--catalog", f"sqlite:///{garbage}", *command)
+        assert_user_error(code, out, err, "not a usable database", "not a segrep catalog")
     assert garbage.read_bytes() == b"this is not a database" * 100
 
 
@@ -227,3 +232,88 @@ def test_a_catalog_at_an_unknown_revision(sqlite_env: Env) -> None:
         assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("zzzz",)]
         conn.execute("UPDATE alembic_version SET version_num = ?", (head_revision(),))
     assert cli(sqlite_env, "status")[0] == 0
+
+
+# -- rollback drop -----------------------------------------------------------------------------------------------
+
+
+def test_rollback_drop_refuses_an_unknown_site_table_or_failover(env: Env) -> None:
+    """A typo must not read as "nothing to drop" (exit 0): each unknown name or failover id is refused."""
+    code, _out, err = cli(env, "failover", "orders", "--to", "dr")  # failover 1, of orders
+    assert code == 0, err
+    with unchanged(env):
+        drop = ("rollback", "drop")
+        assert_user_error(*cli(env, *drop, "orders", "--site", "nosuch"), "unknown site 'nosuch'")
+        assert_user_error(*cli(env, *drop, "nosuch", "--site", "dr"), "unknown table 'nosuch'")
+        assert_user_error(
+            *cli(env, *drop, "orders", "--site", "dr", "--failover", "99"),
+            "no failover 99 of table orders",
+            "its failovers: 1",
+        )
+        assert_user_error(
+            *cli(env, *drop, "events", "--site", "dr", "--failover", "1"), "no failover 1 of table events"
+        )
+        assert_user_error(*cli(env, *drop, "orders", "--site", "dr", "--failover", "0"), "--failover")
+        assert_user_error(*cli(env, *drop, "orders", "--site", "dr", "--failover", str(2**63)), "--failover")
+        code, out, err = cli(env, *drop, "orders", "--site", "primary", "--failover", "1")
+        assert code == 0 and out.strip() == "no rollback file matched", out + err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["read", "orders"], ["status"], ["table", "list"], ["site", "list"], ["segments", "orders"], ["apply"]],
+)
+def test_an_empty_catalog_file_is_refused_and_left_empty(sqlite_env: Env, command: list[str]) -> None:
+    """Opening an empty file made it a SQLite database (the connection's WAL pragma writes a header): a
+    command other than `init` must leave it as it is, empty, and say how to make it a catalog."""
+    empty = sqlite_env.root / "empty.db"
+    empty.touch()
+    url = f"sqlite:///{empty}"
+    with unchanged(sqlite_env):
+        assert_user_error(*cli(sqlite_env, "--catalog", url, *command), "is not initialized", "segrep init")
+    assert empty.stat().st_size == 0
+    code, out, err = cli(sqlite_env, "--catalog", url, "init")
+    assert code == 0 and "upgraded from empty" in out, out + err
+    assert cli(sqlite_env, "--catalog", url, "status")[0] == 0
+
+
+def test_an_unresolvable_postgresql_host_fails_at_once_with_its_url_redacted(sqlite_env: Env) -> None:
+    url = "postgresql://segrep:s3cret@catalog.invalid/segrep"
+    started = time.monotonic()
+    run = subprocess.run(
+        cli_command(sqlite_env, "--catalog", url, "status"), capture_output=True, text=True, timeout=60
+    )
+    assert time.monotonic() - started < 15, run.stderr
+    assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
+    assert "postgresql://segrep:***@catalog.invalid/segrep unreachable" in run.stderr and "s3cret" not in run.stderr
+
+
+def test_a_postgresql_server_that_never_answers_fails_within_the_connect_timeout(sqlite_env: Env) -> None:
+    """A listening socket nobody serves: the connection is accepted by the kernel and then nothing is said.
+    Before, the driver waited 130 s (its default) or longer; now $SEGREP_CATALOG_CONNECT_TIMEOUT_S (10 s)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"postgresql://segrep@127.0.0.1:{silent.getsockname()[1]}/segrep"
+        environ = {**os.environ, "SEGREP_CATALOG_CONNECT_TIMEOUT_S": "2"}
+        started = time.monotonic()
+        try:
+            run = subprocess.run(
+                cli_command(sqlite_env, "--catalog", url, "status"),
+                capture_output=True,
+                text=True,
+                env=environ,
+                timeout=30,
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail("segrep still waited for the silent server after 30 s")
+        elapsed = time.monotonic() - started
+    assert run.returncode == 1 and "unreachable or failing" in run.stderr and "timeout" in run.stderr, run.stderr
+    assert elapsed < 15, elapsed
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "nan", "99999"])
+def test_a_bad_connect_timeout_is_refused_by_name(sqlite_env: Env, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("SEGREP_CATALOG_CONNECT_TIMEOUT_S", value)
+    with unchanged(sqlite_env):
+        assert_user_error(*cli(sqlite_env, "--catalog", "postgresql://u@127.0.0.1:1/db", "status"), value)

@@ -170,6 +170,9 @@ CASES: list[tuple[str, bytes | Callable[[Doc], None], str | None, tuple[str, ...
     ("uri-file-relative", site_uri("file://relative/x"), None, ("site edge", "absolute path")),
     ("uri-file-one-slash", site_uri("file:/x"), None, ("site edge", "file:///")),
     ("uri-s3-no-bucket", site_uri("s3://"), None, ("site edge", "s3://bucket")),
+    # keys under an S3 prefix get segrep's paths (up to 145 bytes and a slash) appended: 1,024 bytes at most
+    ("uri-s3-prefix-too-long", site_uri("s3://bucket/" + "p" * 879), None, ("site edge", "879 bytes", "at most 878")),
+    ("uri-s3-prefix-utf8-bytes", site_uri("s3://bucket/" + "é" * 440), None, ("site edge", "880 bytes", "UTF-8")),
     ("uri-proc", site_uri("/proc/self/x"), None, ("site edge", "/proc")),
     ("uri-sys", site_uri("/sys/kernel"), None, ("site edge", "/sys")),
     ("uri-dev", site_uri("/dev/shm/x"), None, ("site edge", "/dev")),
@@ -236,9 +239,11 @@ def test_valid_edge_cases_still_apply(env: Env) -> None:
     code, _, err = cli(env, "apply", "--dry-run", config=path)
     assert code == 0, err
     doc["sites"]["far"] = {"id": 9, "uri": "s3://bucket/prefix"}
+    longest = "s3://bucket/" + "é" * 219 + "/" + "é" * 219 + "x/"  # 878 bytes of key prefix: the longest allowed
+    doc["sites"]["farther"] = {"id": 10, "uri": longest}
     path.write_bytes(text_of(doc))
     defs = load_definitions(path)
-    assert defs.site("far").uri == "s3://bucket/prefix"
+    assert defs.site("far").uri == "s3://bucket/prefix" and defs.site("farther").uri == longest
     assert defs.table("orders").policy.schedule is None
 
 

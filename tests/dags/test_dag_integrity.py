@@ -180,6 +180,21 @@ def test_segrep_context_disposes_the_catalog_whatever_happens(segrep_env: Any, m
     assert disposed == [catalog, failing]
 
 
+def test_a_task_refuses_a_catalog_missing_a_table(segrep_env: Any) -> None:
+    """As the CLI does: a round's tasks must not copy and then fail at the table the round writes last."""
+    from sqlalchemy import text
+
+    from segrep.core.errors import SegrepError
+    from segrep_airflow.common import segrep_context
+
+    env = segrep_env()
+    with env.catalog.write() as s:
+        s.execute(text("DROP TABLE round_targets"))
+    damaged = r"is damaged: its schema lacks the table\(s\) round_targets"
+    with pytest.raises(SegrepError, match=damaged), segrep_context():
+        raise AssertionError("the task ran")
+
+
 def test_replication_dag_structure(default_definitions: Path) -> None:
     import pendulum
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator

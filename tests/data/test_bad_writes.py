@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,9 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from segrep.data.reader import read_table
-from tests.support.badinput import assert_user_error, unchanged
-from tests.support.cli import cli
+from tests.support.badinput import assert_user_error, catalog_rows, tree_state, unchanged
+from tests.support.cli import cli, cli_command
 from tests.support.env import Env, env_fixture
+from tests.support.tables import orders
 
 KEYS_YAML = """
 data_dir: data
@@ -223,3 +225,25 @@ def test_negative_zero_and_zero_are_one_float_key(kenv: Env, tmp_path: Path) -> 
     code, _, err = cli(kenv, "write", "fk", str(parquet(tmp_path, pa.table({"k": [-0.0]}), "del.parquet")), "--delete")
     assert code == 0, err
     assert read_table(kenv.catalog, "fk").column("k").to_pylist() == [1.0]
+
+
+@pytest.mark.parametrize("blocked", ["orders", "orders/1"])
+def test_a_plain_file_where_a_leader_directory_goes_is_named_and_nothing_is_written(
+    sqlite_env: Env, tmp_path: Path, blocked: str
+) -> None:
+    """Before: `segrep: error: NotADirectoryError: [Errno 20] Not a directory: '...'`, no site named."""
+    src = tmp_path.parent / f"{tmp_path.name}-in.parquet"  # outside the environment's root
+    pq.write_table(orders([1, 2, 200_000]), src)
+    in_the_way = sqlite_env.site_dir("primary") / blocked
+    in_the_way.parent.mkdir(parents=True, exist_ok=True)
+    in_the_way.write_text("not a directory\n")
+    rows, files = catalog_rows(sqlite_env), _files(sqlite_env.root)
+    run = subprocess.run(cli_command(sqlite_env, "write", "orders", str(src)), capture_output=True, text=True)
+    # the files written for the other partitions are removed (their new directories may stay, empty)
+    assert catalog_rows(sqlite_env) == rows and _files(sqlite_env.root) == files
+    assert run.returncode == 1 and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr, run.stderr
+    assert f"site primary: {in_the_way} is a plain file where a directory is needed" in run.stderr, run.stderr
+
+
+def _files(root: Path) -> dict[str, str]:
+    return {path: digest for path, digest in tree_state(root).items() if digest != "dir"}

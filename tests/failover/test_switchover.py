@@ -16,7 +16,7 @@ from segrep.failover import switchover as sw
 from segrep.failover.promote import failover
 from segrep.replication.run import run_round
 from segrep.split.workflow import start_split
-from tests.support.badinput import unchanged
+from tests.support.badinput import assert_user_error, unchanged
 from tests.support.checks import assert_replicas_equal_leader, leaders, triples
 from tests.support.cli import cli
 from tests.support.env import Env
@@ -76,12 +76,30 @@ def test_a_switchover_that_times_out_resumes_writes_at_the_old_leader(outage_env
     (env.site_dir("edge")).mkdir(parents=True, exist_ok=True)
     (env.site_dir("edge") / TABLE).write_text("in the way\n")  # edge cannot receive anything
     with pytest.raises(SegrepError, match=r"switchover to edge timed out .* writes resumed at the old leader"):
-        sw.switchover(env.catalog, env.defs, [TABLE], "edge", timeout_s=0, submit=no_spark)
+        sw.switchover(env.catalog, env.defs, [TABLE], "edge", timeout_s=0.01, submit=no_spark)
     assert leaders(env.catalog) == before and paused(env) == {None}
     model.upsert(env, range(20, 30), "b")  # writes work again at primary
     assert triples(env.catalog) == model.snapshot()
     with env.catalog.read() as s:
         assert s.scalars(select(m.Failover)).all() == []
+
+
+def test_a_zero_timeout_switches_only_when_nothing_is_left_to_drain(env: Env) -> None:
+    """``--timeout 0`` does not wait: no drain round runs (nothing is copied), and the leaders move only if the
+    new leader already holds everything."""
+    model = Model()
+    model.upsert(env, range(0, 20), "a")
+    before = leaders(env.catalog)
+    with unchanged(env):
+        code, out, err = cli(env, "switchover", TABLE, "--to", "dr", "--timeout", "0")
+        assert_user_error(code, out, err, "timeout of 0", "dr still lacks segments", "nothing else changed")
+    assert leaders(env.catalog) == before and paused(env) == {None}
+    run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # dr catches up
+    code, out, err = cli(env, "switchover", TABLE, "--to", "dr", "--timeout", "0")
+    assert code == 0, err
+    assert "drain" not in out and "loss: none" in out, out
+    assert {site for site, _ in leaders(env.catalog).values()} == {"dr"} and paused(env) == {None}
+    assert triples(env.catalog) == model.snapshot()
 
 
 def test_failback_after_a_failover_is_a_switchover_back_through_the_cli(env: Env) -> None:

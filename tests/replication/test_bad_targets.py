@@ -44,6 +44,21 @@ def _assert_failed_cleanly(env: Env, report: RoundReport, reason: str) -> None:
     assert triples(env.catalog, "edge") == triples(env.catalog)  # the other target is replicated
 
 
+def test_a_plain_file_in_place_of_the_leaders_table_directory_is_named_in_each_target(env: Env) -> None:
+    """Before: each target failed with a bare `NotADirectoryError: [Errno 20] Not a directory: '...'`."""
+    model = Model()
+    model.upsert(env, range(10), "a")
+    table_dir = env.site_dir("primary") / TABLE
+    table_dir.rename(table_dir.with_name("aside"))
+    table_dir.write_text("in the way\n")
+    report = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    assert report.failed == ["dr", "edge"], format_report(report)
+    for target in ("dr", "edge"):
+        error = report.targets[target].error or ""
+        assert f"site primary: {table_dir} is a plain file where a directory is needed" in error, format_report(report)
+    assert lease_count(env.catalog) == 0 and "running" not in _round_statuses(env)
+
+
 def test_a_target_root_replaced_by_a_plain_file_fails_that_target_only(env: Env) -> None:
     model = Model()
     model.upsert(env, range(10), "a")
@@ -52,7 +67,7 @@ def test_a_target_root_replaced_by_a_plain_file_fails_that_target_only(env: Env)
     model.upsert(env, range(5, 20), "b")
     aside = take_down(env, "dr")  # mid-life: dr holds segments, then its root becomes a plain file
     report = run_round(env.catalog, defs, TABLE, submit=no_spark)
-    _assert_failed_cleanly(env, report, "NotADirectoryError")
+    _assert_failed_cleanly(env, report, f"site dr: its root {env.site_dir('dr')} is a plain file, not a directory")
     text = format_report(report)
     assert "  dr: failed" in text and f"{env.site_dir('dr')}" in text and "  edge: ok" in text, text
     assert triples(env.catalog, "edge") == model.snapshot()

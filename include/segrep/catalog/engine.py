@@ -8,6 +8,7 @@ readers use a deferred ``BEGIN`` and WAL lets them run beside a writer. PostgreS
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,10 +19,17 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from segrep.catalog import damaged
 from segrep.catalog.migrate import current_revision, head_revision, known_revision
+from segrep.catalog.models import Base
 from segrep.core.errors import SegrepError
+from segrep.core.settings import seconds_from_env
 
 CATALOG_URL_ENV = "SEGREP_CATALOG_URL"
+_SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+CONNECT_TIMEOUT_ENV = "SEGREP_CATALOG_CONNECT_TIMEOUT_S"
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+MAX_CONNECT_TIMEOUT_S = 3600.0
 _READONLY = "segrep_readonly"
 
 
@@ -53,10 +61,20 @@ def make_engine(url: str) -> Engine:
         return _sqlite_engine(url, parsed.database)
     if parsed.drivername == "postgresql":
         url = parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    # The URL's own connect_timeout wins; otherwise a server that does not answer fails in seconds, not
+    # after the driver's default (130 s, or the kernel's TCP retries).
+    connect = {} if "connect_timeout" in parsed.query else {"connect_timeout": connect_timeout_s()}
     try:
-        return create_engine(url, pool_pre_ping=True)
+        return create_engine(url, pool_pre_ping=True, connect_args=connect)
     except (NoSuchModuleError, ImportError) as exc:
         raise SegrepError(f"catalog URL {parsed.drivername!r}: driver not available ({exc})") from None
+
+
+def connect_timeout_s() -> int:
+    """Seconds to wait for a PostgreSQL catalog to answer a connection: ``$SEGREP_CATALOG_CONNECT_TIMEOUT_S``,
+    else 10 (libpq waits at least 2 s, so smaller values are raised to 2)."""
+    value = seconds_from_env(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S, MAX_CONNECT_TIMEOUT_S)
+    return max(2, math.ceil(value))
 
 
 def _redacted(url: str) -> str:
@@ -75,7 +93,7 @@ def sqlite_file(url: str) -> Path | None:
 
 def _sqlite_engine(url: str, database: str | None) -> Engine:
     try:
-        engine = create_engine(url, connect_args={"timeout": 60})
+        engine = create_engine(url, connect_args={"timeout": 60}, json_deserializer=damaged.loads)
     except ArgumentError:
         raise SegrepError(
             f"invalid SQLite catalog URL {url!r}: expected sqlite:///relative/path or sqlite:////abs/path"
@@ -115,18 +133,38 @@ class Catalog:
     @contextmanager
     def write(self) -> Iterator[Session]:
         """One write transaction: committed on success, rolled back on any exception."""
-        with self._sessions.begin() as session:
+        with self._naming_damage(), self._sessions.begin() as session:
             yield session
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        with self._read_sessions.begin() as session:
+        with self._naming_damage(), self._read_sessions.begin() as session:
             yield session
+
+    @contextmanager
+    def _naming_damage(self) -> Iterator[None]:
+        """A JSON value that does not parse, named by table, row and column (catalog.damaged)."""
+        try:
+            yield
+        except damaged.DamagedValueError as exc:
+            raise damaged.locate(self.engine, exc, self.safe_url) from None
 
     def is_initialized(self) -> bool:
         db = sqlite_file(self.url)
         if db is not None and not db.exists():
             return False  # connecting would create an empty file: a read-only command creates nothing
+        if db is not None and db.is_file():
+            # Looked at before connecting: opening an empty file makes it a database (the connection's WAL
+            # pragma writes a header), and a command that only reads must leave the file as it found it.
+            with db.open("rb") as f:
+                header = f.read(len(_SQLITE_HEADER))
+            if not header:
+                return False  # an empty file: `segrep init` makes it a catalog
+            if header != _SQLITE_HEADER:
+                raise SegrepError(
+                    f"catalog {self.safe_url} is not a usable database: {db} is not a SQLite file, so not a "
+                    "segrep catalog (point --catalog at the catalog, or at a new file and run `segrep init`)"
+                )
         try:
             return inspect(self.engine).has_table("alembic_version")
         except OperationalError:
@@ -143,6 +181,17 @@ class Catalog:
         self.require_known_revision()
         if current_revision(self) != head_revision():
             raise SegrepError(f"catalog {self.safe_url} is at an older schema: run `segrep init` to upgrade")
+        self.require_every_table()
+
+    def require_every_table(self) -> None:
+        """Refuse a catalog at the head revision that lacks one of its tables (dropped by hand, a partial
+        restore): a round would copy, then fail at the table it writes last and stay recorded as running."""
+        missing = sorted(set(Base.metadata.tables) - set(inspect(self.engine).get_table_names()))
+        if missing:
+            raise SegrepError(
+                f"catalog {self.safe_url} is damaged: its schema lacks the table(s) {', '.join(missing)}; restore "
+                f"it from a backup, or rebuild a new one from the sites' files ({damaged.REBUILD})"
+            )
 
     def require_known_revision(self) -> None:
         """Refuse a catalog whose schema revision no migration of this segrep produced (a newer segrep's, or

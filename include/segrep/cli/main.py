@@ -43,6 +43,7 @@ INT64_MAX = 2**63 - 1
 VERSION = click.IntRange(min=0, max=INT64_MAX)
 PARTITION_ID = click.IntRange(min=1, max=MAX_PARTITION_ID)
 COUNT = click.IntRange(min=0, max=INT64_MAX)
+FAILOVER_ID = click.IntRange(min=1, max=INT64_MAX)
 
 
 class Context:
@@ -65,6 +66,11 @@ class Context:
         if self._defs is None and not config_path(self._config).exists():
             return None
         return self.defs
+
+    @property
+    def opened(self) -> Catalog | None:
+        """The catalog if a command opened it (to name it, password hidden, when it cannot be reached)."""
+        return self._catalog
 
     def catalog(self, *, initialized: bool = True) -> Catalog:
         if self._catalog is None:
@@ -93,7 +99,9 @@ def _user_errors(fn: F) -> F:
         except OperationalError as exc:
             if os.environ.get("SEGREP_DEBUG"):
                 raise
-            _fail(f"catalog unreachable or failing: {str(exc.orig).strip().splitlines()[0]}", 1)
+            obj = args[0] if args and isinstance(args[0], Context) else None
+            named = f" {obj.opened.safe_url}" if obj is not None and obj.opened is not None else ""
+            _fail(f"catalog{named} unreachable or failing: {str(exc.orig).strip().splitlines()[0]}", 1)
 
     return wrapper  # type: ignore[return-value]
 
@@ -164,6 +172,7 @@ def init(obj: Context) -> None:
     catalog = obj.catalog(initialized=False)
     catalog.require_known_revision()
     before, after = upgrade(catalog)
+    catalog.require_every_table()  # at head already, a dropped table is not made again: say so
     if before == after:
         click.echo(f"catalog {catalog.safe_url} is up to date (revision {after})")
     else:
@@ -524,7 +533,12 @@ def failover_(obj: Context, tables: tuple[str, ...], to: str | None, cut: str, d
 @main.command("switchover")
 @click.argument("tables", nargs=-1, required=True)
 @click.option("--to", "to", required=True, help="The site that takes the lead.")
-@click.option("--timeout", default="10m", show_default=True, help="Give up (and resume writes) after this long.")
+@click.option(
+    "--timeout",
+    default="10m",
+    show_default=True,
+    help="Give up (and resume writes) after this long; 0: do not wait, switch only if nothing is left to drain.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 @_user_errors
@@ -596,7 +610,7 @@ def rollback_list(obj: Context, table: str | None, as_json: bool) -> None:
 @rollback_group.command("drop")
 @click.argument("table")
 @click.option("--site", required=True, help="The site whose rollback files go.")
-@click.option("--failover", "failover_id", type=int, default=None, help="Only the files of this failover.")
+@click.option("--failover", "failover_id", type=FAILOVER_ID, default=None, help="Only the files of this failover.")
 @click.pass_obj
 @_user_errors
 def rollback_drop(obj: Context, table: str, site: str, failover_id: int | None) -> None:

@@ -18,8 +18,10 @@ import re
 from pathlib import Path
 
 from segrep.core.errors import SegrepError
+from segrep.core.names import LONGEST_RELPATH
 
 SUPPORTED = "a local path, file:///absolute/path or s3://bucket/prefix"
+S3_MAX_KEY_BYTES = 1024  # S3's limit on an object key, in UTF-8 bytes
 _SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 _SYSTEM_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))  # kernel views, not storage
 
@@ -79,8 +81,24 @@ def site_uri(name: str, raw: str, data_dir: Path) -> str:
             raise SegrepError(f"{where}: options in the URI are refused; put them under the site's storage_options")
         if not bucket or "\x00" in raw or any(c.isspace() for c in raw):
             raise SegrepError(f"{where}: write s3://bucket/prefix")
+        _check_key_room(name, rest[2:].strip("/").partition("/")[2])
         return raw
     raise SegrepError(f"{where}: unsupported scheme {kind!r}; a site is {SUPPORTED}")
+
+
+def _check_key_room(name: str, prefix: str) -> None:
+    """Refuse an S3 key prefix that leaves too little room under the store's key limit for the paths segrep
+    writes beneath it: the site would be accepted and then fail its first write (or worse, its first bootstrap
+    --mode replace). Counted in UTF-8 bytes, as S3 counts them."""
+    used = len(prefix.encode("utf-8", "surrogatepass"))
+    room = S3_MAX_KEY_BYTES - len(LONGEST_RELPATH) - 1  # the slash between the prefix and the path
+    if used > room:
+        raise SegrepError(
+            f"site {name}: its s3 key prefix {prefix[:24]!r}... is {used} bytes long: at most {room} bytes (UTF-8), "
+            f"since S3 keys are at most {S3_MAX_KEY_BYTES} bytes and segrep writes paths of up to "
+            f"{len(LONGEST_RELPATH)} bytes under the prefix (<table>/<partition>/<segment>.parquet, moved aside "
+            "under .replaced/<time>/)"
+        )
 
 
 def local_dir(raw: str, base: Path, where: str, *, must_be_dir: bool = False) -> Path:

@@ -47,7 +47,8 @@ def switchover(
     submit: Submit = launch.submit,
 ) -> tuple[FailoverReport, list[DrainRound]]:
     """Pause, drain, promote, resume; SegrepError (with writes resumed at the old leader and nothing else
-    changed) if ``to`` cannot lead, or does not hold everything within ``timeout_s``."""
+    changed) if ``to`` cannot lead, or does not hold everything within ``timeout_s``. A ``timeout_s`` of 0
+    does not wait: no round runs, and the leaders move only if ``to`` already holds everything."""
     wanted = list(dict.fromkeys(tables))
     if not wanted:
         raise SegrepError("name at least one table to switch over")
@@ -59,6 +60,9 @@ def switchover(
     try:
         deadline = time.monotonic() + timeout_s
         pending = list(wanted)
+        if timeout_s <= 0:
+            _require_nothing_to_drain(catalog, wanted, to)
+            pending = []
         while pending:
             for table in list(pending):
                 report = run_round(catalog, defs, table, target=to, submit=submit)
@@ -87,6 +91,20 @@ def switchover(
         _resume(catalog, wanted)
         raise
     return FailoverReport(MoveKind.SWITCHOVER, False, Cut.LATEST, to, moves), drained
+
+
+def _require_nothing_to_drain(catalog: Catalog, tables: Sequence[str], to: str) -> None:
+    """Zero timeout: refuse unless ``to`` lacks nothing already (read after the pause, so no write slips in
+    between). A drain round copies and may take long: zero means no time for one."""
+    with catalog.read() as s:
+        lacking = {table: assess(s, table, to).segments_lost for table in tables}
+    left = ", ".join(f"{table}: {n}" for table, n in lacking.items() if n)
+    if left:
+        raise SegrepError(
+            f"switchover to {to} with a timeout of 0 does not wait for a drain, and {to} still lacks segments "
+            f"({left}); writes resumed at the old leader, nothing else changed: give a timeout, or let rounds "
+            "catch up first"
+        )
 
 
 def _pause(catalog: Catalog, tables: Sequence[str]) -> None:

@@ -28,7 +28,7 @@ from segrep.catalog.snapshot import given_up_segments, snapshot
 from segrep.core import hlc
 from segrep.core import schema as sch
 from segrep.core.chain import visible_segments
-from segrep.core.errors import SegrepError
+from segrep.core.errors import NotFoundError, SegrepError
 from segrep.data.reader import expected_segment
 from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.site import Site
@@ -227,18 +227,18 @@ class RollbackFile:
         return asdict(self)
 
 
-def list_rollbacks(catalog: Catalog, table: str | None = None) -> list[RollbackFile]:
-    """Every rollback file at every site (of ``table``, if given), with its manifest. A site that cannot be
-    read is skipped by the caller's choice: this raises its error (naming the site)."""
+def list_rollbacks(catalog: Catalog, table: str | None = None, site: str | None = None) -> list[RollbackFile]:
+    """Every rollback file at every site (or at ``site``; of ``table``, if given), with its manifest. A site
+    that cannot be read is skipped by the caller's choice: this raises its error (naming the site)."""
     with catalog.read() as s:
         if table is not None:
             q.table_info(s, table)
-        sites = list(q.sites_by_id(s).values())
+        sites = [q.site_by_name(s, site)] if site is not None else list(q.sites_by_id(s).values())
     out = []
     for row in sorted(sites, key=lambda x: x.name):
-        site = open_site(catalog, row)
-        for relpath in _rollback_files(site, table):
-            meta = rollback_manifest(site, relpath)
+        storage = open_site(catalog, row)
+        for relpath in _rollback_files(storage, table):
+            meta = rollback_manifest(storage, relpath)
             out.append(
                 RollbackFile(
                     row.name,
@@ -269,12 +269,28 @@ def _rollback_files(site: Site, table: str | None) -> list[str]:
 
 
 def drop_rollbacks(catalog: Catalog, table: str, site: str, failover_id: int | None = None) -> list[str]:
-    """Delete the rollback files of ``table`` at ``site`` (of one failover, if given); return their paths."""
+    """Delete the rollback files of ``table`` at ``site`` (of one failover, if given); return their paths.
+
+    An unknown table, site or failover (or one of another table) is refused by name: "nothing matched" must
+    mean there was nothing to drop, not that a typo matched nothing. Only ``site`` is read: another site
+    being down does not stop a drop here."""
+    with catalog.read() as s:
+        info = q.table_info(s, table)
+        row = q.site_by_name(s, site)
+        if failover_id is not None:
+            known = s.scalars(
+                select(m.Failover.failover_id)
+                .where(m.Failover.table_id == info.table_id)
+                .order_by(m.Failover.failover_id)
+            ).all()
+            if failover_id not in known:
+                raise NotFoundError(
+                    f"no failover {failover_id} of table {table}; its failovers: {', '.join(map(str, known)) or 'none'}"
+                )
+    storage = open_site(catalog, row)
     gone = []
-    for f in list_rollbacks(catalog, table):
-        if f.site == site and (failover_id is None or f.failover_id == failover_id):
-            with catalog.read() as s:
-                row = q.site_by_name(s, site)
-            open_site(catalog, row).delete(f.relpath)
+    for f in list_rollbacks(catalog, table, site):
+        if failover_id is None or f.failover_id == failover_id:
+            storage.delete(f.relpath)
             gone.append(f.relpath)
     return gone

@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from segrep.core.errors import SegrepError
+from segrep.storage.store_errors import PathBlockedError
 
 MARKER_NAME = "_segrep_site.json"
 MARKER_FORMAT = 1
@@ -121,8 +122,12 @@ def look(fs: pafs.FileSystem, root: str, local: bool) -> tuple[bool, SiteIdentit
 
 
 def check(fs: pafs.FileSystem, root: str, local: bool, expected: SiteIdentity | None, name: str) -> IdentityCheck:
-    """Compare the marker at ``root`` with ``expected`` (None: the catalog has not claimed the site yet)."""
-    exists, found, unreadable = look(fs, root, local)
+    """Compare the marker at ``root`` with ``expected`` (None: the catalog has not claimed the site yet).
+    PathBlockedError (an OSError: a broken store, not a question of identity) for a root that is a file."""
+    try:
+        exists, found, unreadable = look(fs, root, local)
+    except NotADirectoryError:
+        raise PathBlockedError(f"site {name}: its root {root} is a plain file, not a directory") from None
     if not exists:
         return IdentityCheck(IdentityProblem.NO_ROOT, f"site {name}: its root {root} does not exist")
     if unreadable:

@@ -44,7 +44,7 @@ from segrep.storage.segment_meta import (
     footer_differences,
     rows_differences,
 )
-from segrep.storage.store_errors import first_line
+from segrep.storage.store_errors import file_in_the_way, first_line
 from segrep.storage.stores import open_store
 
 META_KEY = b"segrep.segment"
@@ -128,9 +128,12 @@ class Site:
         table = table.replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
         final = self.path(relpath)
         if self.local:
-            return atomic_local_write_stream(
-                final, lambda out: pq.write_table(table, out, write_page_checksum=True), root=self.root
-            )
+            try:
+                return atomic_local_write_stream(
+                    final, lambda out: pq.write_table(table, out, write_page_checksum=True), root=self.root
+                )
+            except (NotADirectoryError, FileExistsError) as exc:  # a plain file where a directory must be
+                raise file_in_the_way(self.name, final, exc) from None
         if self.s3 is not None:
             sink = pa.BufferOutputStream()
             pq.write_table(table, sink, write_page_checksum=True)

@@ -10,6 +10,7 @@ message only; no credential is ever part of it (the stores never echo secrets, a
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import botocore.exceptions
 
@@ -49,6 +50,29 @@ class StoreRefusedError(SegrepError):
 
 class StoreUnreachableError(OSError):
     """The store could not be reached or did not answer in time: retried after a back-off."""
+
+
+class PathBlockedError(NotADirectoryError):
+    """A plain file stands where a local site needs a directory: its root, or a table's or a partition's
+    directory under it. Still an OSError, so a round fails that target as it does a site that is down (the
+    others go on); only the message changes, from the OS's bare "Not a directory" to the site and the file."""
+
+
+def file_in_the_way(site: str, path: str, exc: OSError) -> OSError:
+    """``exc`` (an OSError of writing or reading ``path`` at local site ``site``) as PathBlockedError naming
+    the site and the plain file found where a directory of ``path`` should be; ``exc`` itself if there is none
+    (the directories are fine: the error was something else)."""
+    if isinstance(exc, PathBlockedError):
+        return exc
+    for parent in Path(path).parents:
+        if parent.exists():  # False below a plain file (ENOTDIR): the walk goes on up to it
+            if parent.is_dir():
+                return exc
+            return PathBlockedError(
+                f"site {site}: {parent} is a plain file where a directory is needed (for {path}); move it out of "
+                "the way"
+            )
+    return exc
 
 
 def first_line(exc: BaseException) -> str:

@@ -28,7 +28,7 @@ from segrep.core.errors import CorruptSegmentError
 from segrep.storage.atomic import FileFacts, HashingFileWriter, atomic_local_copy, atomic_local_write_stream
 from segrep.storage.s3 import put_verified, same_store, server_side_copy
 from segrep.storage.site import Site
-from segrep.storage.store_errors import classify_os
+from segrep.storage.store_errors import classify_os, file_in_the_way
 from segrep.storage.stores import STORE_ERRORS
 
 _CHUNK = 4 * 1024 * 1024
@@ -80,6 +80,11 @@ def copy_verified(
             return atomic_local_write_stream(target.path(relpath), _copy, expected, sync_every=None, root=target.root)
         except CorruptSegmentError:
             raise CorruptSegmentError(mismatch) from None
+        except (NotADirectoryError, FileExistsError) as exc:  # a plain file where a directory must be
+            blocked = file_in_the_way(target.name, target.path(relpath), exc)
+            if blocked is exc and source.local:
+                blocked = file_in_the_way(source.name, source.path(relpath), exc)
+            raise blocked from None
     try:
         return _to_store(source, target, relpath, expected)
     except CorruptSegmentError as exc:
@@ -121,5 +126,9 @@ def _read(src: pa.NativeFile, source: Site, relpath: str) -> bytes:
 
 def _access_error(site: Site, relpath: str, what: str, exc: BaseException) -> Exception:
     """The store's failure, naming the site and the object, classified (refused, unreachable, or other)."""
+    if site.local and isinstance(exc, OSError):
+        blocked = file_in_the_way(site.name, site.path(relpath), exc)
+        if blocked is not exc:
+            return blocked
     where = site.path(relpath) if site.local else f"s3://{site.path(relpath)}"
     return classify_os(exc, site.name, where, what)
