@@ -256,15 +256,16 @@ def replay(env: Env, steps: list[tuple[Any, ...]], primary_down: bool) -> set[st
     phases=[Phase.explicit, Phase.generate],
     suppress_health_check=list(HealthCheck),
 )
-@given(steps=st.lists(STEP, min_size=2, max_size=10), lag=st.booleans(), primary_down=st.booleans())
+@given(steps=st.lists(STEP, min_size=2, max_size=10), lag=st.none() | st.integers(0, 10), primary_down=st.booleans())
 def test_the_dry_run_reports_what_the_real_run_sets_aside(
-    spark: Any, at: str, on_return: str, steps: list[tuple[Any, ...]], lag: bool, primary_down: bool
+    spark: Any, at: str, on_return: str, steps: list[tuple[Any, ...]], lag: int | None, primary_down: bool
 ) -> None:
-    # rounds of both tables first, so that most histories have safe times at dr to cut at; ``lag``: then events
-    # written and replicated past orders' safe time (what the tester's case had: rows at dr newer than T)
-    history = [("write", 0, 4), ("orders", 0, 2), ("round", TABLE, None), ("round", "orders", None)]
-    history += [("write", 2, 6), ("round", TABLE, None)] if lag else []
-    history += steps
+    # rounds of both tables first, so that most histories have safe times at dr to cut at; ``lag``: where in
+    # the history events are written and replicated past orders' safe time (the tester's case: rows at dr
+    # newer than T), unless a later round of orders moves T past them
+    history = [("write", 0, 4), ("orders", 0, 2), ("round", TABLE, None), ("round", "orders", None), *steps]
+    if lag is not None:
+        history[4 + lag : 4 + lag] = [("write", 2, 6), ("round", TABLE, None)]
     with tempfile.TemporaryDirectory(prefix="segrep-dry-run-") as tmp:
         env = make_env(Path(tmp), f"sqlite:///{tmp}/catalog.db", _yaml(on_return))
         try:
