@@ -26,11 +26,13 @@ from segrep.catalog import queries as q
 from segrep.core.errors import SegrepError
 from segrep.data.writer import write_batch
 from segrep.failover.promote import Cut, failover
+from segrep.maintenance.compaction import compact
 from segrep.replication.rollback import list_rollbacks, roll_back_returned, rollback_manifest
 from segrep.replication.run import run_round
 from segrep.storage.site import Site
 from tests.support.cli import cli
 from tests.support.env import OUTAGE_YAML, Env, make_env
+from tests.support.maintenance import arrow_submit
 from tests.support.models import Model
 from tests.support.rounds import bring_up, inprocess_submit, no_spark, take_down
 from tests.support.tables import TABLE, orders
@@ -154,6 +156,7 @@ def check_dry_run_equals_real_run(env: Env, at: str, spark: Any, down: set[str])
     if at == "latest":
         assert cuts == {} and report["cuts"] == []
     losses = {mv["assessment"]["table"]: mv["assessment"]["loss"] for mv in report["moves"]}
+    assert not any(x["rows_at_most"] for loss in losses.values() for x in loss)  # no major, no merge: exact
     assert recorded_losses(env) == {t: per_partition(loss) for t, loss in losses.items() if loss}
     # the loss set aside on return: the segments the dry run named, each at every returned site holding it
     # (a fork past a cut at edge and at primary: in both files), each file exactly their rows
@@ -200,6 +203,38 @@ def test_a_dry_run_at_safe_time_names_the_cut_at_the_new_leader(tmp_path: Path, 
     assert sum(n for n, _ids in cuts[TABLE].values()) == 20 and "orders" not in cuts
     assert {table for table, _pid, _n, _ids in returned} == {TABLE}
     assert sum(n for _table, _pid, n, _ids in returned) == 10
+    env.catalog.dispose()
+
+
+def test_a_lost_major_folding_what_the_new_leader_holds_is_an_upper_bound(tmp_path: Path) -> None:
+    """Found writing these tests: `primary` compacts after a round, so its loss is a major folding the three
+    segments `dr` holds and two it lacks. The return sets aside only the rows `dr` lacks (8 of the major's 18
+    per partition pair): the dry run and the record say the loss's rows are at most that many, naming why."""
+    env = make_env(tmp_path, f"sqlite:///{tmp_path}/catalog.db", _yaml("rollback"))
+    model = Model()
+    for i in range(3):
+        model.upsert(env, range(i * 4, i * 4 + 4), f"a{i}")
+    run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    for i in range(3, 5):
+        model.upsert(env, range(i * 4 - 2, i * 4 + 2), f"b{i}")  # half of them new keys
+    assert compact(env.catalog, env.defs, TABLE, force=True, submit=arrow_submit()).commit.committed == 2
+    code, out, err = cli(env, "failover", TABLE, "--to", "dr", "--dry-run")
+    assert code == 0 and "loss (would be given up): 2 segment(s), at most 18 rows" in out, out + err
+    assert "(at most: a lost major or merge output folds segments dr holds already" in out, out
+
+    report = dry_run(env, "latest")
+    assert isinstance(report, dict), report
+    (move, _orders) = report["moves"]
+    assert all(x["rows_at_most"] for x in move["assessment"]["loss"]), move
+    loss = dry_returns(report)[TABLE]
+    failover(env.catalog, env.defs, [TABLE], to="dr")
+    with env.catalog.read() as s:
+        (record,) = s.scalars(select(m.Failover)).all()
+        assert all(x["rows_at_most"] for x in record.loss)
+    roll_back_returned(env.catalog, TABLE)
+    _cuts, returned = set_aside(env)
+    assert {pid: seg_ids for _t, pid, _n, seg_ids in returned} == {pid: ids for pid, (_n, ids) in loss.items()}
+    assert sum(n for _t, _pid, n, _ids in returned) == 8 < sum(n for n, _ids in loss.values()) == 18
     env.catalog.dispose()
 
 

@@ -272,7 +272,8 @@ def _versions(lo: int | None, hi: int | None) -> str:
 
 
 def _loss_line(x: PartitionLoss) -> str:
-    return f"{x.segments} segment(s), {x.rows:,} rows, {x.bytes:,} bytes, {_versions(x.min_version, x.max_version)}"
+    rows = f"at most {x.rows:,} rows" if x.rows_at_most else f"{x.rows:,} rows"
+    return f"{x.segments} segment(s), {rows}, {x.bytes:,} bytes, {_versions(x.min_version, x.max_version)}"
 
 
 def format_failover(report: FailoverReport) -> str:
@@ -301,6 +302,7 @@ def format_failover(report: FailoverReport) -> str:
             a.bytes_lost,
             min(x.min_version for x in a.loss if x.min_version is not None),
             max(x.max_version for x in a.loss if x.max_version is not None),
+            rows_at_most=any(x.rows_at_most for x in a.loss),
         )
         lines.append(f"  loss ({'would be ' if report.dry_run else ''}given up): {_loss_line(total)}")
         lines += [f"    partition {x.partition_id}: {_loss_line(x)}" for x in a.loss]
@@ -309,6 +311,11 @@ def format_failover(report: FailoverReport) -> str:
         else:
             fate = f"pushed to {a.to_site} and merged (last writer wins) when the sites holding them return"
         lines.append(f"  on return ({move.on_return}): these rows {'would be ' if report.dry_run else 'are '}{fate}")
+        if total.rows_at_most:
+            lines.append(
+                f"  (at most: a lost major or merge output folds segments {a.to_site} holds already; their rows in "
+                "it are counted, though not lost)"
+            )
     if report.cut_us is not None:
         lines.append(f"cut at {hlc.iso(report.cut_us)} (the smallest safe time of these tables at {report.to_site})")
         for cut in report.cuts:
