@@ -308,6 +308,7 @@ def format_failover(report: FailoverReport) -> str:
         lines += [f"    partition {x.partition_id}: {_loss_line(x)}" for x in a.loss]
         if move.on_return == "rollback":
             fate = "set aside in the rollback area of each site holding them, when it returns"
+            fate += " (after a cut, whatever the table's policy)" if report.cut_us is not None else ""
         else:
             fate = f"pushed to {a.to_site} and merged (last writer wins) when the sites holding them return"
         lines.append(f"  on return ({move.on_return}): these rows {'would be ' if report.dry_run else 'are '}{fate}")
