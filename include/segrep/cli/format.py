@@ -290,7 +290,8 @@ def _versions(lo: int | None, hi: int | None) -> str:
 
 
 def _loss_line(x: PartitionLoss) -> str:
-    return f"{x.segments} segment(s), {x.rows:,} rows, {x.bytes:,} bytes, {_versions(x.min_version, x.max_version)}"
+    rows = f"at most {x.rows:,} rows" if x.rows_at_most else f"{x.rows:,} rows"
+    return f"{x.segments} segment(s), {rows}, {x.bytes:,} bytes, {_versions(x.min_version, x.max_version)}"
 
 
 def format_failover(report: FailoverReport) -> str:
@@ -319,17 +320,39 @@ def format_failover(report: FailoverReport) -> str:
             a.bytes_lost,
             min(x.min_version for x in a.loss if x.min_version is not None),
             max(x.max_version for x in a.loss if x.max_version is not None),
+            rows_at_most=any(x.rows_at_most for x in a.loss),
         )
         lines.append(f"  loss ({'would be ' if report.dry_run else ''}given up): {_loss_line(total)}")
         lines += [f"    partition {x.partition_id}: {_loss_line(x)}" for x in a.loss]
+        if move.on_return == "rollback":
+            fate = "set aside in the rollback area of each site holding them, when it returns"
+            fate += " (after a cut, whatever the table's policy)" if report.cut_us is not None else ""
+        else:
+            fate = f"pushed to {a.to_site} and merged (last writer wins) when the sites holding them return"
+        lines.append(f"  on return ({move.on_return}): these rows {'would be ' if report.dry_run else 'are '}{fate}")
+        if total.rows_at_most:
+            lines.append(
+                f"  (at most: a lost major or merge output folds segments {a.to_site} holds already; their rows in "
+                "it are counted, though not lost)"
+            )
     if report.cut_us is not None:
         lines.append(f"cut at {hlc.iso(report.cut_us)} (the smallest safe time of these tables at {report.to_site})")
         for cut in report.cuts:
-            where = ", ".join(cut.rollback_files) or "-"
-            lines.append(
-                f"  {cut.table}: {cut.partitions_cut} partition(s) folded as of the cut, {cut.rows_set_aside:,} newer "
-                f"row(s) set aside ({where})"
-            )
+            if report.dry_run:
+                lines.append(
+                    f"  {cut.table}: {cut.partitions_cut} partition(s) would be folded as of the cut, "
+                    f"{cut.rows_set_aside:,} newer row(s) set aside at {report.to_site}"
+                )
+            else:
+                where = ", ".join(cut.rollback_files) or "-"
+                lines.append(
+                    f"  {cut.table}: {cut.partitions_cut} partition(s) folded as of the cut, {cut.rows_set_aside:,} "
+                    f"newer row(s) set aside ({where})"
+                )
+            lines += [
+                f"    partition {p.partition_id}: {p.rows:,} row(s) from {len(p.segment_ids)} segment(s)"
+                for p in cut.partitions
+            ]
     return "\n".join(lines)
 
 

@@ -512,7 +512,12 @@ def compact_(obj: Context, table: str, partitions: tuple[int, ...], force: bool)
     help="Which rows the new leader keeps: latest = everything it holds; safe-time = the rows as of the tables' "
     "smallest safe time at the new site, newer ones set aside in its rollback area.",
 )
-@click.option("--dry-run", is_flag=True, help="Print what would be lost, per partition; change nothing.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print what would be lost and set aside (with --at safe-time, the cut at the new leader too), per "
+    "partition; change nothing.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 @_user_errors

@@ -100,7 +100,7 @@ def placement_files(catalog: Catalog, table: str, site: str | None = None) -> tu
             part = by_partition[pl.partition_id]
             visible = (*visible, *_visible(parent_pl, seg_lists))
             begin, end, disjoint = part.begin_key, part.end_key, False
-        site_obj = open_site(s, sites[pl.site_id])
+        site_obj = open_site(catalog, sites[pl.site_id])
         is_leader = pl.placement_id == by_partition[pl.partition_id].leader_placement_id
         out.append(
             PlacementFiles(

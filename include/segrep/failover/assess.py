@@ -40,6 +40,10 @@ class PartitionLoss:
     min_version: int | None
     max_version: int | None
     segment_ids: list[str] = field(default_factory=list)
+    # ``rows`` counts rows the new leader holds too: a lost major or merge output folds segments it references
+    # (their rows stay in the fold unless superseded there), and a return sets aside only the rows the new
+    # leader lacks, so at most ``rows``; exactly how many needs the lost files. False in records written before.
+    rows_at_most: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -190,11 +194,13 @@ def _candidates(snap: TableView) -> list[Candidate]:
 
 def _loss(part: _Part, target: PlacementRow | None, given_up: dict[str, int], cut_us: int | None) -> PartitionLoss:
     has = part.referenced(target) if target is not None else set()
-    lacking = [_Seg(*(seg[i] for i in _FACTS)) for seg in part.leader_visible if seg[_ID] not in has]
+    entries = [seg for seg in part.leader_visible if seg[_ID] not in has]
     if cut_us is not None and target is not None:
-        lacking += _forks_past(part, target, has, given_up, cut_us)
-    if not lacking:  # most partitions: the sums and bounds of nothing
+        entries += _forks_past(part, target, has, given_up, cut_us)
+    if not entries:  # most partitions: the sums and bounds of nothing
         return PartitionLoss(part.partition_id, 0, 0, 0, None, None, [])
+    lacking = [_Seg(*(seg[i] for i in _FACTS)) for seg in entries]
+    overlaps = any(seg[_FOLDED] is not None and not has.isdisjoint(part.folded[seg[_FOLDED]]) for seg in entries)
     return PartitionLoss(
         part.partition_id,
         len(lacking),
@@ -203,10 +209,11 @@ def _loss(part: _Part, target: PlacementRow | None, given_up: dict[str, int], cu
         min((seg.min_version for seg in lacking), default=None),
         max((seg.max_version for seg in lacking), default=None),
         [seg.segment_id for seg in lacking],
+        overlaps,
     )
 
 
-def _forks_past(part: _Part, target: PlacementRow, has: set[str], given_up: dict[str, int], cut_us: int) -> list[_Seg]:
+def _forks_past(part: _Part, target: PlacementRow, has: set[str], given_up: dict[str, int], cut_us: int) -> list[Any]:
     """Under a cut, the segments other sites hold that the new leader neither lists nor references and that
     hold rows newer than the cut (not on the leader's visible chain: that is the loss above): forks a
     follower wrote while it led, or received from an older leader, that the rounds would push to the new
@@ -218,14 +225,14 @@ def _forks_past(part: _Part, target: PlacementRow, has: set[str], given_up: dict
     the rows past that cut (found by the merge state machine: two cuts at one instant brought them back)."""
     listed = part.lists.get(target.placement_id) or {}
     visible = {seg[_ID] for seg in part.leader_visible}
-    out: dict[str, _Seg] = {}
+    out: dict[str, Any] = {}  # the entries as read
     for holder in (part.leader, *part.replicas):
         if holder is target:
             continue
         for sid, seg in (part.lists.get(holder.placement_id) or {}).items():
             if seg[_MAX_VERSION] <= cut_us or sid in has or sid in listed or sid in visible or sid in given_up:
                 continue
-            out.setdefault(sid, _Seg(*(seg[i] for i in _FACTS)))
+            out.setdefault(sid, seg)
     return list(out.values())
 
 

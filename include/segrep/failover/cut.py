@@ -6,6 +6,7 @@ T (the Spark merge job's ``as_of_us``), on top of its chain: readers and followe
 newer rows are not destroyed: they are written first to the new leader site's rollback area
 (``.rollback/<table>/<partition>/<failover id>-cut.parquet``), listed by ``segrep rollback list``. Writes stay
 paused (``paused_us``, set by the promotion) until the cut is committed, so no new write lands under it.
+A dry run (:func:`assess_cut`) counts what the cut would set aside with the functions the cut chooses with.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.site_identity import open_site
-from segrep.catalog.snapshot import snapshot
+from segrep.catalog.snapshot import PartitionSnapshot, TableSnapshot, snapshot
 from segrep.config.definitions import Definitions
 from segrep.core import hlc
 from segrep.core import schema as sch
@@ -33,7 +34,20 @@ from segrep.spark.items import round_item
 from segrep.spark.launch import Submit
 from segrep.spark.manifest import Manifest, MergeItem
 from segrep.spark.results import commit_results
+from segrep.storage.site import Site
 from segrep.storage.workdir import compaction_paths
+
+
+@dataclass(frozen=True)
+class PartitionCut:
+    """One partition's rows newer than the cut at the new leader: what the cut sets aside there (a dry run:
+    what it would), and the segments they come from."""
+
+    partition_id: int
+    site: str
+    rows: int
+    segment_ids: list[str]
+    relpath: str | None  # the rollback file; None in a dry run (the failover's id, not known yet, names it)
 
 
 @dataclass(frozen=True)
@@ -43,6 +57,16 @@ class CutReport:
     partitions_cut: int
     rows_set_aside: int
     rollback_files: list[str]
+    partitions: list[PartitionCut]
+
+
+@dataclass(frozen=True)
+class _Newer:
+    """A partition whose chain at the new leader holds rows newer than the cut."""
+
+    part: PartitionSnapshot
+    site: Site
+    segments: list[m.Segment]  # its visible segments with rows newer than the cut (max version past it)
 
 
 def common_safe_time(s: Session, tables: list[str], site: str) -> int:
@@ -60,51 +84,60 @@ def common_safe_time(s: Session, tables: list[str], site: str) -> int:
     return min(times)
 
 
+def assess_cut(catalog: Catalog, table: str, site: str, cut_us: int) -> CutReport:
+    """What :func:`cut_table` would set aside at ``site`` (``--dry-run``): the same partitions, segments and
+    rows, chosen by the same two functions (:func:`_newer_than_cut`, :func:`_rows_past_cut`), counted from
+    the new leader's files (a segment's version range cannot tell how many of its rows are past the cut)."""
+    with catalog.read() as s:
+        snap = snapshot(s, table)
+    parts = [
+        PartitionCut(
+            x.part.partition.partition_id,
+            x.site.name,
+            _rows_past_cut(snap.info, x.site, x.segments, cut_us).num_rows,
+            [seg.segment_id for seg in x.segments],
+            None,
+        )
+        for x in _newer_than_cut(catalog, snap, site, cut_us)
+    ]
+    return CutReport(table, cut_us, len(parts), sum(p.rows for p in parts), [], parts)
+
+
 def cut_table(
-    catalog: Catalog, defs: Definitions, table: str, cut_us: int, failover_id: int, submit: Submit
+    catalog: Catalog, defs: Definitions, table: str, site: str, cut_us: int, failover_id: int, submit: Submit
 ) -> CutReport:
-    """Set aside the rows newer than ``cut_us`` at the table's (new) leaders and fold each such partition as of
-    ``cut_us``, on Spark; then lift the pause. SegrepError (writes still paused, nothing lost) if a fold fails."""
+    """Set aside the rows newer than ``cut_us`` at the table's new leader ``site`` and fold each such partition
+    as of ``cut_us``, on Spark; then lift the pause. SegrepError (writes still paused, nothing lost) if a fold
+    fails."""
     key = f"{table}-cut-{failover_id}"
     with catalog.read() as s:
         snap = snapshot(s, table)
     info = snap.info
     items: list[MergeItem] = []
-    files: list[str] = []
-    set_aside = 0
-    for part in snap.partitions:
-        leader_segs = [
-            part.segment(part.leader.placement_id, ref.segment_id) for ref in visible_segments(part.chain(part.leader))
-        ]
-        newer = [seg for seg in leader_segs if seg.max_version > cut_us]
-        if not newer:
-            continue
-        site_row = snap.sites[part.leader.site_id]
-        site = open_site(s, site_row)
-        relpath = rollback_relpath(table, part.partition.partition_id, failover_id, "cut")
-        written = stored_rows(site, relpath)  # a re-run after a failed fold reads nothing again
+    parts: list[PartitionCut] = []
+    for x in _newer_than_cut(catalog, snap, site, cut_us):
+        pid = x.part.partition.partition_id
+        relpath = rollback_relpath(table, pid, failover_id, "cut")
+        written = stored_rows(x.site, relpath)  # a re-run after a failed fold reads nothing again
         if written is None:
-            rows = pa.concat_tables(
-                [site.read_checked(seg.relpath, expected_segment(info, seg), info.primary_key) for seg in newer]
-            )
-            rows = rows.filter(pc.greater(rows[sch.VERSION_COL], pa.scalar(cut_us, pa.int64())))
+            rows = _rows_past_cut(info, x.site, x.segments, cut_us)
             versions = [int(v) for v in rows[sch.VERSION_COL].to_pylist()]
             write_rollback(
-                site,
+                x.site,
                 relpath,
-                rows.select([*info.schema.names, *sch.INTERNAL_COLUMNS]),
+                rows,
                 table=table,
-                partition_id=part.partition.partition_id,
+                partition_id=pid,
                 failover_id=failover_id,
-                segments=newer,
+                segments=x.segments,
                 min_version=min(versions, default=None),
                 max_version=max(versions, default=None),
                 cut_us=cut_us,
             )
             written = rows.num_rows
-        files.append(f"{site_row.name}:{relpath}")
-        set_aside += written
-        items.append(replace(round_item(snap, part, key, "major", []), as_of_us=cut_us))
+        parts.append(PartitionCut(pid, x.site.name, written, [seg.segment_id for seg in x.segments], relpath))
+        items.append(replace(round_item(snap, x.part, key, "major", []), as_of_us=cut_us))
+    files = [f"{p.site}:{p.relpath}" for p in parts]
     if items:
         mpath, rpath = compaction_paths(defs, table, key)
         Manifest(key, items).write(mpath)
@@ -123,4 +156,35 @@ def cut_table(
             .values(paused_us=None)
             .execution_options(synchronize_session=False)
         )
-    return CutReport(table, cut_us, len(items), set_aside, files)
+    return CutReport(table, cut_us, len(items), sum(p.rows for p in parts), files, parts)
+
+
+def _newer_than_cut(catalog: Catalog, snap: TableSnapshot, site: str, cut_us: int) -> list[_Newer]:
+    """Per partition, the visible segments of its placement at ``site`` (the new leader: its leader once
+    promoted, a replica before) that hold rows newer than the cut. The cut and its dry run both choose here,
+    so the dry run names what the cut sets aside. The chain is the placement's own, as the leader's is read."""
+    site_id = snap.site_id(site)
+    row = snap.sites[site_id]
+    store = open_site(catalog, row)
+    out = []
+    for part in snap.partitions:
+        at_site = (pl for pl in part.replicas if pl.site_id == site_id)
+        placement = part.leader if part.leader.site_id == site_id else next(at_site, None)
+        if placement is None:
+            pid = part.partition.partition_id
+            raise RefusedError(f"table {snap.info.name}: partition {pid} has no live placement at {site} to cut")
+        chain = q.chain_of(placement, part.segments.get(placement.placement_id, []))
+        held = {seg.segment_id: seg for seg in part.segments.get(placement.placement_id, [])}
+        newer = [held[ref.segment_id] for ref in visible_segments(chain) if held[ref.segment_id].max_version > cut_us]
+        if newer:
+            out.append(_Newer(part, store, newer))
+    return out
+
+
+def _rows_past_cut(info: q.TableInfo, site: Site, segments: list[m.Segment], cut_us: int) -> pa.Table:
+    """The rows of ``segments`` (as written: version, origin, tombstone) newer than the cut, read checked."""
+    rows = pa.concat_tables(
+        [site.read_checked(seg.relpath, expected_segment(info, seg), info.primary_key) for seg in segments]
+    )
+    rows = rows.filter(pc.greater(rows[sch.VERSION_COL], pa.scalar(cut_us, pa.int64())))
+    return rows.select([*info.schema.names, *sch.INTERNAL_COLUMNS])

@@ -27,7 +27,7 @@ from segrep.config.definitions import Definitions
 from segrep.core import faults, hlc
 from segrep.core.errors import ConflictError, NotFoundError, RefusedError, SegrepError
 from segrep.failover.assess import Assessment, assess, assess_view, read_view
-from segrep.failover.cut import CutReport, common_safe_time, cut_table
+from segrep.failover.cut import CutReport, assess_cut, common_safe_time, cut_table
 from segrep.spark import launch
 from segrep.spark.launch import Submit
 from segrep.storage.probe import SiteUnusableError, check_sites
@@ -48,11 +48,14 @@ class MoveKind(StrEnum):
 
 @dataclass(frozen=True)
 class Move:
-    """One table's leader move, as assessed (dry run) or as committed (``failover_id`` set)."""
+    """One table's leader move, as assessed (dry run) or as committed (``failover_id`` set). ``on_return``: what
+    the loss becomes when the sites holding it return (``rollback``: set aside in their rollback areas;
+    ``merge``: pushed to the new leader and merged), as the move records it."""
 
     assessment: Assessment
     partitions_moved: int
     failover_id: int | None
+    on_return: str
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,7 +69,7 @@ class FailoverReport:
     to_site: str
     moves: list[Move]
     cut_us: int | None = None  # --at safe-time: the instant every listed table was cut at
-    cuts: list[CutReport] = field(default_factory=list)
+    cuts: list[CutReport] = field(default_factory=list)  # --at safe-time: what each table's cut set aside (or would)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,7 +109,9 @@ def failover(
 ) -> FailoverReport:
     """Assess (``dry_run``) or make the move of every listed table to ``to`` (default: see
     :func:`choose_site`). Each table moves in its own transaction, assessed again inside it under the
-    partitions' row locks, so the recorded loss is exactly what the move gave up."""
+    partitions' row locks, so the recorded loss is exactly what the move gave up. ``--at safe-time``: the cut
+    follows the moves; a dry run reports what it would set aside (``cut.assess_cut``, reading the new
+    leader's files), as it reports the loss."""
     if not tables:
         raise SegrepError("name at least one table to fail over")
     wanted = list(dict.fromkeys(tables))
@@ -121,24 +126,33 @@ def failover(
         _check_cut_site(defs, site, dry_run=dry_run)
     moves = []
     for table in wanted:
+        on_return = on_return_of(defs, table, cut)
         if dry_run:
             with catalog.read() as s:
                 a = assess(s, table, site, chosen_because=why, cut_us=cut_us)
-            moves.append(Move(a, len(a.moving), None))
+            moves.append(Move(a, len(a.moving), None, on_return))
             continue
         with catalog.write() as s:
-            # After a cut, what the old leader alone holds is newer than the cut (the new site held everything
-            # up to it): merging it back would undo the cut, so it is set aside whatever the policy says; so
-            # are the forks other sites hold past the cut (``assess._forks_past``), given up with it.
-            on_return = "rollback" if cut == Cut.SAFE_TIME else defs.policy(table).on_return
             moves.append(promote_table(s, table, site, cut, kind, why, on_return, cut_us=cut_us))
         faults.point("failover_between_tables")
     cuts = []
-    if cut_us is not None and not dry_run:
+    if cut_us is not None:
         for move in moves:
+            table = move.assessment.table
+            if dry_run:  # what the cut below would set aside, chosen by the same functions
+                cuts.append(assess_cut(catalog, table, site, cut_us))
+                continue
             assert move.failover_id is not None
-            cuts.append(cut_table(catalog, defs, move.assessment.table, cut_us, move.failover_id, submit))
+            cuts.append(cut_table(catalog, defs, table, site, cut_us, move.failover_id, submit))
     return FailoverReport(kind, dry_run, cut, site, moves, cut_us, cuts)
+
+
+def on_return_of(defs: Definitions, table: str, cut: Cut) -> str:
+    """What a move of ``table`` records for its loss's return: the table's policy, except after a cut. There,
+    what the old leader alone holds is newer than the cut (the new site held everything up to it): merging it
+    back would undo the cut, so it is set aside whatever the policy says; so are the forks other sites hold
+    past the cut (``assess._forks_past``), given up with it."""
+    return "rollback" if cut == Cut.SAFE_TIME else defs.policy(table).on_return
 
 
 def _check_cut_site(defs: Definitions, site: str, *, dry_run: bool) -> None:
@@ -233,4 +247,4 @@ def promote_table(
     )
     s.add(record)
     s.flush()
-    return Move(a, moved, record.failover_id)
+    return Move(a, moved, record.failover_id, on_return)
