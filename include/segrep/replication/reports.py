@@ -22,7 +22,9 @@ class TargetStatus(StrEnum):
     DECLINED = "declined"  # an offer was declined (OVERLOADED, INVALID, INFLIGHT): retried next round
     BACKOFF = "backoff"  # not attempted: the target is backing off after failures
     FAILED = "failed"  # the site could not be read or written
-    WAITING = "waiting"  # held up by another round's leases (named with their holder and expiry): nothing moved
+    # held up by another round's leases (named with their holder and expiry), or by a merge of forks it holds
+    # (UNMERGED: an old leader back after a failover with ``on_return: merge``): nothing moved
+    WAITING = "waiting"
     DOWN = "down"  # the site's root or identity marker is missing or foreign: nothing written, acked or moved
 
     @property
@@ -184,6 +186,13 @@ class TargetReport:
         self.status = TargetStatus.DECLINED
         self.decline_reason = self.decline_reason or str(outcome)
         self.backs_off = self.backs_off or outcome not in LEASE_DECLINES
+
+    def wait(self, outcome: Outcome, why: str) -> None:
+        """Record an offer that waits for something this round may bring (no back-off): WAITING, unless the
+        target is worse off already."""
+        self.count(outcome)
+        if self.status.rank < TargetStatus.WAITING.rank:
+            self.status, self.error = TargetStatus.WAITING, why
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

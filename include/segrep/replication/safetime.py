@@ -9,7 +9,9 @@ the oldest row version among the leader's visible segments the target still lack
 is stamped before it commits, so any write committed at or before that instant lies in an acked segment).
 Segments committed after ``end`` count too: a major or a merge output committed later holds older rows.
 So do the forks replicas hold that the leader has not merged yet (written while they led), for every replica
-and for the leader's own site where it follows other partitions.
+and for the leader's own site where it follows other partitions, except those a failover gave up
+(``on_return: merge``): only the old leader holds them, and no safe time claims their rows until they are
+merged (``segrep status`` names them: "unmerged at <site>").
 While a split parent is in UNLOAD, its rows that the children still lack bound every site too.
 The table's safe time is the minimum over partitions, and it only ever moves forward.
 """
@@ -64,6 +66,11 @@ def leader_vouches(part: PartitionSnapshot) -> int:
     safe = hlc.FOREVER_US
     for follower in part.replicas:
         for seg in pushes_from(part, follower, hlc.FOREVER_US):
+            if seg.segment_id in part.gave_up:
+                # a failover gave it up (``on_return: merge``): its rows are outside every claim until the
+                # merge output brings them, which then bounds each site until it holds it (partition_vouches).
+                # Counted, an old leader down for hours froze every healthy replica's safe time with it.
+                continue
             safe = min(safe, seg.min_version - 1)
     return safe
 
@@ -97,9 +104,15 @@ def update_checkpoints_and_safe_time(catalog: Catalog, table: str, end_us: int) 
         for site_id, safe in candidate.items():
             if unloading is not None:
                 safe = min(safe, unloading)
-            if site_id in joining or site_id in snap.stalled_site_ids or snap.rollback_pending(site_id):
+            if (
+                site_id in joining
+                or site_id in snap.stalled_site_ids
+                or snap.rollback_pending(site_id)
+                or snap.unmerged_held(site_id)
+            ):
                 continue  # a joining replica is not readable yet; one that needs a bootstrap is stuck; an old
-                # leader still listing what its failover gave up serves rows the table no longer has
+                # leader still listing what its failover gave up serves rows the table no longer has (or, not
+                # merged yet, rows that may lose to newer ones): its safe time waits, down or back
             out[snap.sites[site_id].name] = _advance(s, snap.info.table_id, site_id, safe, now)
     return out
 
