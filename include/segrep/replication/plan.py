@@ -190,6 +190,7 @@ def _plan_merges(
             items.append(replace(round_item(snap, part, key, "merge", incoming), origin_forks=forks))
             summary.merges.append(part.partition.partition_id)
     summary.pushes = dict(pushes)
+    summary.down = sorted(snap.sites[site_id].name for site_id, ok in readable.items() if not ok)
     return items
 
 

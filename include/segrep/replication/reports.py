@@ -66,6 +66,9 @@ class PlanSummary:
     merges: list[int] = field(default_factory=list)
     majors: list[int] = field(default_factory=list)
     pushes: dict[str, int] = field(default_factory=dict)
+    # follower sites whose pushed files could not be read (down): their pushes wait, no major is built for
+    # them, and the forks a failover gave up that they hold bound no safe time this round (safetime.py)
+    down: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,6 +80,7 @@ class PlanSummary:
             merges=list(doc.get("merges", [])),
             majors=list(doc.get("majors", [])),
             pushes=dict(doc.get("pushes", {})),
+            down=list(doc.get("down", [])),
         )
 
 
