@@ -30,8 +30,15 @@ c. failback: TPC-H ``lineitem`` scale ``--scale`` written at ``primary`` (4 part
    against the table's bytes (the new leader's visible chain; target ≤ 2%), and against a re-bootstrap: a
    round to ``fresh``, a replica site that holds nothing yet, which copies the whole table (100%). The rows
    set aside at ``primary`` (the rollback file, written locally from its own segments) are shown apart.
+d. failback under ``on_return: merge`` (DESIGN 11, issue 32): (c)'s scenario with a healthy replica ``edge``
+   beside ``dr``; the rounds while ``primary`` is down go to ``primary`` (DOWN: nothing offered, no Spark) and
+   to ``edge`` (its safe time's lag is measured after each); ``primary`` back, rounds to ``primary`` then
+   ``edge`` until neither copies anything; the first of them pushes ``primary``'s diverged rows to ``dr``,
+   which merges them (a Spark application: spark-submit, ``local[*]``). Measured: the bytes copied to
+   ``primary`` after its return against the diverged bytes plus the bytes written at ``dr`` meanwhile (target
+   ≤ 2x), and to ``edge`` against the merge outputs (target ≤ 1x): no major of the whole table is built.
 
-No part may launch a Spark application (the ``submit`` given to every round refuses).
+No part but (d)'s merge may launch a Spark application (the ``submit`` given to every other round refuses).
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog.snapshot import snapshot
 from segrep.config.definitions import Definitions
+from segrep.core import hlc
 from segrep.core.chain import visible_segments
 from segrep.data import demo as demo_data
 from segrep.data.writer import write_batch
@@ -69,6 +77,7 @@ from segrep.failover.promote import failover
 from segrep.failover.switchover import switchover
 from segrep.replication.rollback import ROLLBACK_DIR
 from segrep.replication.run import run_round
+from segrep.spark import launch
 
 KV = "kv"
 LINEITEM = "lineitem"
@@ -396,6 +405,111 @@ def bench_failback(work: Path, source: Path, args: argparse.Namespace) -> Result
     return out
 
 
+def dr_bytes_since(catalog: Catalog, table: str, since_us: int) -> int:
+    """Bytes of the segments ``dr`` committed after ``since_us``."""
+    with catalog.read() as s:
+        sizes = s.scalars(
+            select(m.Segment.byte_size)
+            .join(m.Placement, m.Placement.placement_id == m.Segment.placement_id)
+            .join(m.Site, m.Site.site_id == m.Placement.site_id)
+            .join(m.Partition, m.Partition.partition_id == m.Placement.partition_id)
+            .join(m.Table, m.Table.table_id == m.Partition.table_id)
+            .where(m.Site.name == "dr", m.Table.name == table, m.Segment.committed_us > since_us)
+        ).all()
+    return sum(sizes)
+
+
+def bench_failback_merge(work: Path, source: Path, args: argparse.Namespace) -> Results:
+    rows = demo_data.normalized(pq.read_table(source)).sort_by([(k, "ascending") for k in PK])
+    rng = np.random.default_rng(args.seed)
+    out: Results = {"rows": rows.num_rows, "scale": args.scale, "diverge": args.diverge}
+    with pg_schema("bench_failback_merge") as (_schema, url):
+        body = {
+            "schema_from": str(source),
+            "primary_key": PK,
+            "partition_key": "l_orderkey",
+            "split_points": quartile_splits(rows),
+            "policy": {"on_return": "merge", "retry_delay_s": 0},
+        }
+        catalog, defs = make_env(work / "failback-merge", url, ["primary", "dr", "edge"], LINEITEM, body)
+        primary_dir = Path(defs.data_dir) / "sites" / "primary"
+        for k in range(args.batches):
+            write_batch(catalog, LINEITEM, rows.take(pa.array(np.arange(k, rows.num_rows, args.batches))))
+        first = run_round(catalog, defs, LINEITEM, submit=no_spark)
+        out["initial_bytes"] = {site: t.bytes_copied for site, t in first.targets.items()}
+
+        lost = write_batch(catalog, LINEITEM, diverged(rows, args.diverge, rng, "diverged at primary"))
+        out |= {"lost_rows": lost.rows_written, "lost_bytes": sum(seg.byte_size for seg in lost.segments)}
+        aside = take_down(primary_dir)
+        moved = failover(catalog, defs, [LINEITEM], to="dr")
+        given_up = moved.moves[0].assessment.rows_lost
+        if given_up != lost.rows_written:
+            raise SystemExit(f"(d) the failover lost {given_up} rows, not the {lost.rows_written} diverged")
+        with catalog.read() as s:
+            failed_over_us = max(s.scalars(select(m.Failover.done_us)).all())
+        down_rounds: list[dict[str, Any]] = []
+        written = 0  # the bytes of the segments written at dr meanwhile
+        for n in range(args.down_rounds):
+            after = write_batch(catalog, LINEITEM, diverged(rows, args.diverge / args.down_rounds, rng, f"dr {n}"))
+            written += sum(seg.byte_size for seg in after.segments)
+            report = run_round(catalog, defs, LINEITEM, submit=no_spark)  # primary and edge: no Spark for either
+            committed = report.safe_time_us.get("edge")
+            down_rounds.append(
+                {
+                    "rows": after.rows_written,
+                    "primary": str(report.targets["primary"].status),
+                    "edge": str(report.targets["edge"].status),
+                    "edge_bytes": report.targets["edge"].bytes_copied,
+                    "edge_lag_s": None if committed is None else (hlc.now_us() - committed) / 1e6,
+                    "majors": len(report.plan.majors) if report.plan else 0,
+                }
+            )
+        out["down_rounds"] = down_rounds
+        out["dr_rows"] = sum(r["rows"] for r in down_rounds)
+        out["dr_bytes"] = written
+        out["edge_down_bytes"] = sum(r["edge_bytes"] for r in down_rounds)  # = written: no major built meanwhile
+        out["dr_since_failover_bytes"] = dr_bytes_since(catalog, LINEITEM, failed_over_us)
+        log(f"(d) primary down under on_return merge, rounds: {down_rounds}")
+
+        bring_up(primary_dir, aside)
+        returned_us = hlc.now_us()
+        rounds: list[dict[str, Any]] = []
+        for _ in range(args.max_rounds):
+            report, secs = timed(run_round, catalog, defs, LINEITEM, submit=launch.submit)
+            t = report.targets
+            rounds.append(
+                {
+                    "s": secs,
+                    "status": {site: str(r.status) for site, r in t.items()},
+                    "primary_bytes": t["primary"].bytes_copied,
+                    "edge_bytes": t["edge"].bytes_copied,
+                    "merges": report.merges.items,
+                    "majors": len(report.plan.majors) if report.plan else 0,
+                }
+            )
+            if all(r.status == "ok" and not r.segments_copied for r in t.values()) and not report.merges.items:
+                break
+        else:
+            raise SystemExit(f"(d) primary and edge did not settle in {args.max_rounds} rounds: {rounds}")
+        merge_output = dr_bytes_since(catalog, LINEITEM, returned_us)
+        table_segs = leader_segments(catalog, LINEITEM)
+        out |= {
+            "failback_rounds": rounds,
+            "primary_bytes": sum(r["primary_bytes"] for r in rounds),
+            "edge_bytes": sum(r["edge_bytes"] for r in rounds),
+            "majors": sum(r["majors"] for r in rounds) + sum(r["majors"] for r in down_rounds),
+            "merge_output_bytes": merge_output,
+            "failback_s": sum(r["s"] for r in rounds),
+            "table_bytes": sum(seg.byte_size for seg in table_segs),
+        }
+        out["primary_goal_bytes"] = 2 * (out["lost_bytes"] + out["dr_bytes"])
+        out["primary_ok"] = out["primary_bytes"] <= out["primary_goal_bytes"]
+        out["edge_ok"] = out["edge_bytes"] <= merge_output
+        log(f"(d) failback rounds: {rounds}")
+        catalog.dispose()
+    return out
+
+
 # -- report ----------------------------------------------------------------------------------------------------
 
 
@@ -448,6 +562,41 @@ def table_rows(r: Results) -> list[tuple[str, ...]]:
                 verdict(c["of_table"] <= FAILBACK_TARGET),
             )
         )
+    d = r.get("d")
+    if d:
+        lags = [x["edge_lag_s"] for x in d["down_rounds"] if x["edge_lag_s"] is not None]
+        shape = (
+            f"lineitem sf{d['scale']:g}, {d['lost_rows']:,} rows diverged at primary "
+            f"({d['lost_bytes'] / 1e6:,.2f} MB), "
+            f"{d['dr_rows']:,} written at dr meanwhile ({d['dr_bytes'] / 1e6:,.2f} MB)"
+        )
+        down = (
+            f"while primary was down: {', '.join(x['primary'] for x in d['down_rounds'])}; edge copied "
+            f"{d['edge_down_bytes'] / 1e6:,.2f} MB, its lag after each round {', '.join(f'{x:.1f}' for x in lags)} "
+            f"s; majors built {d['majors']}"
+        )
+        rows.append(
+            (
+                f"(d) failback under `on_return: merge`: bytes copied to primary after its return ({shape})",
+                f"{d['primary_bytes'] / 1e6:,.2f} MB in {len(d['failback_rounds'])} round(s), "
+                f"{d['failback_s']:.1f} s ({down})",
+                f"diverged + written meanwhile: {(d['lost_bytes'] + d['dr_bytes']) / 1e6:,.2f} MB; "
+                f"table {d['table_bytes'] / 1e6:,.1f} MB",
+                f"{d['primary_bytes'] / max(d['lost_bytes'] + d['dr_bytes'], 1):.2f}",
+                "≤ 2x (diverged + written meanwhile)",
+                verdict(d["primary_ok"]),
+            )
+        )
+        rows.append(
+            (
+                "(d) failback under `on_return: merge`: bytes copied to the healthy replica edge after the return",
+                f"{d['edge_bytes'] / 1e6:,.2f} MB",
+                f"the merge outputs: {d['merge_output_bytes'] / 1e6:,.2f} MB",
+                f"{d['edge_bytes'] / max(d['merge_output_bytes'], 1):.2f}",
+                "≤ the merge outputs",
+                verdict(d["edge_ok"]),
+            )
+        )
     return rows
 
 
@@ -470,6 +619,8 @@ def main() -> int:
     ap.add_argument("--skip-promote", action="store_true")
     ap.add_argument("--skip-switchover", action="store_true")
     ap.add_argument("--skip-failback", action="store_true")
+    ap.add_argument("--skip-failback-merge", action="store_true", help="(d), the one part that runs Spark")
+    ap.add_argument("--down-rounds", type=int, default=3, help="(d) writes at dr and rounds while primary is down")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     ap.add_argument("--tpch-dir", type=Path, default=Path("data/tpch"))
     ap.add_argument("--work-dir", type=Path, default=None, help="parent of the scratch directory (default: /tmp)")
@@ -483,7 +634,7 @@ def main() -> int:
     load_start = os.getloadavg()
     started = time.perf_counter()
     source = None
-    if not args.skip_failback:
+    if not (args.skip_failback and args.skip_failback_merge):
         source = demo_data.generate_tpch("lineitem", args.scale, args.tpch_dir / f"sf{args.scale:g}").resolve()
     with tempfile.TemporaryDirectory(prefix="segrep-bench-failover-", dir=args.work_dir) as tmp:
         work = Path(tmp)
@@ -491,8 +642,10 @@ def main() -> int:
             results["a"], seconds["a"] = timed(bench_promote, work, args)
         if not args.skip_switchover:
             results["b"], seconds["b"] = timed(bench_switchover, work, args)
-        if source is not None:
+        if source is not None and not args.skip_failback:
             results["c"], seconds["c"] = timed(bench_failback, work, source, args)
+        if source is not None and not args.skip_failback_merge:
+            results["d"], seconds["d"] = timed(bench_failback_merge, work, source, args)
     total_s = time.perf_counter() - started
     load_end = os.getloadavg()
     results |= {"loadavg": [load_start, load_end], "part_seconds": seconds, "seconds": total_s}

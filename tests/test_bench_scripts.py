@@ -22,7 +22,7 @@ SCRIPTS = {
     "failover": [
         *("--scale", "0.01", "--repeats", "1", "--promote-partitions", "20", "--promote-segments", "300"),
         *("--promote-new", "5", "--switch-partitions", "10", "--switch-mb", "100", "--switch-batches", "2"),
-        *("--batches", "2", "--max-rounds", "4"),
+        *("--batches", "2", "--max-rounds", "4", "--skip-failback-merge"),  # (d) runs a Spark merge
     ],
     "write_read": ["--scale", "0.01", "--batches", "2", "--repeats", "1"],
     "operator_page": [

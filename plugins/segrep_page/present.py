@@ -115,6 +115,7 @@ def target_view(t: TargetState, now_us: int, links: Links) -> dict[str, Any]:
         "rpo_breached": t.rpo_breached,
         "rpo_met": None if t.rpo_s is None or t.lag_s is None else not t.rpo_breached,
         "needs_major": t.needs_major,
+        "unmerged": dict(t.unmerged),  # site -> segments a failover gave up, not merged yet: outside safe time
         "invalid": len(t.invalid),
     }
 

@@ -203,6 +203,27 @@ def test_back_pressure_comes_before_fencing() -> None:
     assert receive_decision(follower_view(base_chain(), frozenset({"c"})), stale) == Outcome.INFLIGHT
 
 
+def test_an_old_leader_continues_from_the_common_segment_once_its_fork_is_merged() -> None:
+    """DESIGN 11: the old leader's chain is M1 <- a <- b <- x1 <- x2 (x1, x2 written while it led, lost by the
+    failover); the new leader wrote c on b. While x1 or x2 is not merged it waits (UNMERGED: no restart, no
+    major); once the leader has merged both (acked them) it rewinds to b and takes c: incremental, no major.
+    A base that is not on its chain, or a fork segment the leader neither merged nor is to be pushed, stays
+    OUT_OF_ORDER."""
+    chain = Chain.of([*base_chain().segments, seg("x1", "b"), seg("x2", "x1")], "x2")
+    offer = Offer(seg("c", "b"), LEADER_PID, EPOCH)
+    assert receive_decision(follower_view(chain), offer) == Outcome.OUT_OF_ORDER  # nothing known of x1, x2
+    waiting = follower_view(chain, taken_in=frozenset({"x1"}), unmerged=frozenset({"x2"}))
+    assert receive_decision(waiting, offer) == Outcome.UNMERGED
+    merged = follower_view(chain, taken_in=frozenset({"x1", "x2"}))
+    assert receive_decision(merged, offer) == Outcome.FAST_FORWARD
+    after = apply_fast_forward(chain, offer.segment)
+    assert ids(visible_segments(after)) == ["M1", "a", "b", "c"]  # x1, x2 off the chain: their rows come merged
+    assert receive_decision(merged, Offer(seg("d", "zz"), LEADER_PID, EPOCH)) == Outcome.OUT_OF_ORDER
+    partly = follower_view(chain, taken_in=frozenset({"x2"}))  # x1: neither merged nor to be pushed
+    assert receive_decision(partly, offer) == Outcome.OUT_OF_ORDER
+    assert sender_reaction(Outcome.UNMERGED) == Reaction.STOP
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Sender
 # --------------------------------------------------------------------------------------------------------------
@@ -215,6 +236,7 @@ EXPECTED_REACTION = {
     Outcome.INVALID: Reaction.STOP,
     Outcome.INFLIGHT: Reaction.STOP,
     Outcome.OUT_OF_ORDER: Reaction.RESTART,
+    Outcome.UNMERGED: Reaction.STOP,
 }
 
 

@@ -62,7 +62,7 @@ def test_the_old_leader_returns_with_its_lost_rows_in_a_rollback_file(outage_env
     kept, lost, aside = _lose_primary(env, Model())
     kept.upsert(env, range(100, 120), "after")  # at dr
     down = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    assert down.targets["primary"].status == "failed" and down.targets["edge"].status == "ok"
+    assert down.targets["primary"].status == "down" and down.targets["edge"].status == "ok"
 
     bring_up(env, "primary", aside)
     back = run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # rollback, then fast-forward from dr

@@ -100,7 +100,7 @@ def test_dry_run_names_the_loss_then_failover_promotes_while_the_leader_is_down(
     model.rows = {(t, k): p for t, k, p in kept}
     model.upsert(env, range(100, 120), "after")
     report = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    assert report.targets["edge"].status == "ok" and report.targets["primary"].status == "failed"
+    assert report.targets["edge"].status == "ok" and report.targets["primary"].status == "down"
     assert triples(env.catalog, "edge") == model.snapshot()
     bring_up(env, "primary", aside)
     code, _out, err = cli(env, "apply")  # the definitions still say `leader: primary`: still valid

@@ -34,6 +34,9 @@ class PartitionSnapshot:
     # segments a failover with ``on_return: rollback`` gave up: never pushed to a leader again (the old
     # leader's return sets their rows aside; replication.rollback)
     set_aside: frozenset[str] = frozenset()
+    # segments a failover with ``on_return: merge`` gave up: only the old leader holds them until they are
+    # pushed and merged, so no safe time covers their rows before the merge output brings them (safetime.py)
+    gave_up: frozenset[str] = frozenset()
 
     def chain(self, placement: m.Placement) -> Chain:
         """The placement's chain; a follower's as it will be once set-aside segments are rolled back."""
@@ -114,6 +117,19 @@ class TableSnapshot:
             if pl.site_id == site_id
             for seg in part.segments.get(pl.placement_id, [])
             if seg.segment_id in part.set_aside
+        )
+
+    def unmerged_held(self, site_id: int) -> int:
+        """How many segments a failover gave up (``on_return: merge``) the site's placements still list and the
+        leader has not merged: until it has, that site serves rows the table may not keep (LWW)."""
+        return sum(
+            1
+            for part in self.partitions
+            for pl in part.replicas
+            if pl.site_id == site_id
+            for seg in part.segments.get(pl.placement_id, [])
+            if seg.segment_id in part.gave_up
+            and part.leader.placement_id not in part.acks.get((pl.placement_id, seg.segment_id), ())
         )
 
     def site_id(self, name: str) -> int:
@@ -221,6 +237,7 @@ def snapshot(
     else:
         segments, acks = q.segments_of(s, ids), q.acks_of(s, ids)
     set_aside = frozenset(given_up_segments(s, info.table_id))
+    gave_up = frozenset(given_up_segments(s, info.table_id, "merge"))
     out = []
     for part in parts:
         pls = by_partition.get(part.partition_id, [])
@@ -232,7 +249,7 @@ def snapshot(
             for pl in pls
             if pl is not leader and pl.state in RECEIVING_STATES and (include_stalled or not pl.needs_bootstrap)
         ]
-        out.append(PartitionSnapshot(part, leader, replicas, segments, acks, set_aside))
+        out.append(PartitionSnapshot(part, leader, replicas, segments, acks, set_aside, gave_up))
     # which sites replicate the table: a table-wide query, left out of a read of chosen partitions (each
     # fast-forward offer reads its partition)
     sites = None if partition_ids is not None else replica_sites(s, info.table_id)
@@ -316,12 +333,13 @@ def replica_sites(s: Session, table_id: int) -> ReplicaSites:
     )
 
 
-_ROLLBACK_LOSSES = select(m.Failover.failover_id, m.Failover.loss).where(
-    m.Failover.table_id == bindparam("table_id"), m.Failover.on_return == "rollback"
+_LOSSES = select(m.Failover.failover_id, m.Failover.loss).where(
+    m.Failover.table_id == bindparam("table_id"), m.Failover.on_return == bindparam("on_return")
 )
 
 
-def given_up_segments(s: Session, table_id: int) -> dict[str, int]:
-    """The segments the table's failovers with ``on_return: rollback`` gave up, each with that failover's id."""
-    found = s.execute(_ROLLBACK_LOSSES, {"table_id": table_id}).all()
+def given_up_segments(s: Session, table_id: int, on_return: str = "rollback") -> dict[str, int]:
+    """The segments the table's failovers with this ``on_return`` policy gave up, each with that failover's
+    id."""
+    found = s.execute(_LOSSES, {"table_id": table_id, "on_return": on_return}).all()
     return {sid: fid for fid, loss in found for x in loss or () for sid in x["segment_ids"]}

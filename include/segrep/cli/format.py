@@ -125,6 +125,8 @@ def status_note(state: TargetState) -> str:
             f"verify at {hlc.iso(checked.finished_us)} found {checked.differences} difference(s): "
             f"run segrep repair {state.table} --site {state.target}"
         )
+    for site, n in state.unmerged.items():  # outside this target's safe time until the leader merges them
+        notes.append(f"unmerged at {site}: {n} segments")
     if state.needs_major:
         notes.append(f"needs a major segment for partitions {state.needs_major}")
     if state.joining:

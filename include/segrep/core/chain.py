@@ -66,6 +66,19 @@ class Chain:
         return out
 
 
+def newer_than(chain: Chain, base: str | None) -> list[str] | None:
+    """The ids on the chain's walk newer than ``base`` (newest first), or None if ``base`` is not on the walk:
+    what a chain holds past a segment it shares with another chain (a fork since their common segment)."""
+    if base is None:
+        return None
+    out: list[str] = []
+    for seg in chain.walk():
+        if seg.segment_id == base:
+            return out
+        out.append(seg.segment_id)
+    return None
+
+
 def is_referenced(chain: Chain, segment_id: str) -> bool:
     """True if the segment is on the walk or folded into (included by) a segment on the walk."""
     return any(s.segment_id == segment_id or segment_id in s.included_segment_ids for s in chain.walk())

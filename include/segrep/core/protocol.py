@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from segrep.core.chain import Chain, SegmentRef, is_referenced
+from segrep.core.chain import Chain, SegmentRef, is_referenced, newer_than
 from segrep.core.states import Outcome, PartitionState, Reaction
 
 MAX_REPL_INCOMING_SEGMENTS = 8
@@ -36,6 +36,10 @@ class ReceiverView:
     max_incoming: int = MAX_REPL_INCOMING_SEGMENTS
     # a cascaded replica also takes offers from its feeder (another follower at the same epoch: DESIGN 12)
     feeder_placement_id: int | None = None
+    # a follower that led once: its own segments the leader has merged (acked as pushed to it), and those it
+    # has not merged yet (still to be pushed). Past a common segment, the first may go off its chain.
+    taken_in: frozenset[str] = frozenset()
+    unmerged: frozenset[str] = frozenset()
 
 
 def receive_decision(view: ReceiverView, offer: Offer) -> Outcome:
@@ -60,6 +64,20 @@ def receive_decision(view: ReceiverView, offer: Offer) -> Outcome:
         return Outcome.SEGMENT_EXISTS
     if seg.is_major:
         return Outcome.FAST_FORWARD
+    return _past_common(view, seg)
+
+
+def _past_common(view: ReceiverView, seg: SegmentRef) -> Outcome:
+    """A follower offered a segment based on a segment of its chain that is not its root (DESIGN 11: the old
+    leader's catch-up is incremental from the common segment). If all it holds past that base is merged at
+    the leader, it rewinds there: the merge output brings those rows back. If some is not merged yet, it
+    waits for the merge. Otherwise, or with no common segment, OUT_OF_ORDER (restart, then a major)."""
+    fork = newer_than(view.chain, seg.base_segment_id)
+    if fork:
+        if all(sid in view.taken_in for sid in fork):
+            return Outcome.FAST_FORWARD
+        if all(sid in view.taken_in or sid in view.unmerged for sid in fork):
+            return Outcome.UNMERGED
     return Outcome.OUT_OF_ORDER
 
 

@@ -23,7 +23,7 @@ class PlacementState(StrEnum):
 
 
 class Outcome(StrEnum):
-    """The receiver's answer to an offer: two ways to accept, five reasons to decline."""
+    """The receiver's answer to an offer: two ways to accept, six reasons to decline."""
 
     FAST_FORWARD = "FAST_FORWARD"
     MERGE = "MERGE"
@@ -32,6 +32,9 @@ class Outcome(StrEnum):
     INVALID = "INVALID"
     INFLIGHT = "INFLIGHT"
     OUT_OF_ORDER = "OUT_OF_ORDER"
+    # A follower back from leading: past the offered segment's base its chain holds forks the leader has not
+    # merged yet. Offered again once they are merged: then it rewinds to that common segment (no major).
+    UNMERGED = "UNMERGED"
 
     @property
     def accepted(self) -> bool:

@@ -43,6 +43,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.losses import losses_held
 from segrep.catalog.segments import entry_of, insert_segments, move_root_to, segment_values
 from segrep.catalog.site_identity import expected_identity
 from segrep.catalog.snapshot import PartitionSnapshot, given_up_held, receiving_replicas, snapshot
@@ -55,7 +56,7 @@ from segrep.core.protocol import sender_reaction
 from segrep.core.states import Outcome, Reaction
 from segrep.replication.backoff import record_target
 from segrep.replication.heartbeat import heartbeat
-from segrep.replication.offers import offers_to, pushes_from, whole_cuts
+from segrep.replication.offers import forks_of, offers_to, pushes_from, whole_cuts
 from segrep.replication.reports import LEASE_DECLINES, InvalidSegment, TargetReport, TargetStatus
 from segrep.replication.round import TargetUnreachable, clamp_end, ensure_round, lease_ttl_us, round_key
 from segrep.replication.waits import lease_wait
@@ -215,7 +216,15 @@ def fast_forward_target(
         replicas = receiving_replicas(s, info, site_row.site_id, active_only=not reoffer)
         pending = given_up_held(s, info.table_id, [r.placement_id for r in replicas])
         expect = Expected(expected_identity(s, site_row))
-    if backoff is not None and backoff.next_attempt_us > hlc.now_us() and not reoffer:
+        held = losses_held(s, info.table_id, site_row.site_id)
+    down = _unreadable(site_row, held[0].relpath) if held else None
+    if down is not None:  # an old leader still away: nothing offered, acked or moved there (DESIGN 13)
+        report.status = TargetStatus.DOWN
+        report.error = (
+            f"site {site} is down ({down}); it holds {len(held)} segment(s) a failover gave up that the leader "
+            "has not taken in: nothing is offered there until it can be read"
+        )
+    elif backoff is not None and backoff.next_attempt_us > hlc.now_us() and not reoffer:
         report.status = TargetStatus.BACKOFF
         report.error = f"backing off after {backoff.failures} failure(s) ({backoff.last_reason}); next attempt later"
     elif (unidentified := _identity_problem(site_row, expect)) is not None:
@@ -265,6 +274,14 @@ def _identity_problem(row: m.Site, expect: Expected) -> tuple[TargetStatus, str]
     except STORE_ERRORS as exc:
         return TargetStatus.FAILED, describe(exc)
     return None
+
+
+def _unreadable(row: m.Site, relpath: str) -> str | None:
+    """Why a file the catalog says the site holds cannot be read there (the site is down), or None."""
+    try:
+        return None if Site(row.name, row.uri).exists(relpath) else f"its file {relpath} is not there"
+    except _COPY_ERRORS as exc:
+        return describe(exc)
 
 
 @dataclass(frozen=True)
@@ -416,8 +433,15 @@ class _PartitionRun:
                         return self._leased(s, _Decision(batch, _Next.CONTINUE), held, now, report)
                     decision = self._leased(s, _Decision(batch, _Next.STOP), held, now, report)
                     if len(decision.batch) == len(batch):  # else a lease held elsewhere stopped it earlier
-                        wait = lease_wait(s, ctx.table_id, [replica_id], ctx.key, now)
-                        if outcome in LEASE_DECLINES and wait is not None:  # another round's receipts
+                        if outcome == Outcome.UNMERGED:  # no back-off: the merge that clears it may be this round's
+                            n = len(forks_of(part, replica)[1])
+                            report.wait(
+                                f"waits for the leader to merge {n} segment(s) it holds from when it led", outcome
+                            )
+                        elif (
+                            outcome in LEASE_DECLINES
+                            and (wait := lease_wait(s, ctx.table_id, [replica_id], ctx.key, now)) is not None
+                        ):  # another round's receipts
                             report.wait(wait.reason(), outcome)
                         else:
                             report.decline(outcome)

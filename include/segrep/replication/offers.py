@@ -51,11 +51,22 @@ def offers_to(
     out: list[tuple[m.Segment, Outcome]] = []
     restarted = False
     pending = _due(part, sender, sender_chain, acked, end_us)
+    taken_in, unmerged = forks_of(part, replica)
     i = 0
     while i < len(pending):
         seg = pending[i]
         view = ReceiverView(
-            replica.placement_id, chain, False, state, leader_id, epoch, in_flight, max_incoming, sender_id
+            replica.placement_id,
+            chain,
+            False,
+            state,
+            leader_id,
+            epoch,
+            in_flight,
+            max_incoming,
+            sender_id,
+            taken_in,
+            unmerged,
         )
         ref = q.to_ref(seg)
         outcome = receive_decision(view, Offer(ref, sender_id, epoch))
@@ -80,6 +91,13 @@ def offers_to(
         else:
             break
     return out, False
+
+
+def forks_of(part: PartitionSnapshot, replica: m.Placement) -> tuple[frozenset[str], frozenset[str]]:
+    """A follower's own segments the leader has merged (it acked them as their holder's pushes), and those it
+    has not merged yet (``pushes_from``): what lets an old leader continue from the common segment."""
+    taken_in = frozenset(part.acked_by(replica, part.leader))
+    return taken_in, frozenset(seg.segment_id for seg in pushes_from(part, replica, FOREVER_US))
 
 
 def whole_cuts(chain: Chain, offers: Sequence[tuple[m.Segment, Outcome]]) -> list[bool]:

@@ -27,6 +27,7 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.leadership import Leadership, leadership
 from segrep.core import hlc
+from segrep.replication.reports import TargetStatus
 from segrep.replication.status import TargetState, status_rows
 
 HISTORY_WINDOWS_S = (86_400, 7 * 86_400)  # the chart's ranges: last 24 h, last 7 days
@@ -45,6 +46,7 @@ class SiteState(StrEnum):
     JOINING = "JOINING"
     NEEDS_BOOTSTRAP = "NEEDS BOOTSTRAP"
     PAUSED = "PAUSED"  # writes paused at the leader by a switchover under way
+    DOWN = "DOWN"  # its last round found it down (an old leader away after a failover): nothing moves there
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,9 @@ def _site_rows(lead: Leadership, targets: Sequence[TargetState]) -> list[SiteRow
         rows.append(SiteRow(lead.table, site, Role.LEADER, lead.leaders[site], state, None))
     for t in targets:
         led = lead.leaders.get(t.target, 0)
-        if t.needs_bootstrap:
+        if t.last_status == TargetStatus.DOWN:
+            state = SiteState.DOWN
+        elif t.needs_bootstrap:
             state = SiteState.NEEDS_BOOTSTRAP
         elif t.joining:
             state = SiteState.JOINING

@@ -88,14 +88,16 @@ def plan_round(
         if candidates:
             full = snapshot(s, table, sorted(candidates))
             site_ids = {full.site_id(name) for name in targets}
-            stuck = {
+            readable: dict[int, bool] = {}  # per follower site: whether its pushed files can be read
+            items = _plan_merges(s, full, key, end, now, policy, summary, readable)
+            stuck = {  # a site found down gets no major built for it: nothing could reach it
                 part.partition.partition_id
                 for part in full.partitions
                 for replica in part.replicas
                 if replica.site_id in site_ids
+                and readable.get(replica.site_id, True)
                 and offers_to(part, replica, end, max_incoming=policy.max_incoming_segments, reoffer=reoffer)[1]
             }
-            items = _plan_merges(s, full, key, end, now, policy, summary)
             merged = {it.partition_id for it in items}
             for part in full.partitions:
                 pid = part.partition.partition_id
@@ -147,16 +149,23 @@ def _target_sites(snap: TableSnapshot, target: str | None) -> list[str]:
 
 
 def _plan_merges(
-    s: Session, snap: TableSnapshot, key: str, end: int, now: int, policy: Policy, summary: PlanSummary
+    s: Session,
+    snap: TableSnapshot,
+    key: str,
+    end: int,
+    now: int,
+    policy: Policy,
+    summary: PlanSummary,
+    readable: dict[int, bool],
 ) -> list[MergeItem]:
-    """Follower -> leader: push what the leader lacks; the leader acks what it holds and leases the rest."""
+    """Follower -> leader: push what the leader lacks; the leader acks what it holds and leases the rest.
+    ``readable`` gets, per follower site with pushes, whether its files can be read (else its pushes wait)."""
     items = []
     expires = now + lease_ttl_us()  # kept alive by the round's heartbeat while its merge runs
     leader_ids = [part.leader.placement_id for part in snap.partitions]
     ls.expire(s, leader_ids, now)
     leases = ls.in_flight_many(s, leader_ids, now)
     pushes: Counter[str] = Counter()
-    readable: dict[int, bool] = {}
     for part in snap.partitions:
         leader = part.leader
         held = leases.get(leader.placement_id, {})
@@ -181,6 +190,7 @@ def _plan_merges(
             items.append(replace(round_item(snap, part, key, "merge", incoming), origin_forks=forks))
             summary.merges.append(part.partition.partition_id)
     summary.pushes = dict(pushes)
+    summary.down = sorted(snap.sites[site_id].name for site_id, ok in readable.items() if not ok)
     return items
 
 

@@ -22,7 +22,9 @@ class TargetStatus(StrEnum):
     DECLINED = "declined"  # an offer was declined (OVERLOADED, INVALID, INFLIGHT): retried next round
     BACKOFF = "backoff"  # not attempted: the target is backing off after failures
     FAILED = "failed"  # the site could not be read or written
-    WAITING = "waiting"  # held up by another round's leases (named with their holder and expiry): nothing moved
+    # held up by another round's leases (named with their holder and expiry), or by a merge of forks it holds
+    # (UNMERGED: an old leader back after a failover with ``on_return: merge``): nothing moved
+    WAITING = "waiting"
     DOWN = "down"  # the site's root or identity marker is missing or foreign: nothing written, acked or moved
 
     @property
@@ -64,6 +66,9 @@ class PlanSummary:
     merges: list[int] = field(default_factory=list)
     majors: list[int] = field(default_factory=list)
     pushes: dict[str, int] = field(default_factory=dict)
+    # follower sites whose pushed files could not be read (down): their pushes wait, no major is built for
+    # them, and the forks a failover gave up that they hold bound no safe time this round (safetime.py)
+    down: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,6 +80,7 @@ class PlanSummary:
             merges=list(doc.get("merges", [])),
             majors=list(doc.get("majors", [])),
             pushes=dict(doc.get("pushes", {})),
+            down=list(doc.get("down", [])),
         )
 
 

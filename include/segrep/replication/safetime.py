@@ -9,7 +9,9 @@ the oldest row version among the leader's visible segments the target still lack
 is stamped before it commits, so any write committed at or before that instant lies in an acked segment).
 Segments committed after ``end`` count too: a major or a merge output committed later holds older rows.
 So do the forks replicas hold that the leader has not merged yet (written while they led), for every replica
-and for the leader's own site where it follows other partitions.
+and for the leader's own site where it follows other partitions, except those a failover gave up
+(``on_return: merge``) at a site the round found down: only that old leader holds them, and no safe time
+claims their rows until they are merged (``segrep status`` names them: "unmerged at <site>").
 While a split parent is in UNLOAD, its rows that the children still lack bound every site too.
 The table's safe time is the minimum over partitions, and it only ever moves forward.
 """
@@ -31,10 +33,15 @@ from segrep.core import hlc
 from segrep.core.chain import is_referenced, newest_major, visible_segments
 from segrep.core.states import PlacementState
 from segrep.replication.offers import pushes_from
+from segrep.replication.reports import PlanSummary
+from segrep.replication.round import round_row
 
 
-def partition_vouches(part: PartitionSnapshot, replica: m.Placement, end_us: int) -> tuple[str | None, int, int]:
-    """(checkpoint segment id, checkpoint max version, safe time this partition vouches for at the replica)."""
+def partition_vouches(
+    part: PartitionSnapshot, replica: m.Placement, end_us: int, down: frozenset[int] = frozenset()
+) -> tuple[str | None, int, int]:
+    """(checkpoint segment id, checkpoint max version, safe time this partition vouches for at the replica);
+    ``down``: the sites found down this round (``leader_vouches``)."""
     acked = part.acked_by(part.leader, replica)
     checkpoint: m.Segment | None = None
     contiguous = True
@@ -52,19 +59,26 @@ def partition_vouches(part: PartitionSnapshot, replica: m.Placement, end_us: int
     # A fork a replica wrote while it led is not merged (nor replicated) yet: its writes were committed at the
     # leader of the time, and the other replicas cannot read them (the replica that wrote it keeps it on its
     # chain: it is offered nothing that would take the fork off before the leader has merged it, offers.py).
-    safe = min(safe, leader_vouches(part))
+    safe = min(safe, leader_vouches(part, down))
     if checkpoint is None:
         return None, 0, safe
     return checkpoint.segment_id, checkpoint.max_version, safe
 
 
-def leader_vouches(part: PartitionSnapshot) -> int:
+def leader_vouches(part: PartitionSnapshot, down: frozenset[int] = frozenset()) -> int:
     """The safe time a partition vouches for at its leader's site: the instant before the oldest write the
-    leader has not merged yet (forks its followers wrote while they led), else no bound."""
+    leader has not merged yet (forks its followers wrote while they led), else no bound. The forks a failover
+    gave up (``on_return: merge``) held at a site found ``down`` this round do not count: only that site
+    holds them, and their rows are outside every claim until the merge output brings them, which then bounds
+    each site until it holds it (``partition_vouches``). Counted, an old leader down for hours froze every
+    healthy replica's safe time with it. Once it is back they count again until merged (a round or so):
+    a safe-time cut (``failover --at safe-time``) must not pass rows a site can read and merge."""
     safe = hlc.FOREVER_US
     for follower in part.replicas:
+        away = follower.site_id in down
         for seg in pushes_from(part, follower, hlc.FOREVER_US):
-            safe = min(safe, seg.min_version - 1)
+            if not (away and seg.segment_id in part.gave_up):
+                safe = min(safe, seg.min_version - 1)
     return safe
 
 
@@ -74,9 +88,13 @@ def update_checkpoints_and_safe_time(
     """Write the checkpoints of the partitions with unsettled entries, move their settled watermarks, and
     advance each target site's safe time; return the safe times. A settled partition has nothing pending
     anywhere, so it vouches for ``end - 1`` everywhere without being read. The sites in ``hold`` (found
-    DOWN/UNIDENTIFIED by this round) keep the safe time they had."""
+    DOWN/UNIDENTIFIED by this round) keep the safe time they had. The sites the round's plan found down
+    (``PlanSummary.down``) bound no site by the forks a failover gave up that they hold."""
     with catalog.write() as s:
         snap = snapshot(s, table, active_only=True)
+        stored = round_row(s, snap.info.table_id, end_us).report or {}
+        found_down = PlanSummary.from_dict(stored["plan"]).down if "plan" in stored else []
+        down = frozenset(site.site_id for site in snap.sites.values() if site.name in found_down)
         now = hlc.now_us()
         candidate = dict.fromkeys(snap.replica_site_ids, end_us - 1)
         joined = False
@@ -84,12 +102,12 @@ def update_checkpoints_and_safe_time(
         marks: list[dict[str, int]] = []
         for part in snap.partitions:
             for replica in part.replicas:
-                seg_id, version, safe = partition_vouches(part, replica, end_us)
+                seg_id, version, safe = partition_vouches(part, replica, end_us, down)
                 checkpoints.append(_Checkpoint(part.partition.partition_id, replica.placement_id, seg_id, version))
                 candidate[replica.site_id] = min(candidate.get(replica.site_id, safe), safe)
                 joined |= _join_finalize(s, part, replica)
             if part.leader.site_id in candidate:  # a site that leads this partition and follows others
-                candidate[part.leader.site_id] = min(candidate[part.leader.site_id], leader_vouches(part))
+                candidate[part.leader.site_id] = min(candidate[part.leader.site_id], leader_vouches(part, down))
             marks += _settled_marks(part)
         _upsert_checkpoints(s, checkpoints, now)
         if marks:  # one UPDATE by primary key for every placement whose watermark moved
@@ -100,11 +118,16 @@ def update_checkpoints_and_safe_time(
         for site_id, safe in candidate.items():
             if unloading is not None:
                 safe = min(safe, unloading)
-            held = site_id in hold or site_id in joining or site_id in snap.stalled_site_ids
-            if held or snap.rollback_pending(site_id):
+            if (
+                site_id in hold
+                or site_id in joining
+                or site_id in snap.stalled_site_ids
+                or snap.rollback_pending(site_id)
+                or snap.unmerged_held(site_id)
+            ):
                 continue  # a site found down is unknown; a joining replica is not readable yet; one that needs a
                 # bootstrap is stuck; an old leader still listing what its failover gave up serves rows the table
-                # no longer has
+                # no longer has (or, not merged yet, rows that may lose to newer ones): its safe time waits
             out[snap.sites[site_id].name] = _advance(s, snap.info.table_id, site_id, safe, now)
     return out
 

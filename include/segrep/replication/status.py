@@ -3,8 +3,9 @@
 Safe time and lag come from the catalog's safe_times; pending segments and bytes are what the leader would
 offer now (its visible chain minus the target's acks); the last round's outcome, duration and declines by
 reason come from the rounds report; back-off, stuck partitions and the leases other rounds hold there say why
-a target is not catching up; the table's recovery-point objective (``policy.rpo``, from the definitions: the
-catalog does not keep policies) says whether the lag is acceptable.
+a target is not catching up; the segments old leaders hold that a failover gave up and nobody merged yet
+("unmerged at <site>") say which rows no safe time covers; the table's recovery-point objective
+(``policy.rpo``, from the definitions: the catalog does not keep policies) says whether the lag is acceptable.
 
 The operator's page (``replication.overview``) and its Prometheus endpoint show these same records, so the
 numbers a person reads in the UI, in a dashboard and on a shell agree. Every read is set-based: a fixed
@@ -25,6 +26,7 @@ from sqlalchemy.orm import Session, aliased
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.losses import losses_held
 from segrep.catalog.snapshot import RECEIVING_STATES, REPLICATING_STATES
 from segrep.catalog.verifications import VerificationState, last_verifications
 from segrep.core import hlc
@@ -50,7 +52,7 @@ class LeaseHold:
         return f"waiting: {held_by(self.holder, self.round_id, self.expires_us)} ({self.segments} segment(s) in flight)"
 
 
-DECLINES = (Outcome.OVERLOADED, Outcome.INVALID, Outcome.INFLIGHT, Outcome.OUT_OF_ORDER)
+DECLINES = (Outcome.OVERLOADED, Outcome.INVALID, Outcome.INFLIGHT, Outcome.OUT_OF_ORDER, Outcome.UNMERGED)
 
 
 @dataclass
@@ -82,6 +84,9 @@ class TargetState:
     # The lag is past the objective. Unknown (no safe time yet: a site that never received a round) counts as
     # not breached: the lag is not known, and a replica being set up is not an alert.
     rpo_breached: bool = False
+    # Per site: the segments a failover gave up (``on_return: merge``) that the site still holds and the leader
+    # has not merged yet. Their rows are outside every safe time of the table until merged ("unmerged at").
+    unmerged: dict[str, int] = field(default_factory=dict)
 
     @property
     def last_round_seconds(self) -> float | None:
@@ -135,6 +140,9 @@ def status_rows(
             leased = _lease_holds(s, tid, now)
             verified = {v.site: v for v in last_verifications(s, name)}
             pending, pending_bytes = _pending(s, tid)
+            unmerged = dict(
+                sorted(Counter(sites[x.site_id].name for x in losses_held(s, tid) if x.on_return == "merge").items())
+            )
             for site_id in sorted(members.all):
                 site = sites[site_id].name
                 stored = ((last.report or {}).get("targets", {}) if last else {}).get(site)
@@ -169,6 +177,7 @@ def status_rows(
                         backoff_until_us=held.next_attempt_us if held is not None and backing_off else None,
                         rpo_s=objective,
                         rpo_breached=rpo_breached(None if safe_us is None else now - safe_us, objective),
+                        unmerged=dict(unmerged),
                     )
                 )
     return out
