@@ -365,16 +365,18 @@ def _read_table_job() -> Any:
 
 
 @pytest.mark.spark
-def test_spark_verifies_page_checksums(sqlite_env: Env, spark: Any) -> None:
-    """A flipped bit in a data page passes the driver's footer checks; the executors' page checksums catch it,
-    and the spark-submit job turns that into one line naming the file."""
+@pytest.mark.parametrize("damage", ["flipped-bit", "forged"])
+def test_spark_executors_check_each_files_content(sqlite_env: Env, spark: Any, damage: str) -> None:
+    """A flipped bit in a data page, or the forgery, passes the driver's footer checks; the executors' check of
+    each file's content checksum catches it (before its pages are decoded), and the spark-submit job turns that
+    into one line naming the file and the repair."""
     from segrep.data.spark_reader import read_dataframe
 
     _load(sqlite_env, "merge")
     healthy = sorted(tuple(r) for r in read_dataframe(spark, sqlite_env.catalog, "orders").collect())
     assert [r[0] for r in healthy] == sorted(_expected("merge"))
-    target = _flipped(_files(sqlite_env))
-    with pytest.raises(Exception, match="checksum verification failed") as caught:
+    target = DAMAGE[damage](_files(sqlite_env))
+    with pytest.raises(Exception, match="its bytes are not the catalog's") as caught:
         read_dataframe(spark, sqlite_env.catalog, "orders").collect()
     message = _read_table_job().damaged_page_message(caught.value)
-    assert message is not None and str(target) in message
+    assert message is not None and str(target) in message and "segrep repair orders --site primary" in message

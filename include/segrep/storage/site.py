@@ -186,7 +186,8 @@ class Site:
         if metadata is None or problems:
             raise self.corrupt(relpath, expected, problems)
         try:
-            rows = pq.read_table(pa.BufferReader(loaded.data), columns=columns, page_checksum_verification=True)
+            parquet = pq.ParquetFile(pa.BufferReader(loaded.data), metadata=metadata, page_checksum_verification=True)
+            rows = parquet.read(columns=columns)
         except DECODE_ERRORS as exc:
             raise self.corrupt(relpath, expected, [f"its pages cannot be read ({first_line(exc)})"]) from None
         problems = rows_differences(expected, rows, primary_key)
