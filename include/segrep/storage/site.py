@@ -219,6 +219,7 @@ class Site:
         )
 
     def missing(self, relpath: str, expected: ExpectedSegment) -> CorruptSegmentError:
+        """The error for a file the catalog lists that is not there (the reader adds what to do about it)."""
         return CorruptSegmentError(
             f"site {self.name}: segment file {self.path(relpath)} ({expected.describe()}) is missing"
         )
