@@ -19,20 +19,20 @@ from segrep.data.spark_reader import read_dataframe
 from segrep.spark.lifecycle import die_with_parent
 
 # A file an executor found damaged: the reader's own error, raised in the Python worker (data.spark_files)
-_EXECUTOR_CORRUPT = re.compile(r"CorruptSegmentError: (site \S+: segment file (\S+) is not [^\n]*)")
-_ADVICE = (
-    "restore it from a healthy site (a replica's copy: segrep bootstrap TABLE SITE --mode replace; the leader's: "
-    "copy it back from a replica that holds the segment)"
+_EXECUTOR_CORRUPT = re.compile(
+    r"CorruptSegmentError: (site (\S+): segment file \S+ is not segment \S+ of (\S+) partition [^\n]*)"
 )
 
 
 def damaged_page_message(exc: BaseException) -> str | None:
-    """One line naming the file, for a Spark failure that is a damaged file (the driver checked every footer
-    before; pages, row counts and ranges are checked where they are read, on the executors); else None."""
+    """One line naming the file and the repair that restores it (as ``data.reader.restore_advice`` says it),
+    for a Spark failure that is a damaged file (the driver checked every footer before; content checksums,
+    pages, row counts and ranges are checked where the files are read, on the executors); else None."""
     found = _EXECUTOR_CORRUPT.search(str(exc))
     if found is None:
         return None
-    return f"{found.group(1).strip()}; {_ADVICE}"
+    line, site, table = found.group(1).strip(), found.group(2), found.group(3)
+    return f"{line}; run `segrep repair {table} --site {site}` to fetch it again from an intact copy"
 
 
 def load_sites(explicit: str | None) -> None:

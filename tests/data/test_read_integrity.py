@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from segrep.catalog import models as m
 from segrep.core.errors import CorruptSegmentError
@@ -132,6 +132,40 @@ def _renamed_column(files: list[tuple[int, Path]]) -> Path:
     return target
 
 
+def _forged(files: list[tuple[int, Path]]) -> Path:
+    """The tester's forgery (issue 32): the first file rewritten as valid Parquet with one value changed, the
+    same schema and key-value metadata (footer entry), page checksums on, and padded to the byte size the
+    catalog records. Every check but the file's content checksum passes: its footer entry, size, row count,
+    keys, versions and page CRCs are all right."""
+    target = files[0][1]
+    size = target.stat().st_size
+    rows = pq.read_table(target)  # its schema metadata is the footer entry
+    comments = rows.column("o_comment").to_pylist()
+    original = comments[0]
+    for letter in "xyzuvw":  # c1 -> cx (same length), unless it compresses a byte worse
+        comments[0] = original[:-1] + letter
+        column = pa.array(comments, pa.string())
+        pq.write_table(
+            rows.set_column(rows.schema.get_field_index("o_comment"), "o_comment", column),
+            target,
+            write_page_checksum=True,
+        )
+        if target.stat().st_size <= size:
+            break
+    _pad_to(target, size)
+    assert pq.read_table(target, page_checksum_verification=True).column("o_comment")[0].as_py() == comments[0]
+    return target
+
+
+def _pad_to(path: Path, size: int) -> None:
+    """Bytes inserted between the last column chunk and the footer, where no offset of the footer points."""
+    data = path.read_bytes()
+    assert len(data) <= size, (len(data), size)
+    footer_at = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    path.write_bytes(data[:footer_at] + b"\0" * (size - len(data)) + data[footer_at:])
+    assert path.stat().st_size == size
+
+
 def _missing(files: list[tuple[int, Path]]) -> Path:
     target = files[0][1]
     target.unlink()
@@ -146,6 +180,7 @@ DAMAGE: dict[str, Callable[[list[tuple[int, Path]]], Path]] = {
     "resized": _resized,
     "renamed-column": _renamed_column,
     "missing": _missing,
+    "forged": _forged,
 }
 
 
@@ -200,12 +235,63 @@ def test_a_key_changed_in_the_dictionary_is_caught(env: Env) -> None:
     assert out == ""
 
 
+def _segment_of(env: Env, target: Path) -> tuple[reader.PlacementFiles, m.Segment]:
+    _, placements = reader.placement_files(env.catalog, "orders")
+    return next((pf, seg) for pf in placements for seg in pf.segments if Path(pf.site.path(seg.relpath)) == target)
+
+
+@pytest.mark.parametrize("path", ["fast", "merge"])
+@pytest.mark.parametrize("recorded", ["crc64nvme", "sha256"])
+def test_a_forged_file_is_refused_by_its_content_checksum(env: Env, path: str, recorded: str) -> None:
+    """Issue 32: the forgery passes the footer check and every page CRC; the Python API refuses it by the
+    checksum of its bytes (CRC-64/NVME where the catalog records it, sha256 for a segment written before it
+    did) before any row is returned, naming the site, the file, the segment and the repair."""
+    _load(env, path)
+    if recorded == "sha256":
+        with env.catalog.write() as s:
+            s.execute(update(m.Segment).values(crc64nvme=None))
+    target = _forged(_files(env))
+    pf, seg = _segment_of(env, target)
+    info, _ = reader.placement_files(env.catalog, "orders")
+    pf.site.check_footer(seg.relpath, reader.expected_segment(info, seg))  # all the footer says is right
+    with pytest.raises(CorruptSegmentError) as caught:
+        read_table(env.catalog, "orders")
+    message = str(caught.value)
+    for needle in (
+        f"site primary: segment file {target} is not segment {seg.segment_id} of orders partition",
+        f"its bytes are not the catalog's ({recorded} ",
+        "the leader's copy: run `segrep repair orders --site primary`",
+    ):
+        assert needle in message, message
+
+
+def test_the_spark_executors_check_the_content_too(sqlite_env: Env) -> None:
+    """The Spark reader's executors read each file through ``Site.read_checked`` (``data.spark_files``): the
+    forgery passes the driver's footer checks and is refused where it is read; the spark-submit job turns the
+    executor's error into one line naming the file and the repair."""
+    from segrep.data.spark_files import read_file
+    from segrep.data.spark_reader import _files as spark_files
+
+    _load(sqlite_env, "fast")
+    target = _forged(_files(sqlite_env))
+    pf, seg = _segment_of(sqlite_env, target)
+    info, _ = reader.placement_files(sqlite_env.catalog, "orders")
+    segment_file = next(f for f in spark_files(info, pf) if f.relpath == seg.relpath)
+    with pytest.raises(CorruptSegmentError, match="its bytes are not the catalog's") as caught:
+        read_file(segment_file, info.schema)
+    failure = Exception(f"PythonException: ...\nsegrep.core.errors.CorruptSegmentError: {caught.value}\n\tat org...")
+    message = _read_table_job().damaged_page_message(failure)
+    assert message is not None and str(target) in message and seg.segment_id in message
+    assert message.endswith("run `segrep repair orders --site primary` to fetch it again from an intact copy")
+
+
+@pytest.mark.parametrize("damage", ["flipped-bit", "forged"])
 @pytest.mark.parametrize("site", ["dr", "primary"])
-def test_a_damaged_file_names_the_repair_that_restores_it(env: Env, site: str) -> None:
+def test_a_damaged_file_names_the_repair_that_restores_it(env: Env, site: str, damage: str) -> None:
     _load(env, "fast")
     run_round(env.catalog, env.defs, "orders", submit=no_spark)
     assert _read_ok(env, "dr") == _expected("fast")
-    target = _flipped(_files(env, site))
+    target = DAMAGE[damage](_files(env, site))
     with unchanged(env):
         code, out, err = cli(env, "read", "orders", "--site", site)
     whose = "the leader's copy" if site == "primary" else "a replica's copy"
@@ -279,16 +365,18 @@ def _read_table_job() -> Any:
 
 
 @pytest.mark.spark
-def test_spark_verifies_page_checksums(sqlite_env: Env, spark: Any) -> None:
-    """A flipped bit in a data page passes the driver's footer checks; the executors' page checksums catch it,
-    and the spark-submit job turns that into one line naming the file."""
+@pytest.mark.parametrize("damage", ["flipped-bit", "forged"])
+def test_spark_executors_check_each_files_content(sqlite_env: Env, spark: Any, damage: str) -> None:
+    """A flipped bit in a data page, or the forgery, passes the driver's footer checks; the executors' check of
+    each file's content checksum catches it (before its pages are decoded), and the spark-submit job turns that
+    into one line naming the file and the repair."""
     from segrep.data.spark_reader import read_dataframe
 
     _load(sqlite_env, "merge")
     healthy = sorted(tuple(r) for r in read_dataframe(spark, sqlite_env.catalog, "orders").collect())
     assert [r[0] for r in healthy] == sorted(_expected("merge"))
-    target = _flipped(_files(sqlite_env))
-    with pytest.raises(Exception, match="checksum verification failed") as caught:
+    target = DAMAGE[damage](_files(sqlite_env))
+    with pytest.raises(Exception, match="its bytes are not the catalog's") as caught:
         read_dataframe(spark, sqlite_env.catalog, "orders").collect()
     message = _read_table_job().damaged_page_message(caught.value)
-    assert message is not None and str(target) in message
+    assert message is not None and str(target) in message and "segrep repair orders --site primary" in message

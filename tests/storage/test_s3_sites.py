@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,7 +19,9 @@ import pytest
 from segrep.config.definitions import load_definitions
 from segrep.config.locations import redact_uri
 from segrep.config.stores import CredentialsRef, StoreOptions
+from segrep.core import schema as sch
 from segrep.core.errors import ConfigError, CorruptSegmentError, SegrepError
+from segrep.storage.segment_meta import ExpectedSegment, entry_stats, stamp_rows
 from segrep.storage.site import Site
 from segrep.storage.store_errors import StoreRefusedError
 from segrep.storage.transfer import copy_verified
@@ -267,3 +270,32 @@ def test_segments_round_trip_on_an_s3_site(s3_endpoints: Endpoints, monkeypatch:
     assert site.read_segment(REL).replace_schema_metadata(None).equals(table)
     assert site.read_meta(REL) == {"segment_id": "x"}
     assert list(site.list_segment_files()) == [REL]
+
+
+def test_read_checked_checks_the_content_of_a_file_on_an_s3_site(
+    s3_endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file on an object store is streamed once into memory, hashed on the way, and parsed from there: the
+    catalog's own digest passes, any other is refused naming the site and the file."""
+    a, _ = s3_endpoints
+    site = _s3_site(a, "dr", "DR_S3", monkeypatch)
+    schema = pa.schema([("k", pa.int64())])
+    rows = stamp_rows(pa.table({"k": [1, 2, 3]}), schema, version=5, deleted=False, origin=1)
+    stats = entry_stats(rows, ["k"])
+    segment_id = REL.rsplit("/", 1)[1].removesuffix(".parquet")
+    facts = site.write_segment(REL, rows, {"segment_id": segment_id, "table": "events", "partition_id": 1, **stats})
+    expected = ExpectedSegment(
+        segment_id=segment_id,
+        table="events",
+        partition_id=1,
+        byte_size=facts.byte_size,
+        schema=sch.segment_schema(schema),
+        sha256=facts.sha256,
+        crc64nvme=facts.crc64nvme,
+        **stats,
+    )
+    assert site.read_checked(REL, expected, ["k"]).column("k").to_pylist() == [1, 2, 3]
+    for other in (replace(expected, crc64nvme="0" * 16), replace(expected, crc64nvme=None, sha256="0" * 64)):
+        with pytest.raises(CorruptSegmentError, match="its bytes are not the catalog's") as caught:
+            site.read_checked(REL, other, ["k"])
+        assert str(caught.value).startswith(f"site dr: segment file {site.path(REL)} is not segment {segment_id}")

@@ -24,7 +24,7 @@ from segrep.core import hlc, ids
 from segrep.core import schema as sch
 from segrep.core.errors import CorruptSegmentError, SegrepError
 from segrep.core.names import check_name, check_segment_id
-from segrep.storage import atomic
+from segrep.storage import atomic, content
 from segrep.storage import site as storage
 from segrep.storage.atomic import FileFacts
 from segrep.storage.crc64nvme import Crc64Nvme
@@ -259,6 +259,8 @@ def _expected(facts: FileFacts, n: int = 3, **changes: Any) -> ExpectedSegment:
         ENTRY,
         byte_size=facts.byte_size,
         schema=sch.segment_schema(pa.schema([("id", pa.int64()), ("name", pa.string())])),
+        sha256=facts.sha256,
+        crc64nvme=facts.crc64nvme,
     )
     doc |= {"row_count": n, "max_version": 1_000 + n - 1, "key_max": [n - 1]}
     return ExpectedSegment(**(doc | changes))
@@ -334,6 +336,44 @@ def test_check_footer_names_what_differs(site: Site, change: dict[str, Any], nee
     message = str(info.value)
     assert message.startswith(f"site primary: segment file {site.path(rel)} is not segment ")
     assert needle in message
+
+
+def test_read_checked_reads_the_file_once(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The content checksum is computed from the bytes the rows are parsed from: once they are in memory the
+    file is never opened again (it is gone here), and nothing but ``load_local`` reads it."""
+    rel = segment_relpath("orders", 0, SID)
+    facts = site.write_segment(rel, rows(), META | ENTRY)
+    loads: list[str] = []
+
+    def load_then_delete(path: str, kind: Any) -> Any:
+        loaded = content.load_local(path, kind)
+        loads.append(path)
+        os.remove(path)
+        return loaded
+
+    monkeypatch.setattr(storage, "load_local", load_then_delete)
+    assert site.read_checked(rel, _expected(facts), ["id"]).num_rows == 3
+    assert loads == [site.path(rel)]
+
+
+@pytest.mark.parametrize("recorded", ["crc64nvme", "sha256"])
+def test_read_checked_refuses_bytes_that_are_not_the_catalogs(site: Site, recorded: str) -> None:
+    """A file whose every other check passes (here: the catalog's digest of another file's bytes) is refused,
+    by CRC-64/NVME where the catalog has it, else by sha256."""
+    rel = segment_relpath("orders", 0, SID)
+    facts = site.write_segment(rel, rows(), META | ENTRY)
+    other = FileFacts(facts.byte_size, "ab" * 32, "cd" * 8)
+    crc = other.crc64nvme if recorded == "crc64nvme" else None
+    expected = _expected(facts, sha256=other.sha256, crc64nvme=crc)
+    site.check_footer(rel, expected)
+    with pytest.raises(CorruptSegmentError) as caught:
+        site.read_checked(rel, expected, ["id"])
+    got = facts.crc64nvme if recorded == "crc64nvme" else facts.sha256
+    want = crc if recorded == "crc64nvme" else other.sha256
+    assert str(caught.value) == (
+        f"site primary: segment file {site.path(rel)} is not segment {SID} of orders partition 0 as the catalog "
+        f"records it: its bytes are not the catalog's ({recorded} {got}, the catalog says {want})"
+    )
 
 
 def test_read_checked_compares_the_rows_read(site: Site) -> None:

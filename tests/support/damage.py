@@ -91,7 +91,7 @@ def rewrite_segment(env: Env, copy: Copy, change: Callable[[pa.Table], pa.Table]
         s.execute(
             update(m.Segment)
             .where(m.Segment.placement_id == copy.placement_id, m.Segment.segment_id == copy.segment_id)
-            .values(byte_size=facts.byte_size, sha256=facts.sha256, **stats)
+            .values(byte_size=facts.byte_size, sha256=facts.sha256, crc64nvme=facts.crc64nvme, **stats)
         )
 
 

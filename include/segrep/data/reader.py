@@ -5,16 +5,19 @@ key the row with the highest ``(_version, _origin)`` wins; a winning tombstone h
 segments' leading-key ranges do not overlap and hold no tombstone, no key can appear twice and the files are
 simply concatenated: the common case of append-mostly tables costs no more than reading the files.
 
-No file serves rows before it proved to be the segment the catalog names: its footer entry (segment id,
-table, partition, counts, ranges), its size and row count, every page's CRC, then the row count and key and
-version ranges of what was read (linear passes over columns already in memory). A mismatch raises
-CorruptSegmentError naming the site, the file, what differs and how to restore the file.
+No file serves rows before it proved to be the segment the catalog names: its bytes' content checksum
+(computed as they are read, once, into memory: ``Site.read_checked``), its footer entry (segment id, table,
+partition, counts, ranges), its size and row count, every page's CRC, then the row count and key and version
+ranges of what was read (linear passes over columns already in memory). A mismatch raises CorruptSegmentError
+naming the site, the file, what differs and how to restore the file.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +25,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
@@ -33,8 +35,12 @@ from segrep.core import schema as sch
 from segrep.core.chain import is_referenced, visible_segments
 from segrep.core.errors import CorruptSegmentError, NotFoundError
 from segrep.core.states import PartitionState
-from segrep.storage.segment_meta import ExpectedSegment, rows_differences
-from segrep.storage.site import DECODE_ERRORS, Site
+from segrep.storage.segment_meta import ExpectedSegment
+from segrep.storage.site import Site
+
+# Files read at once by one read: enough to keep both the disk (or the store) and the decoding busy; each
+# holds one file's bytes in memory while it is decoded.
+_READ_THREADS = max(4, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -187,6 +193,8 @@ def expected_segment(info: q.TableInfo, seg: m.Segment) -> ExpectedSegment:
         key_min=seg.key_min,
         key_max=seg.key_max,
         schema=sch.segment_schema(info.schema),
+        sha256=seg.sha256,
+        crc64nvme=seg.crc64nvme,
     )
 
 
@@ -205,10 +213,7 @@ def restore_advice(pf: PlacementFiles) -> Iterator[None]:
 def placement_rows(info: q.TableInfo, pf: PlacementFiles) -> pa.Table:
     """A placement's rows in segment layout (internal columns kept, not yet resolved), every file checked,
     restricted to the placement's key range. None of its files: an empty segment-layout table."""
-    with restore_advice(pf):
-        tables = [
-            pf.site.read_checked(seg.relpath, expected_segment(info, seg), info.primary_key) for seg in pf.segments
-        ]
+    tables = checked_reads(info, [(pf, seg) for seg in pf.segments])
     if not tables:
         return sch.segment_schema(info.schema).empty_table()
     rows = pa.concat_tables(tables)
@@ -227,60 +232,35 @@ def read_placement(info: q.TableInfo, pf: PlacementFiles, *, as_of: int | None =
     return resolve(rows, info.primary_key)
 
 
-@dataclass(frozen=True)
-class _CheckedFile:
-    pf: PlacementFiles
-    relpath: str
-    expected: ExpectedSegment
-    metadata: pq.FileMetaData
-
-
 def _read_concatenated(info: q.TableInfo, placements: Sequence[PlacementFiles]) -> pa.Table:
-    """Placements whose segments cannot share a key: read their files as one multi-file, multi-threaded
-    read of the table's columns only (the internal ones are not even decoded).
-
-    Every footer is checked first (its entry carries the version range and tombstone count, equal to the
-    catalog's); each file's share of the result (files are read in order) is then checked for its row count
-    and key range. The internal columns are neither served nor read here, so their pages cannot mislead."""
-    by_site: dict[str, list[_CheckedFile]] = {}
-    for pf in placements:
-        with restore_advice(pf):
-            for seg in pf.segments:
-                expected = expected_segment(info, seg)
-                metadata = pf.site.check_footer(seg.relpath, expected)
-                by_site.setdefault(pf.site.name, []).append(_CheckedFile(pf, seg.relpath, expected, metadata))
-    tables = [_read_files(info, files) for files in by_site.values() if files]
+    """Placements whose segments cannot share a key: their files' table columns (the internal ones are not
+    decoded), concatenated. Each file is checked as ``read_checked`` does (its bytes' checksum, its footer
+    entry, which carries the version range and tombstone count, its pages, its row count and key range)."""
+    files = [(pf, seg) for pf in placements for seg in pf.segments]
+    tables = checked_reads(info, files, list(info.schema.names))
     return pa.concat_tables(tables).cast(info.schema) if tables else info.schema.empty_table()
 
 
-def _read_files(info: q.TableInfo, files: Sequence[_CheckedFile]) -> pa.Table:
-    """One multi-file read of checked files at one site, page checksums verified, each file's rows checked."""
-    site = files[0].pf.site
-    columns = list(info.schema.names)
+def checked_reads(
+    info: q.TableInfo, files: Sequence[tuple[PlacementFiles, m.Segment]], columns: list[str] | None = None
+) -> list[pa.Table]:
+    """Each file's rows (``Site.read_checked``), in order, read by a few threads at once: reading, hashing and
+    decoding all release the GIL, so one file's bytes are read and hashed while another's are decoded. The
+    first damaged file in order raises, with what to do about it (``restore_advice``); files not started yet
+    are then not read."""
+
+    def read(item: tuple[PlacementFiles, m.Segment]) -> pa.Table:
+        pf, seg = item
+        with restore_advice(pf):
+            return pf.site.read_checked(seg.relpath, expected_segment(info, seg), info.primary_key, columns)
+
+    if len(files) <= 1:
+        return [read(item) for item in files]
+    pool = ThreadPoolExecutor(min(len(files), _READ_THREADS), thread_name_prefix="segrep-read")
     try:
-        rows = pq.read_table(
-            [site.path(f.relpath) for f in files], columns=columns, filesystem=site.fs, page_checksum_verification=True
-        )
-    except DECODE_ERRORS as exc:  # the error does not say which file: find it, one at a time
-        for f in files:
-            with restore_advice(f.pf):
-                site.read_checked(f.relpath, f.expected, info.primary_key, columns)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CorruptSegmentError(
-            f"site {site.name}: the segment files of {info.name} cannot be read: {first}"
-        ) from None
-    offset = 0
-    for f in files:
-        problems = rows_differences(f.expected, rows.slice(offset, f.metadata.num_rows), info.primary_key)
-        if problems:
-            with restore_advice(f.pf):
-                raise site.corrupt(f.relpath, f.expected, problems)
-        offset += f.metadata.num_rows
-    if offset != rows.num_rows:
-        raise CorruptSegmentError(
-            f"site {site.name}: the files of {info.name} gave {rows.num_rows} rows where their footers say {offset}"
-        )
-    return rows
+        return list(pool.map(read, files))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def resolve(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:

@@ -7,7 +7,8 @@ small DataFrame holds one row per file (its index, one file per task) and ``mapI
 the package can reach. Credentials travel by reference only (the options name an environment prefix); the
 executors read the variables from the environment the application inherited. Every page's checksum is
 verified by the read (``Site.read_segment``); a file whose catalog entry is known is also checked against it
-(``Site.read_checked``). PySpark is imported lazily: the package works without it.
+(``Site.read_checked``: the content checksum of its bytes, read once, its footer entry, its rows' count and
+ranges). PySpark is imported lazily: the package works without it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ PySpark is imported lazily so the package works without it; Spark jobs and noteb
 pyarrow reader, no file is read before the driver checked, from its footer, that it is the segment the catalog
 names (segment id, table, partition, counts, ranges, size). The executors read the files through the sites'
 own file systems and store options (``data.spark_files``), so any site the package reaches is readable, and
-check each file again as they read it: every page's checksum, its row count and key and version ranges.
+check each file again as they read it (``Site.read_checked``): the content checksum of its bytes, every page's
+checksum, its row count and key and version ranges.
 """
 
 from __future__ import annotations

@@ -47,10 +47,12 @@ from segrep.storage.atomic import FileFacts
 from segrep.storage.pacing import Pacer
 from segrep.storage.transfer import copy_verified
 
-# The entry fields of a segment row: equal in every copy of one segment id.
+# The entry fields of a segment row: equal in every copy of one segment id (both digests: every read checks
+# the file's bytes by one of them).
 _ENTRY_FIELDS = (
     "byte_size",
     "sha256",
+    "crc64nvme",
     "row_count",
     "deleted_rows",
     "min_version",

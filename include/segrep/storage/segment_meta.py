@@ -96,7 +96,7 @@ def lexicographic_extreme(rows: pa.Table, primary_key: Sequence[str], which: str
 @dataclass(frozen=True)
 class ExpectedSegment:
     """What the catalog says one segment file is. Every read checks the file against it, so a file that is
-    another segment (swapped, copied to the wrong place), truncated or damaged never serves rows."""
+    another segment (swapped, copied to the wrong place), truncated, damaged or rewritten never serves rows."""
 
     segment_id: str
     table: str
@@ -109,6 +109,8 @@ class ExpectedSegment:
     key_min: Any  # None where the catalog has no key range
     key_max: Any
     schema: pa.Schema  # the segment layout of the table's schema (``schema.segment_schema``)
+    sha256: str  # the file's bytes, as the catalog records them (every read checks one of the two)
+    crc64nvme: str | None  # None for segments written before the catalog recorded it
 
     def describe(self) -> str:
         return f"segment {self.segment_id} of {self.table} partition {self.partition_id}"

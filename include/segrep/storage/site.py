@@ -38,6 +38,7 @@ from segrep.storage.atomic import (
     remove_quietly,
     tmp_name,
 )
+from segrep.storage.content import ExpectedContent, load_local, load_stream
 from segrep.storage.s3 import S3Target, put_verified
 from segrep.storage.segment_meta import (
     ExpectedSegment,
@@ -193,50 +194,83 @@ class Site:
         path = self.path(relpath)
         try:
             with self.fs.open_input_file(path) as f:
-                size = f.size()
-                try:
-                    metadata = pq.read_metadata(f)
-                    raw = (metadata.metadata or {}).get(META_KEY)
-                    num_rows = metadata.num_rows
-                    schema = metadata.schema.to_arrow_schema()
-                except DECODE_ERRORS as exc:
-                    problems = [f"its footer cannot be read ({first_line(exc)})"]
-                    if size != expected.byte_size:
-                        problems.insert(0, f"size {size} bytes (the catalog says {expected.byte_size})")
-                    raise self.corrupt(relpath, expected, problems) from None
+                metadata, problems = self._footer(f, expected)
         except FileNotFoundError:
-            raise CorruptSegmentError(
-                f"site {self.name}: segment file {path} ({expected.describe()}) is missing"
-            ) from None
+            raise self.missing(relpath, expected) from None
         except OSError as exc:
             raise SegrepError(f"site {self.name}: cannot open segment file {path}: {first_line(exc)}") from None
-        try:
-            entry = json.loads(raw) if raw is not None else None
-        except ValueError:
-            entry = None
-        problems = footer_differences(expected, entry if isinstance(entry, dict) else None, num_rows, size, schema)
-        if problems:
+        if metadata is None or problems:
             raise self.corrupt(relpath, expected, problems)
         return metadata
 
     def read_checked(
         self, relpath: str, expected: ExpectedSegment, primary_key: Sequence[str], columns: list[str] | None = None
     ) -> pa.Table:
-        """A segment's rows, checked on the way: the footer (``check_footer``), every page's checksum, then the
-        row count, the key range and (where read) the version range and tombstones against the catalog.
+        """A segment's rows, checked on the way: the file's bytes are read once, into memory, and their content
+        checksum computed as they come (``storage.content``: CRC-64/NVME where the catalog has it, else
+        sha256); the Parquet is parsed from that buffer. Then the footer (as ``check_footer``), every page's
+        checksum, the row count, the key range and (where read) the version range and tombstones are checked
+        against the catalog. A file whose bytes are not the catalog's is refused even if everything else in it
+        agrees (a rewrite with other values); no row is returned before every check passed.
 
         Never touches a column chunk's footer entry itself (``RowGroupMetaData.column``): on a damaged footer
         pyarrow 26 aborts the process there instead of raising; the read raises OSError for the same damage."""
-        self.check_footer(relpath, expected)
+        content = ExpectedContent.of(expected.sha256, expected.crc64nvme)
         path = self.path(relpath)
         try:
-            rows = pq.read_table(path, columns=columns, filesystem=self.fs, page_checksum_verification=True)
+            if self.local:
+                loaded = load_local(path, content.kind)
+            else:
+                with self.fs.open_input_stream(path) as stream:
+                    loaded = load_stream(stream, content.kind)
+        except FileNotFoundError:
+            raise self.missing(relpath, expected) from None
+        except OSError as exc:
+            raise SegrepError(f"site {self.name}: cannot read segment file {path}: {first_line(exc)}") from None
+        metadata, problems = self._footer(pa.BufferReader(loaded.data), expected)
+        mismatch = content.difference(loaded.hexdigest)
+        if mismatch is not None:
+            problems.append(mismatch)
+        if metadata is None or problems:
+            raise self.corrupt(relpath, expected, problems)
+        try:
+            parquet = pq.ParquetFile(pa.BufferReader(loaded.data), metadata=metadata, page_checksum_verification=True)
+            rows = parquet.read(columns=columns)
         except DECODE_ERRORS as exc:
             raise self.corrupt(relpath, expected, [f"its pages cannot be read ({first_line(exc)})"]) from None
         problems = rows_differences(expected, rows, primary_key)
         if problems:
             raise self.corrupt(relpath, expected, problems)
         return rows
+
+    @staticmethod
+    def _footer(f: pa.NativeFile, expected: ExpectedSegment) -> tuple[pq.FileMetaData | None, list[str]]:
+        """The footer of an open file and how the file differs from the catalog's row (``footer_differences``);
+        no footer (None) if it cannot be read, with that problem named."""
+        size = f.size()
+        try:
+            metadata = pq.read_metadata(f)
+            raw = (metadata.metadata or {}).get(META_KEY)
+            num_rows = metadata.num_rows
+            schema = metadata.schema.to_arrow_schema()
+        except DECODE_ERRORS as exc:
+            problems = [f"its footer cannot be read ({first_line(exc)})"]
+            if size != expected.byte_size:
+                problems.insert(0, f"size {size} bytes (the catalog says {expected.byte_size})")
+            return None, problems
+        try:
+            entry = json.loads(raw) if raw is not None else None
+        except ValueError:
+            entry = None
+        return metadata, footer_differences(
+            expected, entry if isinstance(entry, dict) else None, num_rows, size, schema
+        )
+
+    def missing(self, relpath: str, expected: ExpectedSegment) -> CorruptSegmentError:
+        """The error for a file the catalog lists that is not there (the reader adds what to do about it)."""
+        return CorruptSegmentError(
+            f"site {self.name}: segment file {self.path(relpath)} ({expected.describe()}) is missing"
+        )
 
     def corrupt(self, relpath: str, expected: ExpectedSegment, problems: Sequence[str]) -> CorruptSegmentError:
         """The error for a file that is not what the catalog says (the reader adds what to do about it)."""
