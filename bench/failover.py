@@ -304,18 +304,25 @@ def bring_up(site_dir: Path, aside: Path) -> None:
     aside.rename(site_dir)
 
 
-def bench_failback(work: Path, source: Path, args: argparse.Namespace) -> Results:
+def _failback_setup(
+    source: Path, args: argparse.Namespace, on_return: str
+) -> tuple[pa.Table, np.random.Generator, Results, dict[str, Any]]:
+    """What both failback parts start from: the rows, the seeded generator, the results and the table's body."""
     rows = demo_data.normalized(pq.read_table(source)).sort_by([(k, "ascending") for k in PK])
-    rng = np.random.default_rng(args.seed)
+    body = {
+        "schema_from": str(source),
+        "primary_key": PK,
+        "partition_key": "l_orderkey",
+        "split_points": quartile_splits(rows),
+        "policy": {"on_return": on_return, "retry_delay_s": 0},
+    }
     out: Results = {"rows": rows.num_rows, "scale": args.scale, "diverge": args.diverge}
+    return rows, np.random.default_rng(args.seed), out, body
+
+
+def bench_failback(work: Path, source: Path, args: argparse.Namespace) -> Results:
+    rows, rng, out, body = _failback_setup(source, args, "rollback")
     with pg_schema("bench_failback") as (_schema, url):
-        body = {
-            "schema_from": str(source),
-            "primary_key": PK,
-            "partition_key": "l_orderkey",
-            "split_points": quartile_splits(rows),
-            "policy": {"on_return": "rollback", "retry_delay_s": 0},
-        }
         catalog, defs = make_env(work / "failback", url, ["primary", "dr", "fresh"], LINEITEM, body)
         primary_dir = Path(defs.data_dir) / "sites" / "primary"
         start = time.perf_counter()
@@ -420,17 +427,8 @@ def dr_bytes_since(catalog: Catalog, table: str, since_us: int) -> int:
 
 
 def bench_failback_merge(work: Path, source: Path, args: argparse.Namespace) -> Results:
-    rows = demo_data.normalized(pq.read_table(source)).sort_by([(k, "ascending") for k in PK])
-    rng = np.random.default_rng(args.seed)
-    out: Results = {"rows": rows.num_rows, "scale": args.scale, "diverge": args.diverge}
+    rows, rng, out, body = _failback_setup(source, args, "merge")
     with pg_schema("bench_failback_merge") as (_schema, url):
-        body = {
-            "schema_from": str(source),
-            "primary_key": PK,
-            "partition_key": "l_orderkey",
-            "split_points": quartile_splits(rows),
-            "policy": {"on_return": "merge", "retry_delay_s": 0},
-        }
         catalog, defs = make_env(work / "failback-merge", url, ["primary", "dr", "edge"], LINEITEM, body)
         primary_dir = Path(defs.data_dir) / "sites" / "primary"
         for k in range(args.batches):

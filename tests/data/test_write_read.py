@@ -15,6 +15,7 @@ from segrep.catalog import queries as q
 from segrep.core.errors import SchemaMismatchError, SegrepError
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
+from segrep.storage.identity import MARKER_NAME
 from tests.support.env import Env
 from tests.support.tables import orders
 
@@ -118,7 +119,7 @@ def test_schema_mismatch_writes_nothing(env: Env) -> None:
         write_batch(env.catalog, "orders", pa.table({"o_custkey": pa.array([1], pa.int64())}), delete=True)
     with env.catalog.read() as s:
         assert q.segment_count(s, q.table_info(s, "orders").table_id) == 0
-    assert not any(p.is_file() for p in (env.root / "data").rglob("*"))
+    assert not any(p.is_file() and p.name != MARKER_NAME for p in (env.root / "data").rglob("*"))
 
 
 def test_unknown_table_is_a_clear_error(env: Env) -> None:
@@ -156,7 +157,8 @@ def test_concurrent_writers_to_one_partition_lose_nothing(env: Env) -> None:
             chain = q.chain_of(pl, segs)
             assert len(chain.walk()) == len(segs)  # every segment on one linear chain
         referenced = {x.relpath for x in s.scalars(select(m.Segment))}
-    on_disk = {str(p.relative_to(env.site_dir("primary"))) for p in env.site_dir("primary").rglob("*") if p.is_file()}
+    root = env.site_dir("primary")
+    on_disk = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != MARKER_NAME}
     assert on_disk == referenced
 
 
@@ -231,4 +233,4 @@ def test_a_failed_file_write_commits_nothing_and_leaves_nothing(env: Env, monkey
     monkeypatch.undo()
     with env.catalog.read() as s:
         assert q.segment_count(s, q.table_info(s, "orders").table_id) == 0
-    assert not any(p.is_file() for p in env.site_dir("primary").rglob("*"))
+    assert not any(p.is_file() and p.name != MARKER_NAME for p in env.site_dir("primary").rglob("*"))

@@ -32,6 +32,7 @@ from segrep.maintenance.compaction import compact
 from segrep.maintenance.gc import collect
 from segrep.replication.run import run_round
 from segrep.replication.status import status_rows
+from segrep.storage.identity import MARKER_NAME
 from segrep.storage.site import Site
 from tests.support.checks import (
     assert_each_segment_once,
@@ -111,8 +112,11 @@ def with_majors(env: Env, model: Model) -> None:
 
 
 def digests(root: Path) -> dict[str, str]:
+    """Every file under a site's root but its identity marker, with its sha256."""
     return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in root.rglob("*")
+        if p.is_file() and p.name != MARKER_NAME
     }
 
 

@@ -57,6 +57,7 @@ from segrep.maintenance.compaction import compact, plan_compaction
 from segrep.maintenance.gc import collect
 from segrep.replication.run import run_round
 from segrep.spark.results import commit_results
+from segrep.storage.identity import MARKER_NAME
 from segrep.storage.site import Site
 from tests.support.checks import assert_acks_are_prefixes, assert_safe_time_honest, safe_times
 from tests.support.env import KV_YAML as ROUND_MODEL_YAML
@@ -371,7 +372,7 @@ class MaintenanceMachine(RuleBasedStateMachine):
                 {
                     str(p.relative_to(root))
                     for p in root.rglob("*")
-                    if p.is_file() and p.relative_to(root).parts[0] != ".replaced"
+                    if p.is_file() and p.relative_to(root).parts[0] != ".replaced" and p.name != MARKER_NAME
                 }
                 if root.is_dir()
                 else set()

@@ -23,6 +23,7 @@ from segrep.core.chain import visible_segments
 from segrep.spark import jobs as merge_mod
 from segrep.spark.manifest import Manifest
 from segrep.storage.atomic import write_json_atomic
+from segrep.storage.identity import MARKER_NAME
 from segrep.storage.site import Site
 from tests.support.checks import partitions, triples
 from tests.support.env import Env
@@ -80,12 +81,15 @@ def arrow_submit(calls: list[str] | None = None) -> Any:
 
 
 def files_at(env: Env, site: str) -> set[str]:
-    """Every file under the site's root (relative), except what a bootstrap moved aside under .replaced/."""
+    """Every file under the site's root (relative), except what a bootstrap moved aside under .replaced/ and
+    the site's identity marker."""
     root = env.site_dir(site)
     if not root.is_dir():
         return set()
     return {
-        str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.relative_to(root).parts[0] != ".replaced"
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if p.is_file() and p.relative_to(root).parts[0] != ".replaced" and p.name != MARKER_NAME
     }
 
 

@@ -14,6 +14,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.cli.format import format_report
 from segrep.replication.fast_forward import CopyItem, CopyOutcome
+from segrep.replication.reports import RoundReport, RoundStatus, TargetStatus
 from segrep.replication.run import run_round
 from segrep.spark.jobs import run_manifest
 from segrep.spark.manifest import Manifest
@@ -26,6 +27,21 @@ from tests.support.tables import TABLE
 
 def no_spark(*args: Any, **kwargs: Any) -> None:
     pytest.fail(f"Spark was launched although nothing needed it: {args}")
+
+
+def ok_or_waiting_for_a_merge(report: RoundReport) -> bool:
+    """A round that went well: ok, or partial only because a site that wrote locally waits (UNMERGED) for the
+    leader to merge its fork, which this round's merge does (its next round takes the merge output)."""
+    waiting = [t for t in report.targets.values() if t.status != TargetStatus.OK]
+    return report.status == RoundStatus.OK or (
+        report.status == RoundStatus.PARTIAL
+        and all(
+            t.status == TargetStatus.WAITING
+            and set(t.outcomes) <= {"UNMERGED", "FAST_FORWARD", "SEGMENT_EXISTS"}
+            and t.outcomes.get("UNMERGED")
+            for t in waiting
+        )
+    )
 
 
 def round_until_idle(env: Env, max_rounds: int = 6, **kwargs: Any) -> list[dict[str, Any]]:

@@ -35,7 +35,9 @@ from segrep.data.digest import Digest, diff_keys, digest_of, row_hashes
 from segrep.data.reader import PlacementFiles, placement_files, placement_rows, resolve
 from segrep.maintenance.scrub import FileProblem, ScrubResult, scrub
 from segrep.maintenance.verify_spark import Pair, SparkDigests
+from segrep.storage.identity import SiteUnidentifiedError
 from segrep.storage.pacing import Pacer
+from segrep.storage.stores import STORE_ERRORS
 
 MAX_KEYS_LISTED = 100  # per partition and kind; the counts are always complete
 SAFE_TIME = "safe-time"
@@ -176,7 +178,12 @@ def scope_of(catalog: Catalog, table: str, site: str | None, at: int | None) -> 
         leader_sites = {sites[pl.site_id].name for pl in placements if pl.placement_id in leaders}
         for row in sites.values():  # a vanished or foreign root is DOWN/UNIDENTIFIED, never "0 rows, all lost"
             if row.name in leader_sites or (row.name in holding and site in (None, row.name)):
-                open_site(s, row).ensure_identified(fresh=True)
+                try:
+                    open_site(s, row).ensure_identified(fresh=True)
+                except SiteUnidentifiedError:
+                    raise
+                except STORE_ERRORS:
+                    pass  # unreachable: an UNREADABLE difference, found where its files are read
     if site is not None and site not in holding:
         raise NotFoundError(f"site {site!r} holds no placement of {table} (it is at: {', '.join(holding) or 'none'})")
     ids = {x.name: x.site_id for x in sites.values()}

@@ -273,6 +273,8 @@ def _identity_problem(row: m.Site, expect: Expected) -> tuple[TargetStatus, str]
         return TargetStatus.DOWN, str(exc)
     except STORE_ERRORS as exc:
         return TargetStatus.FAILED, describe(exc)
+    except SegrepError as exc:  # its store cannot be opened (a credentials reference that cannot be read)
+        return TargetStatus.FAILED, str(exc)
     return None
 
 
