@@ -314,8 +314,12 @@ def old_leader_returns(d: Drill, kills: int) -> None:
         raise DrillFailed(f"on_return merge set {d.outcome.set_aside} row(s) aside: nothing may be")
 
 
-def _kill_drill(command: Callable[[Drill, int], list[str]], prepare: Callable[[Drill, int], None] | None = None):
-    """A drill that kills ``command`` with SIGKILL ``kills`` times at random moments, re-runs it, heals."""
+DrillFn = Callable[["Drill", int], None]
+
+
+def _kill_drill(command: Callable[[Drill, int], list[str]], prepare: DrillFn | None = None) -> DrillFn:
+    """A drill that kills ``command`` with SIGKILL ``kills`` times (every other one hung at a fault point of
+    the command, the others at a random moment), re-runs it when it did not finish, heals."""
 
     def drill(d: Drill, kills: int) -> None:
         prelude(d)
@@ -388,8 +392,8 @@ def _split_args(d: Drill, i: int) -> list[str]:
     for line in out.splitlines():
         cells = line.split()
         if len(cells) > 3 and cells[0].isdigit() and cells[3] == "LIVE":
-            lo, hi = cells[1].strip("[,"), cells[2].rstrip(")")
-            ranges[cells[0]] = (0 if lo == "-inf" else int(lo), KEYS if hi == "+inf" else int(hi))
+            begin, end = cells[1].strip("[,"), cells[2].rstrip(")")
+            ranges[cells[0]] = (0 if begin == "-inf" else int(begin), KEYS if end == "+inf" else int(end))
     if not ranges:
         raise DrillFailed(f"no live partition in `table describe`: {out[-300:]}")
     pid, (lo, hi) = max(ranges.items(), key=lambda r: r[1][1] - r[1][0])
@@ -400,7 +404,7 @@ def _failover_args(d: Drill, i: int) -> list[str]:
     return ["failover", "chaos", *_other_leader(d, i)]
 
 
-DRILLS: dict[str, tuple[Callable[[Drill, int], None], str]] = {
+DRILLS: dict[str, tuple[DrillFn, str]] = {
     "site_vanishes": (site_vanishes, "rollback"),
     "catalog_lost": (catalog_lost, "rollback"),
     "leader_file_lost": (leader_file_lost, "rollback"),
