@@ -96,13 +96,16 @@ class Outcome:
 class Drill(Chaos):
     """chaos.py's writers and rounds on a fresh 3-site table, plus what a drill checks after each heal."""
 
-    def __init__(self, root: Path, url: str, rng: random.Random, outcome: Outcome, on_return: str) -> None:
+    def __init__(
+        self, root: Path, url: str, rng: random.Random, outcome: Outcome, on_return: str, *, short: bool = False
+    ) -> None:
         super().__init__(root, url, rng, Report(seed=0, catalog=url.split(":", 1)[0]))
         self.outcome, self.on_return = outcome, on_return
         # no back-off after a failed attempt: a healed site is tried at the next round
         self.definitions = DEFINITIONS.replace("retry_delay_s: 1}", f"retry_delay_s: 0, on_return: {on_return}}}")
         self.replicated_upto = 0  # batches before this one reached every site (set aside: only later ones)
         self.sites = list(SITES)  # every site compared with the replay (a bootstrap drill adds some)
+        self.short = short  # the suite's run (--short): a kill that did not land is noted, not a failure
 
     def setup(self) -> None:
         """``segrep init`` and ``segrep apply``, in this process (a second each saved: a drill's disaster comes
@@ -318,15 +321,17 @@ DrillFn = Callable[["Drill", int], None]
 
 
 def _kill_drill(command: Callable[[Drill, int], list[str]], prepare: DrillFn | None = None) -> DrillFn:
-    """A drill that kills ``command`` with SIGKILL ``kills`` times (every other one hung at a fault point of
-    the command, the others at a random moment), re-runs it when it did not finish, heals."""
+    """A drill that kills ``command`` with SIGKILL ``kills`` times (every other attempt hung at a fault point
+    of the command, the others at a random moment; an attempt that finished before its kill is checked too and
+    another made, up to 3 x ``kills``), re-runs it when it did not finish, heals after each."""
 
     def drill(d: Drill, kills: int) -> None:
         prelude(d)
         started = time.monotonic()
         d.must("status", "chaos")  # a process's start-up: kills land after it, inside the command
         startup = took = time.monotonic() - started
-        for i in range(kills):
+        i = 0
+        while d.outcome.kills < kills and i < 3 * kills:  # a command that finished first is tried again
             if i:  # the prelude wrote and replicated before the first
                 d.writes(1)
                 d.run("round", "chaos")
@@ -340,7 +345,7 @@ def _kill_drill(command: Callable[[Drill, int], list[str]], prepare: DrillFn | N
                 how = f"at {point}"
                 code, killed = d.run(*args, faults=f"{point}:hang", kill_after=startup * 2 + 3)
             else:  # at a random moment of its run (as long as its last whole run took, when one did)
-                after = d.rng.uniform(startup * 0.8, max(took, startup * 1.1))
+                after = d.rng.uniform(0.6 * took, took) if took != startup else d.rng.uniform(0.8, 1.1) * startup
                 how = f"after {after:.1f} s"
                 began = time.monotonic()
                 code, killed = d.run(*args, kill_after=after)
@@ -351,7 +356,14 @@ def _kill_drill(command: Callable[[Drill, int], list[str]], prepare: DrillFn | N
                 raise DrillFailed(f"segrep {' '.join(args)} (not killed) exited {code}: {d.report.errors}")
             if killed and _needed(d, args):
                 d.must(*args)  # re-run: the documented recovery of each of these commands
-            d.heal_and_check(f"kill {i + 1} of {' '.join(args)} ({'killed' if killed else 'finished first'})")
+            d.heal_and_check(f"attempt {i + 1}: {' '.join(args)} ({'killed' if killed else 'finished first'})")
+            i += 1
+        if d.outcome.kills < kills:
+            shortfall = f"only {d.outcome.kills} of {kills} kill(s) landed in {3 * kills} attempts"
+            if d.short:  # the suite's run checks rows, not timing on a loaded machine
+                d.outcome.notes.append(shortfall)
+            else:
+                raise DrillFailed(shortfall)
 
     return drill
 
@@ -485,7 +497,7 @@ def pg_restart(d: Drill, pg: PrivatePostgres) -> None:
 # -- the run -----------------------------------------------------------------------------------------------------
 
 
-def run_drill(name: str, seed: int, kills: int, work: Path) -> Outcome:
+def run_drill(name: str, seed: int, kills: int, work: Path, *, short: bool = False) -> Outcome:
     outcome = Outcome(name)
     started = time.monotonic()
     fn, on_return = DRILLS[name]
@@ -499,10 +511,10 @@ def run_drill(name: str, seed: int, kills: int, work: Path) -> Outcome:
                 outcome.skipped = "no PostgreSQL binaries under /usr/lib/postgresql/*/bin"
                 return outcome
             with PrivatePostgres(bindir) as pg:
-                pg_restart(Drill(root, pg.url, rng, outcome, on_return), pg)
+                pg_restart(Drill(root, pg.url, rng, outcome, on_return, short=short), pg)
         else:
             url = f"sqlite:///{root / 'data' / 'catalog.db'}"
-            fn(Drill(root, url, rng, outcome, on_return), kills)
+            fn(Drill(root, url, rng, outcome, on_return, short=short), kills)
         outcome.ok = True
     except DrillFailed as e:
         outcome.reason = str(e)
@@ -546,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
                     outcomes.append(Outcome(name, skipped="needs Spark (--short runs no Spark)"))
                     continue
                 log(f"drill {name}")
-                outcomes.append(run_drill(name, args.seed, kills, work))
+                outcomes.append(run_drill(name, args.seed, kills, work, short=args.short))
                 log(format_outcome(outcomes[-1]))
     finally:
         if not args.keep:
