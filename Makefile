@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: airflow venv demo test lint format bench bench-rounds bench-maintenance bench-object-store bench-failover bench-topologies bench-chaos constraints clean spark-zip
+.PHONY: airflow venv demo test lint format bench bench-rounds bench-maintenance bench-object-store bench-failover bench-topologies bench-chaos bench-drills constraints clean spark-zip
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	@scripts/check_prereqs.sh $(PYTHON)
@@ -71,6 +71,10 @@ bench-chaos: venv
 	@scripts/ensure_postgres.sh
 	$(BIN)/python bench/chaos.py --seed 7 --kills 60 --catalog postgres
 	$(BIN)/python bench/chaos.py --kill-recovery --catalog postgres
+
+# Disaster drills, each ended by a replay compared at every site; PostgreSQL: a private cluster on port 55432.
+bench-drills: venv
+	$(BIN)/python bench/drills.py --seed 7 --kills 5 --json bench/results/drills.json
 
 # The segrep package as a zip for spark-submit --py-files (Spark clusters whose nodes lack the package):
 # export SEGREP_SPARK_PY_FILES=$$PWD/build/segrep.zip and both `segrep round` and the DAGs pass it on.

@@ -11,6 +11,7 @@ import contextlib
 import cProfile
 import io
 import json
+import multiprocessing
 import os
 import pstats
 import sys
@@ -94,6 +95,25 @@ def make_env(root: Path, url: str, sites: list[str], table: str, body: dict[str,
     defs = load_definitions(config)
     apply_definitions(catalog, defs)
     return catalog, defs
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+@contextlib.contextmanager
+def background_load(n: int) -> Iterator[None]:
+    """``n`` CPU-bound processes for the duration (a bench's figures under load, as the project asks)."""
+    procs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.join()
 
 
 def profile_top(fn: Callable[..., Any], *args: Any, n: int = 15) -> list[str]:

@@ -145,14 +145,19 @@ class Chaos:
             if code != 0:
                 raise SystemExit(f"segrep {args[0]} failed (exit {code})")
 
-    def write(self, kill_after: float | None, faults: str | None = None) -> None:
+    def draw(self) -> tuple[Batch, pa.Table]:
+        """The next batch, drawn from the seed: 20 to 200 keys, a delete one time in five (its keys only)."""
         n = len(self.batches)
         keys = sorted(self.rng.sample(range(KEYS), self.rng.randint(20, 200)))
         batch = Batch(n, keys, delete=self.rng.random() < 0.2)
-        path = self.root / "batches" / f"{n:05d}.parquet"
-        path.parent.mkdir(exist_ok=True)
         columns = {"k": pa.array(keys, pa.int64())} | ({} if batch.delete else {"v": [f"b{n}"] * len(keys)})
-        pq.write_table(pa.table(columns), path)  # a delete names its keys only
+        return batch, pa.table(columns)
+
+    def write(self, kill_after: float | None, faults: str | None = None) -> None:
+        batch, rows = self.draw()
+        path = self.root / "batches" / f"{batch.n:05d}.parquet"
+        path.parent.mkdir(exist_ok=True)
+        pq.write_table(rows, path)
         args = ["write", "chaos", str(path), *(["--delete"] if batch.delete else [])]
         code, killed = self.run(*args, faults=faults, kill_after=kill_after)
         batch.outcome = "killed" if killed else ("acked" if code == 0 else "failed")
@@ -163,6 +168,17 @@ class Chaos:
         self.report.rounds_started += 1
         _code, killed = self.run("round", "chaos", faults=faults, kill_after=kill_after)
         self.report.round_kills += killed
+
+    def replicated(self) -> bool:
+        """Nothing pending at any target, as `segrep status` says."""
+        out = subprocess.run(
+            [self.segrep, "--config", str(self.config), "--catalog", self.url, "status", "chaos", "--json"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+        )
+        rows = json.loads(out.stdout)["replication"] if out.returncode == 0 else []
+        return bool(rows) and all(r["pending_segments"] == 0 for r in rows)
 
     @contextmanager
     def site_down(self, site: str) -> Iterator[None]:
@@ -356,14 +372,7 @@ def kill_recovery(kind: str, root: Path) -> dict[str, float]:
 
 
 def _replicated(chaos: Chaos) -> bool:
-    out = subprocess.run(
-        [chaos.segrep, "--config", str(chaos.config), "--catalog", chaos.url, "status", "chaos", "--json"],
-        env=chaos.env,
-        capture_output=True,
-        text=True,
-    )
-    rows = json.loads(out.stdout)["replication"] if out.returncode == 0 else []
-    return bool(rows) and all(r["pending_segments"] == 0 for r in rows)
+    return chaos.replicated()
 
 
 def format_report(r: Report) -> str:
