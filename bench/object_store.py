@@ -73,6 +73,7 @@ from segrep.config.definitions import Definitions, load_definitions
 from segrep.data import demo as demo_data
 from segrep.data.writer import write_batch
 from segrep.replication.run import run_round
+from segrep.storage.identity import marker_path
 from segrep.storage.site import Site
 from tests.support.s3 import S3Endpoint, start_s3_endpoints
 
@@ -380,12 +381,18 @@ def baseline_root(world: World, n: int) -> str:
 def clean(world: World, target: str, n: int) -> None:
     """Delete this measurement's copies (segrep's and the baseline's): moto holds objects in memory."""
     dest = site(world, target)
+    marker = marker_path(dest.root)  # the site's identity marker stays: without it the next round finds it DOWN
+    with dest.fs.open_input_stream(marker) as f:
+        identity = f.read()
     if world.route.target == "local":
         for d in (Path(dest.root), world.work / f"cp-{n}", world.work / f"cpv-{n}", world.work / f"copy-{n}"):
             shutil.rmtree(d, ignore_errors=True)
-        return
-    dest.fs.delete_dir_contents(dest.root, missing_dir_ok=True)
-    world.fs_of[_BUCKET[world.route.target][0]].delete_dir_contents(baseline_root(world, n), missing_dir_ok=True)
+        Path(dest.root).mkdir(parents=True)
+    else:
+        dest.fs.delete_dir_contents(dest.root, missing_dir_ok=True)
+        world.fs_of[_BUCKET[world.route.target][0]].delete_dir_contents(baseline_root(world, n), missing_dir_ok=True)
+    with dest.fs.open_output_stream(marker) as out:
+        out.write(identity)
 
 
 def measure(world: World, n: int, cache: str, sample: Samples, first: str, check: bool) -> None:

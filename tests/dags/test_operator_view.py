@@ -229,7 +229,8 @@ def test_clear_only_failed_tasks_reports_from_the_catalog_not_the_old_commit(
     env = segrep_env(POLICY, tables=("events",))
     write_batch(env.catalog, "events", events_batch(list(range(30)), "a"))
     dr_dir = env.site_dir("dr")
-    dr_dir.parent.mkdir(parents=True, exist_ok=True)
+    aside = dr_dir.with_name("dr.away")
+    dr_dir.rename(aside)  # it held only its identity marker
     dr_dir.write_text("not a directory: dr is down\n")
     dag = load_dag(EVENTS_DAG)
     capsys.readouterr()
@@ -244,6 +245,7 @@ def test_clear_only_failed_tasks_reports_from_the_catalog_not_the_old_commit(
     assert "copied nothing of the 2 segments (" in dr_line, dr_line  # not "nothing to offer"
 
     dr_dir.unlink()
+    aside.rename(dr_dir)  # dr is back, with its identity marker
     # "Clear only failed tasks": the failed fast_forward (dr) and report run again in the same DAG run; plan
     # and commit do not (their XComs stay as they were). `airflow tasks test` runs one task of that run.
     for task_id, extra in (("fast_forward", ["--map-index", "0"]), ("report", [])):

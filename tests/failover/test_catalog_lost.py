@@ -240,3 +240,24 @@ def test_a_write_after_the_rebuild_wins_even_when_the_new_leaders_clock_is_behin
     lost.model.upsert(new, [10, 11], "skewed")
     got = {(t, k): p for t, k, p in triples(new.catalog)}
     assert [got[(TENANTS[k % len(TENANTS)], k)] for k in (10, 11)] == ["skewed10", "skewed11"]
+
+
+def test_no_round_writes_into_a_root_the_new_catalog_has_not_claimed(tmp_path: Path) -> None:
+    """The catalog lost, every site alive: the new catalog rebuilt only dr, so primary (still leader in the
+    definitions, its root carrying the lost catalog's marker) is DOWN/UNIDENTIFIED. A round must not merge dr's
+    chain into primary's root (the merge used to run on Spark and write two segment files there)."""
+    env = make_env(tmp_path, sqlite_url(tmp_path))
+    Model().upsert(env, range(0, 40), "a")
+    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark).status == "ok"
+    env.catalog.dispose()
+    (tmp_path / "catalog.db").unlink()
+    new = Env(root=tmp_path, config=env.config, url=f"sqlite:///{tmp_path}/catalog-new.db")
+    ok(new, "init")
+    out = ok(new, "apply")
+    assert "down    site primary: its root holds the marker of site primary (id 1" in out, out
+    ok(new, "catalog", "rebuild", "--site", "dr", "--accept-loss")
+    before = sorted(p.name for p in (tmp_path / "data" / "sites" / "primary").rglob("*"))
+    report = run_round(new.catalog, new.defs, TABLE, submit=no_spark)  # a planned merge would fail the test
+    assert report.merges.items == 0 and report.spark_apps == 0, report
+    assert sorted(p.name for p in (tmp_path / "data" / "sites" / "primary").rglob("*")) == before
+    new.catalog.dispose()

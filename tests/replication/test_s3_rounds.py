@@ -117,7 +117,7 @@ def test_wrong_credentials_fail_that_target_only_and_write_nothing_there(
     edge = rep.targets["edge"]
     assert edge.status == TargetStatus.FAILED and edge.segments_copied == 0
     assert edge.error is not None and len(edge.error.splitlines()) == 1
-    assert "site edge: the store refused to write s3://" in edge.error, edge.error
+    assert "site edge: the store refused to read s3://" in edge.error, edge.error  # its identity marker, first
     assert edge.refused  # a refusal does not back off: the next round names it again, or replicates once fixed
     assert [site for site, _ in _backoffs(s3_env)] == []
     _assert_no_secret(secrets_of(a, b), "the target's error", edge.error)

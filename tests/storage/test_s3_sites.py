@@ -186,6 +186,7 @@ def test_a_verified_copy_between_any_two_sites(
 
     def site(kind: str, name: str) -> Site:
         if kind == "local":
+            (tmp_path / name).mkdir(exist_ok=True)  # a local root exists: copies never create one
             return Site(name, str(tmp_path / name))
         endpoint = a if kind == "a" else b
         return _s3_site(endpoint, name, f"{name.upper()}_S3", monkeypatch, bucket=BUCKETS[2 if kind == "a" else 1])
@@ -255,6 +256,7 @@ def test_a_source_that_cannot_be_read_is_named(
 ) -> None:
     a, _ = s3_endpoints
     source = _s3_site(a, "dr", "DR_S3", monkeypatch)  # nothing written there
+    (tmp_path / "primary").mkdir()
     target = Site("primary", str(tmp_path / "primary"))
     with pytest.raises(FileNotFoundError, match=rf"site dr: cannot read s3://{source.root}/{REL}: it does not exist"):
         copy_verified(source, target, REL, 10, "0" * 64)

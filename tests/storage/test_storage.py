@@ -45,7 +45,13 @@ META: dict[str, Any] = {
 
 @pytest.fixture
 def site(tmp_path: Path) -> Site:
-    return Site("primary", str(tmp_path / "root"))
+    return Site("primary", str(_root(tmp_path / "root")))
+
+
+def _root(path: Path) -> Path:
+    """A site root that exists (writes never create one: only apply, bootstrap and `site adopt` do)."""
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def rows(n: int = 3) -> pa.Table:
@@ -90,7 +96,7 @@ def test_local_root_is_absolute(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_file_uri_root(tmp_path: Path) -> None:
-    s = Site("dr", f"file://{tmp_path}/root")
+    s = Site("dr", f"file://{_root(tmp_path / 'root')}")
     assert s.local
     assert s.root == str((tmp_path / "root").resolve())
     rel = segment_relpath("orders", 7, SID)
@@ -698,7 +704,7 @@ def _segment_at(site: Site) -> tuple[str, FileFacts]:
 def test_kernel_copy_is_verified_and_a_corrupt_source_is_refused(tmp_path: Path) -> None:
     from segrep.storage.transfer import copy_verified
 
-    a, b = Site("a", str(tmp_path / "a")), Site("b", str(tmp_path / "b"))
+    a, b = Site("a", str(_root(tmp_path / "a"))), Site("b", str(_root(tmp_path / "b")))
     rel, facts = _segment_at(a)
     assert copy_verified(a, b, rel, facts.byte_size, facts.sha256) == facts
     assert b.facts(rel) == facts
@@ -730,7 +736,7 @@ def test_a_kernel_copy_is_checked_by_the_crc64nvme_the_writer_computed(tmp_path:
     whose CRC-64/NVME is not the catalog's never appears under its final name."""
     from segrep.storage.transfer import copy_verified
 
-    a, b = Site("a", str(tmp_path / "a")), Site("b", str(tmp_path / "b"))
+    a, b = Site("a", str(_root(tmp_path / "a"))), Site("b", str(_root(tmp_path / "b")))
     rel, facts = _segment_at(a)
     assert facts.crc64nvme == crc64nvme_reference(Path(a.path(rel)).read_bytes())
     copied = copy_verified(a, b, rel, facts.byte_size, facts.sha256, facts.crc64nvme)
@@ -762,7 +768,7 @@ def test_copy_falls_back_to_a_stream_where_the_kernel_cannot_copy(tmp_path: Path
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
     monkeypatch.setattr(os, "copy_file_range", refuse)
-    a, b = Site("a", str(tmp_path / "a")), Site("b", str(tmp_path / "b"))
+    a, b = Site("a", str(_root(tmp_path / "a"))), Site("b", str(_root(tmp_path / "b")))
     rel, facts = _segment_at(a)
     assert copy_verified(a, b, rel, facts.byte_size, facts.sha256) == facts
     assert calls == [1] and b.facts(rel) == facts

@@ -61,11 +61,11 @@ from segrep.replication.reports import LEASE_DECLINES, InvalidSegment, TargetRep
 from segrep.replication.round import TargetUnreachable, clamp_end, ensure_round, lease_ttl_us, round_key
 from segrep.replication.waits import lease_wait
 from segrep.storage.atomic import FileFacts, batched_directory_syncs
-from segrep.storage.identity import SiteUnidentifiedError
+from segrep.storage.identity import SiteUnidentifiedError, marker_path
 from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.segment_meta import SegmentEntry
 from segrep.storage.site import Expected, Site
-from segrep.storage.store_errors import StoreRefusedError
+from segrep.storage.store_errors import StoreRefusedError, classify_os
 from segrep.storage.transfer import copy_verified
 
 PARTITIONS_AT_ONCE = 4
@@ -228,7 +228,7 @@ def fast_forward_target(
         report.status = TargetStatus.BACKOFF
         report.error = f"backing off after {backoff.failures} failure(s) ({backoff.last_reason}); next attempt later"
     elif (unidentified := _identity_problem(site_row, expect)) is not None:
-        report.status, report.error = unidentified
+        report.status, report.error, report.refused = unidentified
     else:
         key, ttl = round_key(table, end), lease_ttl_us()
         turns = threading.Lock() if catalog.dialect == "sqlite" else contextlib.nullcontext()
@@ -263,18 +263,25 @@ def fast_forward_target(
     return report
 
 
-def _identity_problem(row: m.Site, expect: Expected) -> tuple[TargetStatus, str] | None:
+def _identity_problem(row: m.Site, expect: Expected) -> tuple[TargetStatus, str, bool] | None:
     """Whether the target's root is the site the catalog expects (its identity marker), looked at before
     anything is copied: a root that vanished or is foreign is DOWN, and nothing is written, acked or moved
-    there; a store that cannot be read at all is the FAILED it always was."""
+    there; a store that cannot be read at all is the FAILED it always was (``refused``: by its credentials
+    or permissions, which no back-off mends)."""
     try:
-        Site(row.name, row.uri, expect=expect).ensure_identified(fresh=True)  # once per target and round
-    except SiteUnidentifiedError as exc:
-        return TargetStatus.DOWN, str(exc)
-    except STORE_ERRORS as exc:
-        return TargetStatus.FAILED, describe(exc)
+        store = Site(row.name, row.uri, expect=expect)
     except SegrepError as exc:  # its store cannot be opened (a credentials reference that cannot be read)
-        return TargetStatus.FAILED, str(exc)
+        return TargetStatus.FAILED, str(exc), False
+    except STORE_ERRORS as exc:
+        return TargetStatus.FAILED, describe(exc), False
+    try:
+        store.ensure_identified(fresh=True)  # once per target and round
+    except SiteUnidentifiedError as exc:
+        return TargetStatus.DOWN, str(exc), False
+    except STORE_ERRORS as exc:
+        where = store.root if store.local else f"s3://{marker_path(store.root)}"
+        failure = classify_os(exc, row.name, where, "read")
+        return TargetStatus.FAILED, describe(failure), isinstance(failure, StoreRefusedError)
     return None
 
 

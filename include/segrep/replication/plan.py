@@ -29,6 +29,7 @@ from segrep.replication.rollback import roll_back_returned
 from segrep.replication.round import clamp_end, ensure_round, lease_ttl_us, round_key
 from segrep.spark.items import file_ref, round_item
 from segrep.spark.manifest import FileRef, Manifest, MergeItem
+from segrep.storage.identity import SiteUnidentifiedError
 from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.workdir import manifest_path
 
@@ -84,6 +85,7 @@ def plan_round(
             for part in snap.partitions
             if any(pushes_from(part, follower, end) for follower in part.replicas)
         }
+        candidates -= _led_from_unidentified_roots(s, snap, candidates)
         items: list[MergeItem] = []
         if candidates:
             full = snapshot(s, table, sorted(candidates))
@@ -146,6 +148,22 @@ def _target_sites(snap: TableSnapshot, target: str | None) -> list[str]:
             )
         return [target]
     return names
+
+
+def _led_from_unidentified_roots(s: Session, snap: TableSnapshot, candidates: set[int]) -> set[int]:
+    """The candidate partitions whose leader's root is DOWN/UNIDENTIFIED (missing, unmarked, or claimed by
+    another catalog): no merge or major is written there, whatever holds the partition's pushes."""
+    leader_sites = {part.leader.site_id for part in snap.partitions if part.partition.partition_id in candidates}
+    down = set()
+    for site_id in sorted(leader_sites):
+        try:
+            open_site(s, snap.sites[site_id]).ensure_identified(fresh=True)
+        except SiteUnidentifiedError as exc:
+            log.info("no merge or major planned at %s: %s", snap.sites[site_id].name, exc)
+            down.add(site_id)
+        except _UNREADABLE:
+            continue  # unreachable: the merge job fails on it and the round reports that, as before
+    return {part.partition.partition_id for part in snap.partitions if part.leader.site_id in down}
 
 
 def _plan_merges(
