@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -80,3 +81,30 @@ def test_a_damaged_json_value_is_named_by_table_row_and_column(sqlite_env: Env, 
         assert "(table orders)" in line and "backup" in line, line
     with sqlite3.connect(env.root / "catalog.db") as conn:
         assert conn.execute("SELECT count(*) FROM rounds").fetchone() == (0,)  # the round stopped before starting
+
+
+def test_checking_a_sqlite_catalog_never_opens_its_file_beside_sqlite(tmp_path: Path, monkeypatch) -> None:
+    """Opening and closing the database file in a process that has it open through SQLite drops SQLite's POSIX
+    locks on it (SQLite's own warning): a concurrent writer then corrupted the catalog ("database disk image is
+    malformed" in tests/dags/test_backfill.py). The checks look at the file's size only."""
+    import builtins
+    import io
+
+    from segrep.catalog.migrate import upgrade
+
+    db = tmp_path / "catalog.db"
+    catalog = Catalog(f"sqlite:///{db}")
+    upgrade(catalog)
+    opened: list[str] = []
+    real_open = builtins.open
+
+    def spying(file, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if str(file) == str(db):
+            opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", spying)
+    monkeypatch.setattr(io, "open", spying)
+    catalog.require_initialized()
+    assert catalog.is_initialized() and opened == [], opened
+    catalog.dispose()

@@ -26,7 +26,6 @@ from segrep.core.errors import SegrepError
 from segrep.core.settings import seconds_from_env
 
 CATALOG_URL_ENV = "SEGREP_CATALOG_URL"
-_SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 CONNECT_TIMEOUT_ENV = "SEGREP_CATALOG_CONNECT_TIMEOUT_S"
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 MAX_CONNECT_TIMEOUT_S = 3600.0
@@ -153,24 +152,21 @@ class Catalog:
         db = sqlite_file(self.url)
         if db is not None and not db.exists():
             return False  # connecting would create an empty file: a read-only command creates nothing
-        if db is not None and db.is_file():
+        if db is not None and db.is_file() and db.stat().st_size == 0:
             # Looked at before connecting: opening an empty file makes it a database (the connection's WAL
-            # pragma writes a header), and a command that only reads must leave the file as it found it.
-            with db.open("rb") as f:
-                header = f.read(len(_SQLITE_HEADER))
-            if not header:
-                return False  # an empty file: `segrep init` makes it a catalog
-            if header != _SQLITE_HEADER:
-                raise SegrepError(
-                    f"catalog {self.safe_url} is not a usable database: {db} is not a SQLite file, so not a "
-                    "segrep catalog (point --catalog at the catalog, or at a new file and run `segrep init`)"
-                )
+            # pragma writes a header), and a command that only reads must leave the file as it found it. Only
+            # its size: opening and closing the file here would drop the POSIX locks SQLite holds on it in this
+            # process (SQLite's own warning), and a concurrent writer could then corrupt the database.
+            return False  # an empty file: `segrep init` makes it a catalog
         try:
             return inspect(self.engine).has_table("alembic_version")
         except OperationalError:
             raise  # unreachable or failing: the CLI reports it as such (exit 1)
         except DatabaseError as exc:  # e.g. SQLite's "file is not a database"
-            raise SegrepError(f"catalog {self.safe_url} is not a usable database: {_first_line(exc)}") from None
+            raise SegrepError(
+                f"catalog {self.safe_url} is not a usable database: {_first_line(exc)}, so not a segrep catalog "
+                "(point --catalog at the catalog, or at a new file and run `segrep init`)"
+            ) from None
 
     def require_initialized(self) -> None:
         db = sqlite_file(self.url)
