@@ -65,7 +65,7 @@ from segrep.storage.identity import SiteUnidentifiedError, marker_path
 from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.segment_meta import SegmentEntry
 from segrep.storage.site import Expected, Site
-from segrep.storage.store_errors import StoreRefusedError, classify_os
+from segrep.storage.store_errors import PathBlockedError, StoreRefusedError, classify_os
 from segrep.storage.transfer import copy_verified
 
 PARTITIONS_AT_ONCE = 4
@@ -280,7 +280,7 @@ def _identity_problem(row: m.Site, expect: Expected) -> tuple[TargetStatus, str,
         return TargetStatus.DOWN, str(exc), False
     except STORE_ERRORS as exc:
         where = store.root if store.local else f"s3://{marker_path(store.root)}"
-        failure = classify_os(exc, row.name, where, "read")
+        failure = exc if isinstance(exc, PathBlockedError) else classify_os(exc, row.name, where, "read")
         return TargetStatus.FAILED, describe(failure), isinstance(failure, StoreRefusedError)
     return None
 
