@@ -91,12 +91,12 @@ def claim(s: Session, row: m.Site, *, adopt: bool = False, dry_run: bool = False
     site = Site(row.name, row.uri)  # no expectation: this is the check itself
     this_catalog = catalog_uuid(s)
     exists, found, unreadable = identity.look(site.fs, site.root, site.local)
-    mine_already = found is not None and (found.site, found.site_id, found.catalog_uuid) == (
+    ours = found is not None and (found.site, found.site_id, found.catalog_uuid) == (
         row.name,
         row.site_id,
         this_catalog,
     )
-    if found is not None and mine_already and row.site_uuid in (None, found.site_uuid):
+    if found is not None and ours and row.site_uuid in (None, found.site_uuid):
         row.site_uuid = found.site_uuid  # an earlier claim whose transaction did not commit, or in place
         return Claim(row.name, ClaimResult.KEPT, found, found.site_uuid)
     if found is not None and found.catalog_uuid == this_catalog and found.site != row.name:

@@ -37,3 +37,9 @@ class SplitIncompleteError(SegrepError):
 
 class WritesPausedError(SegrepError):
     """Writes to a table are paused while its leadership moves (a planned switchover): retry shortly."""
+
+
+class SiteUnidentifiedError(SegrepError, OSError):
+    """A site root that is missing, has no identity marker, or has one naming another site or catalog
+    (``storage.identity``). An OSError too: every path that treats an unreachable store as that site's failure
+    (and never the whole operation's) treats this one alike; rounds report it as DOWN."""

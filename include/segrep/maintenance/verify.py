@@ -30,12 +30,11 @@ from segrep.catalog.site_identity import open_site
 from segrep.catalog.verifications import record_file_checks, record_verification
 from segrep.core import hlc, keys
 from segrep.core import schema as sch
-from segrep.core.errors import NotFoundError, SegrepError
+from segrep.core.errors import NotFoundError, SegrepError, SiteUnidentifiedError
 from segrep.data.digest import Digest, diff_keys, digest_of, row_hashes
 from segrep.data.reader import PlacementFiles, placement_files, placement_rows, resolve
 from segrep.maintenance.scrub import FileProblem, ScrubResult, scrub
 from segrep.maintenance.verify_spark import Pair, SparkDigests
-from segrep.storage.identity import SiteUnidentifiedError
 from segrep.storage.pacing import Pacer
 from segrep.storage.stores import STORE_ERRORS
 

@@ -51,7 +51,7 @@ from segrep.catalog.sql import ignoring_insert
 from segrep.config.definitions import Definitions, Policy
 from segrep.config.stores import StoreOptions, options_for
 from segrep.core import faults, hlc
-from segrep.core.errors import ConflictError, CorruptSegmentError, SegrepError
+from segrep.core.errors import ConflictError, CorruptSegmentError, SegrepError, SiteUnidentifiedError
 from segrep.core.protocol import sender_reaction
 from segrep.core.states import Outcome, Reaction
 from segrep.replication.backoff import record_target
@@ -61,7 +61,7 @@ from segrep.replication.reports import LEASE_DECLINES, InvalidSegment, TargetRep
 from segrep.replication.round import TargetUnreachable, clamp_end, ensure_round, lease_ttl_us, round_key
 from segrep.replication.waits import lease_wait
 from segrep.storage.atomic import FileFacts, batched_directory_syncs
-from segrep.storage.identity import SiteUnidentifiedError, marker_path
+from segrep.storage.identity import marker_path
 from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.segment_meta import SegmentEntry
 from segrep.storage.site import Expected, Site

@@ -19,7 +19,7 @@ from segrep.catalog.snapshot import PartitionSnapshot, TableSnapshot, snapshot
 from segrep.catalog.sql import record_ack
 from segrep.config.definitions import Definitions, Policy
 from segrep.core import hlc
-from segrep.core.errors import NotFoundError, SegrepError
+from segrep.core.errors import NotFoundError, SegrepError, SiteUnidentifiedError
 from segrep.core.names import check_name
 from segrep.core.states import Outcome
 from segrep.replication.feeders import update_fallbacks
@@ -29,7 +29,6 @@ from segrep.replication.rollback import roll_back_returned
 from segrep.replication.round import clamp_end, ensure_round, lease_ttl_us, round_key
 from segrep.spark.items import file_ref, round_item
 from segrep.spark.manifest import FileRef, Manifest, MergeItem
-from segrep.storage.identity import SiteUnidentifiedError
 from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.workdir import manifest_path
 

@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from segrep.core import faults
-from segrep.core.errors import CorruptSegmentError
+from segrep.core.errors import CorruptSegmentError, SegrepError, SiteUnidentifiedError
 from segrep.storage.crc64nvme import Crc64Nvme
-from segrep.storage.identity import ensure_dirs_below
 
 CHUNK = 4 * 1024 * 1024
 _BATCH = 1024 * 1024  # small writes (Parquet page headers) are gathered up to this size before going out
@@ -110,7 +109,7 @@ def atomic_local_write_stream(
     checked against its catalog entry. Any error from write(2), fdatasync or fsync fails the write and
     removes the temporary file, so nothing unverified ever gets the final name. With ``expected`` (a copy of
     a known file), facts that differ raise CorruptSegmentError before the rename. With ``root`` (a site's),
-    directories are made below it only: a vanished root is never made again (``identity.ensure_dirs_below``).
+    directories are made below it only: a vanished root is never made again (``ensure_dirs_below``, below).
     """
     with _temporary_beside(final, root) as (tmp, fd):
         with HashingFileWriter(fd, tmp, sync_every=sync_every) as out:
@@ -386,3 +385,28 @@ def write_json_atomic(path: str | os.PathLike[str], doc: Any) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+
+
+def ensure_dirs_below(root: str, directory: str) -> None:
+    """Create ``directory`` and its missing parents up to, never including, the local ``root``: a root that
+    vanished (DESIGN 13, ``storage.identity``) is SiteUnidentifiedError here, not silently made again by the
+    next write."""
+    if os.path.isdir(directory):
+        return
+    rel = os.path.relpath(directory, root)
+    if rel.startswith(".."):
+        raise SegrepError(f"{directory} is not under the site root {root}")
+    current = root
+    for part in [] if rel == "." else rel.split(os.sep):
+        current = os.path.join(current, part)
+        try:
+            os.mkdir(current)
+        except FileExistsError:
+            continue
+        except FileNotFoundError:
+            raise SiteUnidentifiedError(
+                f"DOWN/UNIDENTIFIED: the site root {root} does not exist (an unmounted volume?): nothing is "
+                "created in its place"
+            ) from None
+    if not os.path.isdir(root):
+        raise SiteUnidentifiedError(f"DOWN/UNIDENTIFIED: the site root {root} does not exist: nothing is created")

@@ -10,7 +10,7 @@ catalog, is DOWN/UNIDENTIFIED: nothing is written there, nothing acked, and safe
 The marker is written atomically (a temporary name, fsync, rename locally; one PUT on an object store) and
 read back before it counts. A check that passed is remembered for ``CACHE_S`` seconds per process (a round
 checks each site once, not once per file); local writes also refuse to create the root itself
-(``ensure_dirs_below``), so a root that vanishes within that time is still never recreated.
+(``atomic.ensure_dirs_below``), so a root that vanishes within that time is still never recreated.
 """
 
 from __future__ import annotations
@@ -27,18 +27,12 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from segrep.core.errors import SegrepError
+from segrep.storage.atomic import fsync_dir, write_json_atomic
 from segrep.storage.store_errors import PathBlockedError
 
 MARKER_NAME = "_segrep_site.json"
 MARKER_FORMAT = 1
 CACHE_S = 10.0
-
-
-class SiteUnidentifiedError(SegrepError, OSError):
-    """A site root that is missing, has no identity marker, or has one naming another site or catalog.
-
-    An OSError too: every path that treats an unreachable store as that site's failure (and never the whole
-    operation's) treats this one alike; rounds report it as DOWN."""
 
 
 class IdentityProblem(StrEnum):
@@ -165,28 +159,13 @@ def check(fs: pafs.FileSystem, root: str, local: bool, expected: SiteIdentity | 
 
 def write(fs: pafs.FileSystem, root: str, local: bool, identity: SiteIdentity, now_us: int) -> None:
     """Write the marker at ``root`` (creating a local root) atomically, and read it back."""
-    data = (json.dumps(identity.to_doc(now_us), sort_keys=True, indent=1) + "\n").encode()
     path = marker_path(root)
     if local:
-        os.makedirs(root, exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.rename(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        fd = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_json_atomic(path, identity.to_doc(now_us))
+        fsync_dir(root)
     else:
         with fs.open_output_stream(path) as out:
-            out.write(data)
+            out.write(json.dumps(identity.to_doc(now_us), sort_keys=True).encode())
     _, back, _ = look(fs, root, local)
     if back != identity:
         raise SegrepError(f"the identity marker written at {path} reads back differently")
@@ -214,27 +193,3 @@ def forget(root: str | None = None) -> None:
     with _lock:
         for key in [k for k in _passed if root is None or k[0] == root]:
             del _passed[key]
-
-
-def ensure_dirs_below(root: str, directory: str) -> None:
-    """Create ``directory`` and its missing parents up to, never including, the local ``root``: a root that
-    vanished is SiteUnidentifiedError here, not silently made again by the next write."""
-    if os.path.isdir(directory):
-        return
-    rel = os.path.relpath(directory, root)
-    if rel.startswith(".."):
-        raise SegrepError(f"{directory} is not under the site root {root}")
-    current = root
-    for part in [] if rel == "." else rel.split(os.sep):
-        current = os.path.join(current, part)
-        try:
-            os.mkdir(current)
-        except FileExistsError:
-            continue
-        except FileNotFoundError:
-            raise SiteUnidentifiedError(
-                f"DOWN/UNIDENTIFIED: the site root {root} does not exist (an unmounted volume?): nothing is "
-                "created in its place"
-            ) from None
-    if not os.path.isdir(root):
-        raise SiteUnidentifiedError(f"DOWN/UNIDENTIFIED: the site root {root} does not exist: nothing is created")

@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from segrep.config.stores import StoreOptions
-from segrep.core.errors import CorruptSegmentError, SegrepError
+from segrep.core.errors import CorruptSegmentError, SegrepError, SiteUnidentifiedError
 from segrep.core.names import NAME_RE, SEGMENT_ID_RE, check_name, check_segment_id
 from segrep.storage import identity
 from segrep.storage.atomic import (
@@ -110,7 +110,7 @@ class Site:
             return
         result = self.identity_check()
         if not result.ok:
-            raise identity.SiteUnidentifiedError(f"DOWN/UNIDENTIFIED: {result.detail}")
+            raise SiteUnidentifiedError(f"DOWN/UNIDENTIFIED: {result.detail}")
         assert expected is not None  # an unclaimed site never passes
         identity.remember(self.root, expected)
 
