@@ -75,8 +75,8 @@ from segrep.data import demo as demo_data
 from segrep.data.writer import write_batch
 from segrep.failover.promote import failover
 from segrep.failover.switchover import switchover
+from segrep.replication.orchestrator import run_round
 from segrep.replication.rollback import ROLLBACK_DIR
-from segrep.replication.run import run_round
 from segrep.spark import launch
 
 KV = "kv"

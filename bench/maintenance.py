@@ -38,7 +38,7 @@ from segrep.data.reader import read_table, resolve
 from segrep.data.writer import write_batch
 from segrep.maintenance.bootstrap import bootstrap
 from segrep.maintenance.compaction import compact
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 
 KEY = [("l_orderkey", "ascending"), ("l_linenumber", "ascending")]
 

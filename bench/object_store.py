@@ -72,7 +72,7 @@ from segrep.catalog.migrate import upgrade
 from segrep.config.definitions import Definitions, load_definitions
 from segrep.data import demo as demo_data
 from segrep.data.writer import write_batch
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from segrep.storage.identity import marker_path
 from segrep.storage.site import Site
 from tests.support.s3 import S3Endpoint, start_s3_endpoints

@@ -54,8 +54,9 @@ from segrep.data import demo as demo_data
 from segrep.data.writer import write_batch
 from segrep.replication.commit import commit_round
 from segrep.replication.fast_forward import fast_forward_target
+from segrep.replication.orchestrator import run_round
 from segrep.replication.plan import plan_round
-from segrep.replication.run import run_round, spark_copier
+from segrep.replication.run import spark_copier
 from segrep.spark import launch
 
 TABLE = "lineitem"

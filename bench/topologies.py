@@ -44,8 +44,8 @@ from segrep.config.definitions import Definitions, load_definitions
 from segrep.data import demo as demo_data
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
+from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport
-from segrep.replication.run import run_round
 
 TABLE = "orders"
 KEY = "o_orderkey"

@@ -77,13 +77,12 @@ def segrep_bootstrap() -> None:
 
     @task
     def catch_up(b: dict[str, Any]) -> list[dict[str, Any]]:
-        from segrep.cli.format import format_report
         from segrep.replication.join import catch_up as run_catch_up
 
         with segrep_context() as (defs, catalog):
             reports = run_catch_up(catalog, defs, b["table"], b["site"], submit=hook_submit)
         for r in reports:
-            print(format_report(r))
+            print(str(r))
         return [r.to_dict() for r in reports]
 
     @task

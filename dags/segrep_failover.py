@@ -128,9 +128,8 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
         def verify(plan: dict[str, Any]) -> list[str]:
             from airflow.sdk.exceptions import AirflowSkipException
 
-            from segrep.cli.format import format_report
             from segrep.data.reader import read_table
-            from segrep.replication.run import run_round
+            from segrep.replication.orchestrator import run_round
             from segrep_airflow.common import hook_submit
 
             if plan["dry_run"]:  # `assess` is upstream too (its XCom): the branch alone would not skip this
@@ -140,7 +139,7 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
                 for table in plan["tables"]:
                     rows = read_table(catalog, table).num_rows  # every file at the new leader checked on the way
                     report = run_round(catalog, defs, table, submit=hook_submit)
-                    print(format_report(report))
+                    print(str(report))
                     failed = ", ".join(report.failed) or "none"
                     lines.append(f"{table}: {rows:,} rows at {plan['site']}; round {report.status}, failed: {failed}")
             print("\n".join(lines))

@@ -3,21 +3,24 @@
 
 Each run replicates to every replica site the segments its table's leaders committed before the round's end:
 a **scheduled** run ends at its data interval's end; a **manual** run (Trigger) ends at the moment it was
-triggered, not at the end of the last whole interval before it. Steps (DESIGN section 6):
+triggered, not at the end of the last whole interval before it. Steps (DESIGN sections 6 and 15), each one of
+the package's round steps (`segrep.replication.orchestrator`, the same as `segrep round`):
 
-1. **plan**: reads the catalog, predicts every offer per target, leases the segments followers must push, and
-   writes the merge manifest when a chain has forked (retried as the policy says).
-2. **fast_forward** (mapped, one instance per target site): copies each new segment file, verifies its sha256,
-   registers it and moves the replica's root. No row is read. A target that is down fails only its own instance,
-   after retries with exponential back-off; the other targets proceed.
-3. **merge** (SparkSubmitOperator, one Spark application for the whole round): last-writer-wins merge of
-   pushed segments; skipped when nothing forked.
-4. **commit**: records the merge results, checkpoints and safe time; emits an asset event on
-   `segrep://<site>/<table>` for each site whose safe time advanced.
-5. **report**: commits again from the catalog (idempotent: after "Clear only failed tasks" it counts the
-   re-run copies), logs one line per target (copied, safe time, lag, still pending), sends the metrics, and
-   fails the run if a target failed, a copied file failed verification, or a target ends behind the table's
-   RPO (`policy: {rpo: 15m}`), naming the table, site and lag.
+1. **plan** (a branch): reads the catalog, predicts every offer per target, leases the segments followers must
+   push, writes the merge manifest when a chain has forked, and chooses the round's path from its size
+   (retried as the policy says). The graph shows both paths; the one not taken is skipped.
+2. A small round (its copies under the policy's `one_task_round_max_bytes`, no Spark merge) runs whole in
+   **round**: every target's fast-forward, the merge, the commit and the report, in one task.
+3. A big round takes the mapped path: **fast_forward** (one instance per target site: copies each new segment
+   file, verifies it, registers it and moves the replica's root; no row is read; a target that is down fails
+   only its own instance, after retries with exponential back-off), **merge** (SparkSubmitOperator, one Spark
+   application for the whole round; skipped when nothing forked), **commit** (merge results, checkpoints, safe
+   time, splits whose parents can go), **report**.
+4. **round** and **report** log one line per target (copied, safe time, lag, still pending), send the
+   metrics, emit an Asset event on `segrep://<site>/<table>` for each site whose safe time advanced, and fail
+   the run if a target failed, a copied file failed verification, or a target ends behind the table's RPO
+   (`policy: {rpo: 15m}`), naming the table, site and lag. The report commits again from the catalog
+   (idempotent: after "Clear only failed tasks" it counts the re-run copies).
 
 No catch-up: a round copies everything committed before its end, so the intervals missed while the DAG was
 paused need no replay. To re-run failed intervals in order: `airflow backfill create --dag-id DAG
@@ -36,6 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow.sdk import dag, task
+from airflow.sdk.definitions.xcom_arg import XComArg
 
 from segrep.config.definitions import TableDef
 from segrep_airflow import assets
@@ -51,6 +55,9 @@ from segrep_airflow.common import (
     utc,
 )
 from segrep_airflow.forms import every_or_one, flag, form
+from segrep_airflow.rounds import PLAN_KEY, PLAN_TASK
+
+ONE_TASK = "round"  # the task that runs a small round whole
 
 
 def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
@@ -80,99 +87,106 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
         default_args={"retries": 0},
     )
     def replication() -> None:
-        @task(**retry)
-        def plan(data_interval_start: Any = None, data_interval_end: Any = None, dag_run: Any = None) -> dict[str, Any]:
-            from segrep.replication.plan import plan_round
-            from segrep.replication.round import round_key
-            from segrep.storage.workdir import result_path
+        @task.branch(task_id=PLAN_TASK, **retry)
+        def plan(
+            ti: Any = None,
+            task: Any = None,
+            data_interval_start: Any = None,
+            data_interval_end: Any = None,
+            dag_run: Any = None,
+        ) -> list[str]:
+            import structlog
+
+            from segrep.replication.orchestrator import RoundPath, RoundSteps
             from segrep_airflow.rounds import round_end
 
             p = form()
             run_type = getattr(dag_run, "run_type", None)
             end = round_end(run_type, getattr(dag_run, "run_after", None), data_interval_end)
             with segrep_context() as (defs, catalog):
-                res = plan_round(
-                    catalog,
-                    defs,
-                    name,
-                    to_us(end),
-                    start_us=to_us(data_interval_start),
-                    target=p["target"],
-                    reoffer=p["reoffer"],
+                steps = RoundSteps(catalog, defs, name)
+                planned = steps.plan(
+                    to_us(end), start_us=to_us(data_interval_start), target=p["target"], reoffer=p["reoffer"]
                 )
-                result = result_path(defs, name, res.end_us)
-            # lease_holder: the merge task keeps the round's leases alive under this key while Spark runs
-            return {
-                **res.to_dict(),
-                "result": str(result),
-                "reoffer": p["reoffer"],
-                "lease_holder": round_key(name, res.end_us),
-            }
+            ti.xcom_push(key=PLAN_KEY, value=planned.to_dict())
+            structlog.get_logger("segrep.round").info(str(planned))
+            if planned.path == RoundPath.ONE_TASK:
+                return [ONE_TASK]
+            return sorted(set(task.downstream_task_ids) - {ONE_TASK})  # every first task of the mapped path
+
+        @task(task_id=ONE_TASK, outlets=[alias], **retry)
+        def whole_round(ti: Any = None, outlet_events: Any = None) -> dict[str, Any]:
+            from segrep.replication.orchestrator import RoundSteps
+            from segrep_airflow.rounds import required_plan
+
+            planned = required_plan(ti, name)
+            with segrep_context() as (defs, catalog):
+                view = RoundSteps(catalog, defs, name, submit=hook_submit).finish(planned)
+            return _reported(view, outlet_events)
 
         @task
-        def targets_of(p: dict[str, Any]) -> list[str]:
-            return list(p["targets"])
+        def targets_of(ti: Any = None) -> list[str]:
+            from segrep_airflow.rounds import planned_round
+
+            planned = planned_round(ti)
+            return [] if planned is None else list(planned.plan.targets)
 
         @task(**retry)
-        def fast_forward(target: str, p: dict[str, Any]) -> dict[str, Any]:
-            from segrep.replication.fast_forward import fast_forward_target
-            from segrep.replication.run import spark_copier
+        def fast_forward(target: str, ti: Any = None) -> dict[str, Any]:
+            from segrep.replication.orchestrator import RoundSteps
+            from segrep_airflow.rounds import required_plan
 
+            planned = required_plan(ti, name)
             with segrep_context() as (defs, catalog):
-                copier = spark_copier(defs, name, p["end_us"], target, hook_submit)
-                report = fast_forward_target(
-                    catalog, defs, name, target, p["end_us"], reoffer=p["reoffer"], big_copier=copier
-                )
-            return report.to_dict()
+                report = RoundSteps(catalog, defs, name, submit=hook_submit).copy(planned, target)
+            return report.to_dict() if report is not None else {}
 
         def commit(p: dict[str, Any], outlet_events: Any = None) -> dict[str, Any]:
-            from segrep.split.run import finish_unloaded
-            from segrep_airflow.rounds import advanced, recommit, safe_times
+            from segrep.replication.orchestrator import PlannedRound, RoundSteps
 
             with segrep_context() as (defs, catalog):
-                before = safe_times(catalog, name)
-                report = recommit(catalog, defs, name, p["end_us"], merge_ran=bool(p["manifest"]))
-                finish_unloaded(catalog, defs, name)  # a split parent goes once every replica holds its children
+                report = RoundSteps(catalog, defs, name).commit(PlannedRound.from_dict(p))
             if outlet_events is not None:
-                assets.emit(outlet_events, report, advanced(before, report.safe_time_us))
+                assets.emit(outlet_events, report, report.advanced)
             return report.to_dict()
 
-        @task(trigger_rule="all_done", retries=0, outlets=[alias])
+        @task(trigger_rule="all_done_min_one_success", retries=0, outlets=[alias])
         def report(ti: Any = None, outlet_events: Any = None) -> dict[str, Any]:
+            from segrep.replication.orchestrator import RoundSteps
+            from segrep_airflow.rounds import required_plan
+
+            planned = required_plan(ti, name)
+            with segrep_context() as (defs, catalog):
+                steps = RoundSteps(catalog, defs, name)
+                view = steps.report(steps.commit(planned))
+            return _reported(view, outlet_events)
+
+        def _reported(view: Any, outlet_events: Any) -> dict[str, Any]:
+            """Log the round's lines, send its metrics and Asset events, raise on its problems."""
             import structlog
 
             from segrep_airflow.metrics import emit_round
-            from segrep_airflow.rounds import advanced, recommit, report_lines, round_view, safe_times
 
-            planned = ti.xcom_pull(task_ids="plan") if ti is not None else None
-            if not planned:
-                raise RuntimeError(
-                    f"round of {name}: the plan task did not finish, so there is no round to report "
-                    "(see the plan task's log; clear it to run the round again)"
-                )
-            with segrep_context() as (defs, catalog):
-                before = safe_times(catalog, name)
-                result = recommit(catalog, defs, name, planned["end_us"], merge_ran=bool(planned["manifest"]))
-                view = round_view(catalog, result, defs.policy(name).rpo_s)
             # Logged, not printed: a task's stdout reaches its log through a pipe and is stamped when read,
             # after the task runner has opened its collapsed "Post Execute" group; a log record is stamped now.
             # Through structlog, as Airflow's own task lines are (a stdlib logger's INFO may be filtered out).
             log = structlog.get_logger("segrep.round")
-            for line in report_lines(view):
+            for line in str(view).splitlines():
                 log.info(line)
             emit_round(view)
             if outlet_events is not None:
-                assets.emit(outlet_events, result, advanced(before, result.safe_time_us))
-            failure = view.failure()
-            if failure:  # a failed target, a file that failed verification, or a target behind its RPO
-                raise RuntimeError(failure)
+                assets.emit(outlet_events, view.report, view.report.advanced)
+            view.raise_on_problems()  # a failed target, a file that failed verification, a target behind its RPO
             return view.to_xcom()
 
         planned = plan()
-        copied = fast_forward.partial(p=planned).expand(target=targets_of(planned))
+        plan_doc = XComArg(planned.operator, key=PLAN_KEY)
+        one_task = whole_round()
+        targets = targets_of()
+        copied = fast_forward.expand(target=targets)
         # choose decides even when a target failed (all_done): the merge and commit concern the leader only.
         merged = spark_step(
-            planned,
+            plan_doc,
             commit,
             group_id="merge_step",
             choose_id="choose",
@@ -183,6 +197,7 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
             choose_trigger_rule="all_done",
             commit_outlets=[alias],
         )
+        planned >> [one_task, targets]
         copied >> merged
         [merged, copied] >> report()
 

@@ -134,9 +134,9 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
         @task
         def finish(ref: dict[str, Any]) -> dict[str, Any]:
             from segrep.cli.format import format_progress
+            from segrep.replication.unload import finish as run
             from segrep.split.progress import split_progress
             from segrep.split.run import require_done
-            from segrep.split.workflow import finish as run
 
             with segrep_context() as (defs, catalog):
                 finished = run(catalog, defs, ref["split_id"])

@@ -23,7 +23,7 @@ _EXPORTS = {
     "upgrade": "segrep.catalog.migrate",
     "write_batch": "segrep.data.writer",
     "read_table": "segrep.data.reader",
-    "run_round": "segrep.replication.run",
+    "run_round": "segrep.replication.orchestrator",
     "RoundReport": "segrep.replication.reports",
     "status_rows": "segrep.replication.status",
     "TargetState": "segrep.replication.status",
@@ -65,8 +65,8 @@ if TYPE_CHECKING:
     from segrep.maintenance.bootstrap import bootstrap
     from segrep.maintenance.compaction import compact
     from segrep.maintenance.gc import collect
+    from segrep.replication.orchestrator import run_round
     from segrep.replication.reports import RoundReport
-    from segrep.replication.run import run_round
     from segrep.replication.status import TargetState, status_rows
     from segrep.split.run import run_split
 

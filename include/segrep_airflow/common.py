@@ -200,10 +200,12 @@ class LeasedSparkSubmitOperator(SparkSubmitOperator):
                 return super().execute(context)
 
 
-def merge_job(task_id: str, upstream_task: str, name: str, policy: Policy) -> SparkSubmitOperator:
-    """The Spark merge job (spark_jobs/merge.py) on the manifest and result paths in ``upstream_task``'s XCom;
-    the round's leases (``lease_holder`` in that XCom, when there is one) stay alive while it runs."""
-    pull = f"ti.xcom_pull(task_ids='{upstream_task}')"
+def merge_job(
+    task_id: str, upstream_task: str, name: str, policy: Policy, key: str = "return_value"
+) -> SparkSubmitOperator:
+    """The Spark merge job (spark_jobs/merge.py) on the manifest and result paths in ``upstream_task``'s XCom
+    ``key``; the round's leases (``lease_holder`` in that XCom, when there is one) stay alive while it runs."""
+    pull = f"ti.xcom_pull(task_ids='{upstream_task}', key='{key}')"
     return LeasedSparkSubmitOperator(
         task_id=task_id,
         lease_holder="{{ " + pull + ".get('lease_holder', '') }}",
@@ -246,6 +248,7 @@ def spark_step(
     group with a message (rather than failing on the missing XCom), so the error shown is the plan's own.
     """
     plan_task_id = plan.operator.task_id
+    plan_key = getattr(plan, "key", "return_value")
 
     def choose(p: dict[str, Any] | None) -> str:
         if p is None:
@@ -258,7 +261,7 @@ def spark_step(
         group_id, prefix_group_id=False, tooltip=f"{choose_id} -> {spark_id} (Spark) -> {commit_id}"
     ) as group:
         branch = task.branch(task_id=choose_id, trigger_rule=choose_trigger_rule)(choose)(plan)
-        spark = merge_job(spark_id, plan_task_id, name, policy)
+        spark = merge_job(spark_id, plan_task_id, name, policy, plan_key)
         committed = task(task_id=commit_id, trigger_rule=COMMIT_TRIGGER_RULE, outlets=commit_outlets or [])(commit)(
             plan
         )

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from segrep.core import metric_names as mn
 
 if TYPE_CHECKING:
-    from segrep_airflow.rounds import RoundView
+    from segrep.replication.view import RoundView
 
 
 class StatsBackend(Protocol):

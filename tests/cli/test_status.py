@@ -15,7 +15,7 @@ from segrep.config.definitions import load_definitions
 from segrep.core import hlc
 from segrep.core.chain import offer_order
 from segrep.data.writer import write_batch
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from segrep.replication.status import status_rows
 from tests.support.env import ORDERS_YAML, Env, make_env
 from tests.support.rounds import no_spark

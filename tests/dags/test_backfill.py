@@ -87,6 +87,7 @@ def test_outage_then_backfill_replays_failed_intervals_in_order(segrep_env: Any,
             "end_date": _iso(ends[-1]),
             "retries": 1,
             "retry_delay_s": 0,
+            "one_task_round_max_bytes": 0,  # a fast_forward task per target: dr fails alone
         },
         tables=("events",),
     )

@@ -23,7 +23,7 @@ from segrep.catalog.models import MAX_PARTITION_ID
 from segrep.core import keys
 from segrep.core.errors import SegrepError
 from segrep.data.writer import write_batch
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from tests.support.airflow import events_batch, events_yaml, load_dag, ti_states
 from tests.support.badinput import assert_user_error, unchanged
 from tests.support.cli import cli

@@ -18,11 +18,12 @@ from tests.support.airflow import DAGS, EVENTS_DAG, REPO, load_dag
 
 DEFAULT_CONFIG = REPO / "include" / "segrep.yaml"
 EXPECTED = Path(__file__).parent / "expected"
-TASKS = {"plan", "targets_of", "fast_forward", "choose", "merge", "commit", "report"}
+TASKS = {"plan", "round", "targets_of", "fast_forward", "choose", "merge", "commit", "report"}
 UPSTREAM = {
     "plan": set(),
+    "round": {"plan"},  # a small round, whole in one task
     "targets_of": {"plan"},
-    "fast_forward": {"plan", "targets_of"},
+    "fast_forward": {"targets_of"},
     "choose": {"plan", "fast_forward"},
     "merge": {"choose"},
     "commit": {"plan", "choose", "merge"},
@@ -30,12 +31,15 @@ UPSTREAM = {
 }
 TRIGGER_RULES = {
     "plan": "all_success",
+    "round": "all_success",
     "targets_of": "all_success",
     "fast_forward": "all_success",
     "choose": "all_done",  # decides even when a target failed
     "merge": "all_success",
     "commit": "none_failed_min_one_success",  # runs after merge, or after choose skipped merge
-    "report": "all_done",  # always reports; fails the run if a target failed
+    # reports once commit ran, whatever a target did (fails the run if a target failed); skipped with the
+    # mapped path when the plan chose the one-task round
+    "report": "all_done_min_one_success",
 }
 
 
@@ -213,12 +217,15 @@ def test_replication_dag_structure(default_definitions: Path) -> None:
     assert dag.get_task("merge").retries == 3
     assert dag.get_task("report").retries == 0
     assert dag.get_task("plan").retries == 3  # plan_round finds its round again: a retry is safe
+    assert dag.get_task("round").retries == 3  # every step of a round is idempotent
+    # the plan is a branch: the graph shows the one-task path and the mapped path side by side
+    assert dag.get_task("plan").downstream_task_ids == {"round", "targets_of", "choose", "commit"}
     group = dag.task_group.get_task_group_dict()["merge_step"]  # segrep_airflow.common.spark_step
     assert set(group.children) == {"choose", "merge", "commit"} and not group.prefix_group_id
 
     assert dag.catchup is False  # a round copies all committed before its end: no empty intervals replayed
     assert dag.max_active_runs == 1
-    assert dag.doc_md and "fast_forward" in dag.doc_md
+    assert dag.doc_md and "fast_forward" in dag.doc_md and "one_task_round_max_bytes" in dag.doc_md
     assert "--reprocess-behavior failed --max-active-runs 1" in dag.doc_md  # a backfill replays in order
     assert dag.description == "Replicate orders from primary to dr"
     assert set(dag.tags) == {"segrep", "replication", "orders"}

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from segrep.catalog import models as m
 from segrep.data.writer import write_batch
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from tests.support.airflow import events_batch, load_dag, read_sorted, replay_rows, rows_of, ti_states
 from tests.support.checks import leaders
 

@@ -23,8 +23,8 @@ from sqlalchemy import select
 from segrep.catalog import models as m
 from segrep.data import demo as demo_data
 from segrep.data.reader import read_table
+from segrep.replication.orchestrator import run_round
 from segrep.replication.rollback import list_rollbacks
-from segrep.replication.run import run_round
 from tests.failover.test_tpch_failover import (
     AFTER,
     AT_DR,

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from segrep.catalog import models as m
 from segrep.catalog.apply import apply_definitions
 from segrep.data.writer import write_batch
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from tests.support.airflow import events_batch, load_dag, read_sorted, ti_states
 
 POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 0, "compact_min_segments": 2}
@@ -103,8 +103,8 @@ def test_maintenance_dag_continues_an_unfinished_split(segrep_env: Any) -> None:
     """An async split left in UNLOAD (nobody ran its unload) is finished by the next maintenance run."""
     import pendulum
 
+    from segrep.replication.unload import finish_unloaded
     from segrep.split.progress import split_progress
-    from segrep.split.run import finish_unloaded
     from segrep.split.workflow import start_split
 
     env = segrep_env(POLICY)

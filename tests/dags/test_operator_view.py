@@ -75,7 +75,7 @@ def test_a_target_behind_its_rpo_fails_the_report_and_the_metrics_reach_statsd(
     segrep_env: Any, statsd_listener: socket.socket, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A run whose round ended 20 minutes ago (an interval run executed late) leaves both targets 20 min
-    behind: with `rpo: 15m` the report fails naming table, site and lag; the other tasks succeed."""
+    behind: with `rpo: 15m` the one-task round fails naming table, site and lag."""
     import pendulum
 
     from segrep.data.writer import write_batch
@@ -90,7 +90,7 @@ def test_a_target_behind_its_rpo_fails_the_report_and_the_metrics_reach_statsd(
 
     states = ti_states(run)
     assert str(run.state) == "failed", states
-    assert states[("report", -1)] == "failed" and states[("commit", -1)] == "success", states
+    assert states[("plan", -1)] == "success" and states[("round", -1)] == "failed", states
     out = capsys.readouterr()
     log = out.out + out.err
     for site in ("dr", "edge"):
@@ -129,7 +129,7 @@ def test_the_report_logs_one_line_per_target_and_returns_machine_values(
     run = dag.test(logical_date=pendulum.now("UTC"))  # @hourly: its data interval ended at the last full hour
 
     assert str(run.state) == "success", ti_states(run)
-    value = _ti(run, "report").xcom_pull(task_ids="report")
+    value = _ti(run, "round").xcom_pull(task_ids="round")  # a small round: one task
     rnd = rounds(env)[-1]
     assert value["end_us"] == rnd.interval_end_us > int(pendulum.now("UTC").start_of("hour").timestamp() * 1e6)
     for site in ("dr", "edge"):
@@ -226,7 +226,7 @@ def test_clear_only_failed_tasks_reports_from_the_catalog_not_the_old_commit(
 
     from segrep.data.writer import write_batch
 
-    env = segrep_env(POLICY, tables=("events",))
+    env = segrep_env({**POLICY, "one_task_round_max_bytes": 0}, tables=("events",))  # a task per target
     write_batch(env.catalog, "events", events_batch(list(range(30)), "a"))
     dr_dir = env.site_dir("dr")
     aside = dr_dir.with_name("dr.away")
@@ -263,21 +263,19 @@ def test_clear_only_failed_tasks_reports_from_the_catalog_not_the_old_commit(
     assert not any("round of events: target(s) dr failed" in x for x in lines)
 
 
-def test_a_failed_plan_skips_choose_and_the_report_names_the_plan(
-    segrep_env: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_failed_plan_runs_no_step_after_it(segrep_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import pendulum
 
-    from segrep.replication import plan as plan_module
+    from segrep.replication import orchestrator
 
     segrep_env(POLICY, tables=("events",))
 
     def broken(*_a: Any, **_k: Any) -> Any:
         raise RuntimeError("catalog unreachable")
 
-    monkeypatch.setattr(plan_module, "plan_round", broken)
+    monkeypatch.setattr(orchestrator, "plan_round", broken)
     run = load_dag(EVENTS_DAG).test(logical_date=pendulum.now("UTC"))
 
     states = ti_states(run)
     assert states[("plan", -1)] == "failed" and states[("choose", -1)] == "skipped", states
-    assert states[("report", -1)] == "failed"
+    assert states[("round", -1)] == "upstream_failed" and str(run.state) == "failed"

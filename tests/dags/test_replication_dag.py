@@ -77,6 +77,7 @@ def test_fork_is_merged_by_spark_and_replicas_match_the_leader(segrep_env: Any) 
     assert states[("merge", -1)] == "success"
     assert {states[("fast_forward", i)] for i in range(len(REPLICAS))} == {"success"}
     assert {states[(t, -1)] for t in ("plan", "targets_of", "choose", "commit", "report")} == {"success"}
+    assert states[("round", -1)] == "skipped"  # a Spark merge: the mapped path
     first = rounds(env)[-1]
     assert first.status == "ok", first.report
     assert first.report["merges"]["items"] >= 1
@@ -87,12 +88,14 @@ def test_fork_is_merged_by_spark_and_replicas_match_the_leader(segrep_env: Any) 
     assert rows_of(leader) == replay_rows(written)  # last writer wins, dr's surviving writes included
     problems += _safe_time_problems(env, first.report, "merge")
 
-    # Round 2: the merge outputs were committed after round 1's fast-forwards: the replicas take them now.
+    # Round 2: the merge outputs were committed after round 1's fast-forwards: the replicas take them now, in
+    # one task (a small round with nothing to merge).
     run = _run(dag)
 
     states = ti_states(run)
     assert run.state == "success", states
-    assert states[("merge", -1)] == "skipped"
+    assert states[("round", -1)] == "success"
+    assert {states[(t, -1)] for t in ("targets_of", "choose", "merge", "commit", "report")} == {"skipped"}
     second = rounds(env)[-1]
     assert second.report["spark_apps"] == 0
     assert read_sorted(env).equals(leader)
@@ -101,13 +104,12 @@ def test_fork_is_merged_by_spark_and_replicas_match_the_leader(segrep_env: Any) 
         assert second.report["safe_time_us"][site] == second.interval_end_us - 1
     problems += _safe_time_problems(env, second.report, "catch-up")
 
-    # Round 3 has nothing to do: the branch skips the merge, so no Spark application starts.
+    # Round 3 has nothing to do: one task, no Spark application.
     run = _run(dag)
 
     states = ti_states(run)
     assert run.state == "success", states
-    assert states[("merge", -1)] == "skipped"
-    assert states[("commit", -1)] == "success" and states[("report", -1)] == "success"
+    assert states[("merge", -1)] == "skipped" and states[("round", -1)] == "success"
     idle = rounds(env)[-1]
     assert idle.round_id != second.round_id
     assert idle.report["spark_apps"] == 0
@@ -120,9 +122,12 @@ def test_fork_is_merged_by_spark_and_replicas_match_the_leader(segrep_env: Any) 
     assert not problems, "\n".join(problems)
 
 
-def test_trigger_narrowed_to_one_target(segrep_env: Any) -> None:
-    """The `target` Param limits a manual run to one replica site; the other is left alone (no Spark here)."""
-    env = segrep_env(POLICY)
+@pytest.mark.parametrize("path", ["one_task", "mapped"])
+def test_trigger_narrowed_to_one_target(segrep_env: Any, path: str) -> None:
+    """The `target` Param limits a manual run to one replica site; the other is left alone (no Spark here).
+    A small round runs whole in the `round` task; with `one_task_round_max_bytes: 0` every round takes the
+    mapped path: the same round, the same result, through `fast_forward`, `commit` and `report`."""
+    env = segrep_env({**POLICY, "one_task_round_max_bytes": 0} if path == "mapped" else POLICY)
     from segrep.data.writer import write_batch
 
     write_batch(env.catalog, "events", events_batch(list(range(40)), "a"))
@@ -132,9 +137,17 @@ def test_trigger_narrowed_to_one_target(segrep_env: Any) -> None:
 
     states = ti_states(run)
     assert run.state == "success", states
-    assert ("fast_forward", 1) not in states and states[("fast_forward", 0)] == "success"
+    mapped = ("targets_of", "fast_forward", "choose", "commit", "report")
+    if path == "mapped":
+        assert ("fast_forward", 1) not in states and states[("fast_forward", 0)] == "success"
+        assert states[("round", -1)] == "skipped" and states[("commit", -1)] == "success"
+    else:
+        assert states[("round", -1)] == "success"
+        assert {state for (task_id, _i), state in states.items() if task_id in mapped} == {"skipped"}
     assert states[("merge", -1)] == "skipped"
-    assert sorted(rounds(env)[-1].report["targets"]) == ["edge"]
+    last = rounds(env)[-1]
+    assert sorted(last.report["targets"]) == ["edge"]
+    assert last.report["targets"]["edge"]["segments_copied"] == 2  # one per partition
     assert read_sorted(env, "edge").equals(read_sorted(env))
     assert read_sorted(env, "dr").num_rows == 0
 

@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from segrep.catalog import models as m
 from segrep.data.writer import write_batch
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from tests.support.airflow import (
     EVENTS_DAG,
     Batches,

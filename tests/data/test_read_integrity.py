@@ -26,7 +26,7 @@ from segrep.core.errors import CorruptSegmentError
 from segrep.data import reader
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from tests.support.badinput import assert_user_error, unchanged
 from tests.support.cli import cli
 from tests.support.env import Env

@@ -25,7 +25,7 @@ from sqlalchemy import func, select
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.core import hlc
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from tests.support.badinput import unchanged
 from tests.support.checks import SEGMENT_FIELDS, triples
 from tests.support.cli import cli

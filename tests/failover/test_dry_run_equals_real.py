@@ -27,8 +27,8 @@ from segrep.core.errors import SegrepError
 from segrep.data.writer import write_batch
 from segrep.failover.promote import Cut, failover
 from segrep.maintenance.compaction import compact
+from segrep.replication.orchestrator import run_round
 from segrep.replication.rollback import list_rollbacks, roll_back_returned, rollback_manifest
-from segrep.replication.run import run_round
 from segrep.storage.site import Site
 from tests.support.cli import cli
 from tests.support.env import OUTAGE_YAML, Env, make_env

@@ -17,8 +17,8 @@ import pytest
 
 from segrep.failover.promote import failover
 from segrep.replication.fast_forward import fast_forward_target
+from segrep.replication.orchestrator import run_round
 from segrep.replication.round import TargetUnreachable
-from segrep.replication.run import run_round
 from tests.support.badinput import unchanged
 from tests.support.checks import assert_replicas_equal_leader, triples
 from tests.support.cli import cli

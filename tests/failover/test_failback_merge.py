@@ -21,10 +21,10 @@ from sqlalchemy import select
 from segrep.catalog import models as m
 from segrep.core import hlc
 from segrep.replication.fast_forward import fast_forward_target
+from segrep.replication.orchestrator import run_round
 from segrep.replication.overview import SiteState, build_overview
 from segrep.replication.plan import plan_round
 from segrep.replication.reports import RoundReport
-from segrep.replication.run import run_round
 from tests.failover.test_failback import _lose_primary
 from tests.support.checks import (
     assert_replicas_equal_leader,

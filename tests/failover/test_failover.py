@@ -13,13 +13,12 @@ from sqlalchemy import select
 
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.cli.format import format_report
 from segrep.data import writer
 from segrep.data.writer import write_batch
 from segrep.failover.promote import failover
 from segrep.replication.fast_forward import CopyItem, CopyOutcome, local_copier
+from segrep.replication.orchestrator import run_round
 from segrep.replication.rollback import list_rollbacks
-from segrep.replication.run import run_round
 from tests.support.badinput import unchanged
 from tests.support.checks import assert_replicas_equal_leader, leaders, triples
 from tests.support.cli import cli
@@ -188,7 +187,7 @@ def test_a_round_of_the_old_epoch_cannot_commit_what_it_copied(env: Env) -> None
     # (the batch being copied when the failover landed; another partition may have decided before it, or after)
     assert report.targets["dr"].superseded >= 1
     assert not [site for site, t in report.targets.items() if "INFLIGHT" in t.outcomes], report.targets
-    assert "copied but not committed: leadership changed or the placement was removed" in format_report(report)
+    assert "copied but not committed: leadership changed or the placement was removed" in str(report)
     with env.catalog.read() as s:
         at_edge = s.scalars(
             select(m.Segment.segment_id)

@@ -17,7 +17,7 @@ from segrep.catalog import models as m
 from segrep.core import faults
 from segrep.core.errors import WritesPausedError
 from segrep.data.writer import write_batch
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from tests.support.checks import leaders, triples
 from tests.support.cli import cli, cli_command
 from tests.support.env import Env

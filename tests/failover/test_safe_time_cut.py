@@ -21,7 +21,7 @@ from segrep.core.errors import RefusedError
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.failover.promote import Cut, failover
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from tests.support.checks import assert_replicas_equal_leader, safe_times, triples
 from tests.support.cli import cli
 from tests.support.env import Env

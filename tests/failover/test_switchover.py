@@ -14,7 +14,7 @@ from segrep.core.errors import SegrepError, WritesPausedError
 from segrep.data.writer import write_batch
 from segrep.failover import switchover as sw
 from segrep.failover.promote import failover
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from segrep.split.workflow import start_split
 from tests.support.badinput import assert_user_error, unchanged
 from tests.support.checks import assert_replicas_equal_leader, leaders, triples

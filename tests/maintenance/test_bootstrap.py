@@ -30,7 +30,7 @@ from segrep.maintenance import bootstrap as bootstrap_mod
 from segrep.maintenance.bootstrap import bootstrap
 from segrep.maintenance.compaction import compact
 from segrep.maintenance.gc import collect
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from segrep.replication.status import status_rows
 from segrep.storage.identity import MARKER_NAME
 from segrep.storage.site import Site

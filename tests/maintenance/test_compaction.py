@@ -27,7 +27,7 @@ from segrep.maintenance import compaction as compaction_mod
 from segrep.maintenance.bootstrap import bootstrap
 from segrep.maintenance.compaction import compact, plan_compaction
 from segrep.maintenance.gc import collect
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from segrep.replication.status import status_rows
 from segrep.spark import jobs as merge_mod
 from segrep.spark.manifest import Manifest

@@ -31,7 +31,7 @@ from segrep.maintenance.bootstrap import bootstrap
 from segrep.maintenance.compaction import compact
 from segrep.maintenance.gc import collect
 from segrep.maintenance.repair import repair
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from segrep.replication.status import status_rows
 from segrep.storage.site import Site
 from tests.support.checks import assert_files_match_catalog, catalog_state, partitions, triples

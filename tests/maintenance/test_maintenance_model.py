@@ -46,7 +46,6 @@ from sqlalchemy import select
 
 from segrep.catalog import models as m
 from segrep.catalog.snapshot import snapshot
-from segrep.cli.format import format_report
 from segrep.core import hlc
 from segrep.core.chain import offer_order, visible_segments
 from segrep.core.errors import RefusedError
@@ -55,7 +54,7 @@ from segrep.data.writer import write_batch
 from segrep.maintenance.bootstrap import bootstrap
 from segrep.maintenance.compaction import compact, plan_compaction
 from segrep.maintenance.gc import collect
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from segrep.spark.results import commit_results
 from segrep.storage.identity import MARKER_NAME
 from segrep.storage.site import Site
@@ -134,9 +133,9 @@ class MaintenanceMachine(RuleBasedStateMachine):
     @rule()
     def replication_round(self) -> None:
         report = run_round(self.env.catalog, self.env.defs, TABLE, submit=self.submit)
-        text = format_report(report).replace("\n", "\n  ")
+        text = str(report).replace("\n", "\n  ")
         self.log.append(f"round (down: {sorted(self.down)})\n  {text}")
-        assert set(report.failed) <= set(self.down), format_report(report)
+        assert set(report.failed) <= set(self.down), str(report)
         self.stats["rounds"] += 1
         self.stats["segments copied"] += sum(t.segments_copied for t in report.targets.values())
 
@@ -353,7 +352,7 @@ class MaintenanceMachine(RuleBasedStateMachine):
             if not busy and not report.merges.items:
                 break
         else:
-            pytest.fail(self.fail("no idle round:\n" + "\n".join(format_report(r) for r in reports[-3:])))
+            pytest.fail(self.fail("no idle round:\n" + "\n".join(str(r) for r in reports[-3:])))
         leader = read_table(self.env.catalog, TABLE).sort_by("k")
         for site in REPLICAS:
             got = read_table(self.env.catalog, TABLE, site).sort_by("k")

@@ -90,7 +90,7 @@ def lag_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
     """`events` replicated once to dr and edge, then written again (2 segments pending at each); `orders`
     written, never replicated. SEGREP_CATALOG_URL names the catalog, as for the DAGs."""
     from segrep.data.writer import write_batch
-    from segrep.replication.run import run_round
+    from segrep.replication.orchestrator import run_round
     from tests.support.rounds import no_spark
     from tests.support.tables import TABLE, batch, orders
 

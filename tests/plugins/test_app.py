@@ -177,7 +177,7 @@ def test_a_breached_objective_is_red_on_the_page_in_the_metrics_and_in_status(
 
 
 def test_the_chart_data_comes_from_the_round_reports(lag_env: Env, tokens: Tokens) -> None:
-    from segrep.replication.run import run_round
+    from segrep.replication.orchestrator import run_round
     from tests.support.rounds import no_spark
 
     assert run_round(lag_env.catalog, lag_env.defs, "events", submit=no_spark).status == "ok"

@@ -15,11 +15,11 @@ import pytest
 from sqlalchemy import select, update
 
 from segrep.catalog import models as m
-from segrep.cli.format import format_report, status_note
+from segrep.cli.format import status_note
 from segrep.core.errors import SegrepError
 from segrep.replication.fast_forward import CopyItem, CopyOutcome, copy_one
+from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport, RoundStatus
-from segrep.replication.run import run_round
 from segrep.replication.status import status_rows
 from tests.support.checks import assert_replicas_equal_leader, lease_count, segment_rows, triples
 from tests.support.cli import cli
@@ -36,8 +36,8 @@ def _round_statuses(env: Env) -> list[str]:
 
 def _assert_failed_cleanly(env: Env, report: RoundReport, reason: str) -> None:
     """dr failed for ``reason``, edge replicated, no lease left, no round left running."""
-    assert report.status == RoundStatus.FAILED and report.failed == ["dr"], format_report(report)
-    assert reason in (report.targets["dr"].error or ""), format_report(report)
+    assert report.status == RoundStatus.FAILED and report.failed == ["dr"], str(report)
+    assert reason in (report.targets["dr"].error or ""), str(report)
     assert report.targets["edge"].status == "ok" and report.has_problems
     assert lease_count(env.catalog) == 0
     assert "running" not in _round_statuses(env)
@@ -52,10 +52,10 @@ def test_a_plain_file_in_place_of_the_leaders_table_directory_is_named_in_each_t
     table_dir.rename(table_dir.with_name("aside"))
     table_dir.write_text("in the way\n")
     report = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    assert report.failed == ["dr", "edge"], format_report(report)
+    assert report.failed == ["dr", "edge"], str(report)
     for target in ("dr", "edge"):
         error = report.targets[target].error or ""
-        assert f"site primary: {table_dir} is a plain file where a directory is needed" in error, format_report(report)
+        assert f"site primary: {table_dir} is a plain file where a directory is needed" in error, str(report)
     assert lease_count(env.catalog) == 0 and "running" not in _round_statuses(env)
 
 
@@ -68,12 +68,12 @@ def test_a_target_root_replaced_by_a_plain_file_fails_that_target_only(env: Env)
     aside = take_down(env, "dr")  # mid-life: dr holds segments, then its root becomes a plain file
     report = run_round(env.catalog, defs, TABLE, submit=no_spark)
     _assert_failed_cleanly(env, report, f"site dr: its root {env.site_dir('dr')} is a plain file, not a directory")
-    text = format_report(report)
+    text = str(report)
     assert "  dr: failed" in text and f"{env.site_dir('dr')}" in text and "  edge: ok" in text, text
     assert triples(env.catalog, "edge") == model.snapshot()
     bring_up(env, "dr", aside)
     retry = run_round(env.catalog, defs, TABLE, reoffer=True, submit=no_spark)
-    assert retry.status == "ok" and not retry.has_problems, format_report(retry)
+    assert retry.status == "ok" and not retry.has_problems, str(retry)
     assert_replicas_equal_leader(env.catalog)
 
 
@@ -109,7 +109,7 @@ def test_a_copier_that_gives_up_fails_that_target_and_releases_its_leases(env: E
     _assert_failed_cleanly(env, report, f"copy failed: {type(error).__name__}: {error}")
     assert segment_rows(env.catalog, "dr") == []
     retry = run_round(env.catalog, env.defs, TABLE, reoffer=True, submit=no_spark)
-    assert retry.status == "ok", format_report(retry)
+    assert retry.status == "ok", str(retry)
     assert_replicas_equal_leader(env.catalog)
 
 
@@ -130,7 +130,7 @@ def test_a_corrupt_copy_is_named_with_what_to_run(env: Env) -> None:
     assert report.targets["edge"].invalid == [] and report.invalid == [("dr", bad) for bad in invalid]
     assert lease_count(env.catalog) == 0 and segment_rows(env.catalog, "dr") == []
 
-    text = format_report(report)
+    text = str(report)
     for bad in invalid:
         assert f"INVALID: segment {bad.segment_id} of partition {bad.partition_id}, file {bad.path} at primary" in text
     assert f"run `segrep round {TABLE} --target dr --reoffer`" in text and "damaged at primary" in text, text
@@ -145,7 +145,7 @@ def test_a_corrupt_copy_is_named_with_what_to_run(env: Env) -> None:
     assert "--target dr --reoffer` to copy again now" in dr_line and invalid[0].segment_id in dr_line, out
 
     retry = run_round(env.catalog, env.defs, TABLE, reoffer=True, submit=no_spark)
-    assert retry.status == "ok" and not retry.has_problems, format_report(retry)
+    assert retry.status == "ok" and not retry.has_problems, str(retry)
     assert_replicas_equal_leader(env.catalog)
     row = next(r for r in status_rows(env.catalog, TABLE) if r.target == "dr")
     assert row.invalid == [] and "INVALID" not in status_note(row)

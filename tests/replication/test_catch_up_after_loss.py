@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 
 from segrep.catalog.rebuild import rebuild_site
-from segrep.cli.format import format_report
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from tests.support.checks import assert_acks_are_prefixes, assert_safe_time_honest, safe_times, triples
 from tests.support.cli import cli
 from tests.support.env import Env
@@ -47,8 +46,8 @@ def test_a_replica_rebuilt_with_a_loss_is_offered_it_again_and_not_reported_caug
 
     report = run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # a plain round: no --reoffer
     dr = report.targets["dr"]
-    assert dr.segments_copied >= 1 and dr.outcomes, format_report(report)
-    assert "nothing to offer" not in format_report(report, ["dr"])
+    assert dr.segments_copied >= 1 and dr.outcomes, str(report)
+    assert "nothing to offer" not in report.text(["dr"])
     round_until_idle(env)
     for site in ("primary", "dr", "edge"):
         assert triples(env.catalog, site) == model.snapshot(), site

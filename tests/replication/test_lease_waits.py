@@ -11,10 +11,10 @@ from sqlalchemy import select
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.core import hlc
+from segrep.replication.orchestrator import run_round
 from segrep.replication.plan import plan_round
 from segrep.replication.reports import TargetStatus
 from segrep.replication.round import lease_ttl_us, round_key
-from segrep.replication.run import run_round
 from tests.support.checks import assert_safe_time_honest, safe_times, triples
 from tests.support.cli import cli
 from tests.support.env import Env

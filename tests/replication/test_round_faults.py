@@ -13,9 +13,8 @@ import pytest
 from sqlalchemy import select
 
 from segrep.catalog import models as m
-from segrep.cli.format import format_report
 from segrep.core import faults, hlc
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from segrep.storage.identity import MARKER_NAME
 from tests.support.checks import (
     assert_acks_are_prefixes,
@@ -98,7 +97,7 @@ def test_crash_at_point_then_retry_converges(env: Env, monkeypatch: pytest.Monke
     assert safe_times(env.catalog) == safe_before  # nothing claimed by the crashed round
 
     retry = run_round(env.catalog, env.defs, TABLE, end, submit=no_spark)  # the retried task: same interval
-    assert retry.status == "ok", format_report(retry)
+    assert retry.status == "ok", str(retry)
     for site in REPLICAS:
         assert triples(env.catalog, site) == expected, site
         assert safe_before[site] <= retry.safe_time_us[site] <= end

@@ -16,11 +16,10 @@ import pytest
 from sqlalchemy import delete, select
 
 from segrep.catalog import models as m
-from segrep.cli.format import format_report
 from segrep.core import faults, hlc
 from segrep.core.errors import SegrepError
+from segrep.replication.orchestrator import run_round
 from segrep.replication.plan import plan_round
-from segrep.replication.run import run_round
 from segrep.spark.manifest import Manifest
 from segrep.spark.results import commit_results
 from segrep.storage.workdir import manifest_path, result_path
@@ -85,7 +84,7 @@ def test_fork_merged_by_spark_submit_with_a_crash_in_the_job(sqlite_env: Env, mo
     assert not result_path(env.defs, TABLE, end).exists()
 
     retry = run_round(env.catalog, env.defs, TABLE, end)  # Spark application 2: the retried merge
-    assert retry.spark_apps == 1, format_report(retry)
+    assert retry.spark_apps == 1, str(retry)
     assert retry.merges.committed == 2 and retry.merges.dropped == []
     # rows kept: dr's 40-44, 48-49, 60-69 and its deletes of 0-4 (its 45-47 and 50-59 lost to newer writes)
     assert retry.merges.rows_merged == 5 + 2 + 10 + 5 and retry.merges.rows_in == 35
@@ -103,8 +102,8 @@ def test_fork_merged_by_spark_submit_with_a_crash_in_the_job(sqlite_env: Env, mo
         if all(not t.outcomes for t in rep.targets.values()) and not rep.merges.items:
             break
     else:
-        pytest.fail("\n".join(format_report(r) for r in reports))
-    assert sum(r.spark_apps for r in reports) == 0, [format_report(r) for r in reports]
+        pytest.fail("\n".join(str(r) for r in reports))
+    assert sum(r.spark_apps for r in reports) == 0, [str(r) for r in reports]
     assert reports[0].plan.majors == [] and reports[0].targets["dr"].outcomes.get("FAST_FORWARD")
 
     assert triples(env.catalog) == expected

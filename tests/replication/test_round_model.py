@@ -42,7 +42,6 @@ from sqlalchemy import select
 
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.cli.format import format_report
 from segrep.core import hlc
 from segrep.core.errors import NotFoundError, RefusedError, SegrepError, SplitIncompleteError
 from segrep.core.states import SplitState
@@ -53,11 +52,11 @@ from segrep.failover.assess import PartitionLoss
 from segrep.failover.promote import Cut, FailoverReport, failover
 from segrep.failover.switchover import switchover
 from segrep.replication.fast_forward import Copier, CopyItem, CopyOutcome, copy_one, local_copier
+from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport
 from segrep.replication.rollback import list_rollbacks
-from segrep.replication.run import run_round
-from segrep.split.run import finish_unloaded
-from segrep.split.workflow import commit_pass, finalize, finish, plan_pass, start_split
+from segrep.replication.unload import finish, finish_unloaded
+from segrep.split.workflow import commit_pass, finalize, plan_pass, start_split
 from tests.support.checks import (
     assert_acks_are_prefixes,
     assert_each_segment_once,
@@ -238,14 +237,14 @@ class RoundsMachine(RuleBasedStateMachine):
             self.pending_end = end
             return
         self.pending_end = None
-        self.log.append("  " + format_report(report).replace("\n", "\n  "))
+        self.log.append("  " + str(report).replace("\n", "\n  "))
         self.count(report)
         for done in finish_unloaded(self.env.catalog, self.env.defs, TABLE):  # as the DAG's commit task does
             self.stats[f"split {done.state} after a round"] += 1
         if fault == "none" and not self.away:
-            assert report.status in ("ok", "partial"), format_report(report)
+            assert report.status in ("ok", "partial"), str(report)
         if report.failed:
-            assert fault in ("down", "lost") or self.away, format_report(report)
+            assert fault in ("down", "lost") or self.away, str(report)
 
     @precondition(lambda self: not self.FAILBACK)
     @rule(
@@ -408,12 +407,12 @@ class RoundsMachine(RuleBasedStateMachine):
             finish_unloaded(self.env.catalog, self.env.defs, TABLE)  # once the replicas hold the children
             reports.append(report)
             self.count(report)
-            self.log.append("  quiesce " + format_report(report).replace("\n", "\n  "))
+            self.log.append("  quiesce " + str(report).replace("\n", "\n  "))
             busy = any(t.outcomes or t.status != "ok" for t in report.targets.values())
             if not busy and not report.merges.items and retry is None:  # idle up to now
                 break
         else:
-            pytest.fail("no idle round:\n" + "\n".join(self.log + [format_report(r) for r in reports[-3:]]))
+            pytest.fail("no idle round:\n" + "\n".join(self.log + [str(r) for r in reports[-3:]]))
         if self.split_id is not None:
             with self.env.catalog.read() as s:
                 assert s.get(m.Split, self.split_id).state == SplitState.DONE, "\n".join(self.log)
@@ -572,7 +571,7 @@ class FailbackMachine(RoundsMachine):
         self.pending_end = None
         self.count(report)
         self.stats["round with a failover inside" if done else "round without copies"] += 1
-        self.log.append("  round with a failover: " + format_report(report).replace("\n", "\n  "))
+        self.log.append("  round with a failover: " + str(report).replace("\n", "\n  "))
 
     def after_move(self, report: FailoverReport, before: dict[int, tuple[str, int]], site: str) -> None:
         (move,) = report.moves
@@ -740,10 +739,10 @@ def test_a_replica_never_commits_half_of_a_catch_up_that_takes_its_rows_off_its_
 
 def lose_dr_after_one_copy(state: RoundsMachine) -> None:
     report = run_round(state.env.catalog, state.env.defs, TABLE, target="dr", submit=state.submit, copier=lost_to("dr"))
-    state.log.append(format_report(report))
+    state.log.append(str(report))
     state.safe_time_never_decreases_and_is_honest()  # what went wrong: key 1 missing below dr's safe time
     dr = report.targets["dr"]
-    assert dr.status == "failed" and dr.error == "dr lost" and dr.segments_copied == 0, format_report(report)
+    assert dr.status == "failed" and dr.error == "dr lost" and dr.segments_copied == 0, str(report)
 
 
 def test_failover_failback_state_machine_rollback(spark: Any) -> None:

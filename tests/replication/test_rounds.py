@@ -21,14 +21,14 @@ from sqlalchemy import delete, func, select
 from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
-from segrep.cli.format import format_report, last_round, status_note
+from segrep.cli.format import last_round, status_note
 from segrep.core import hlc
 from segrep.data.writer import write_batch
 from segrep.replication.commit import commit_round
 from segrep.replication.fast_forward import CopyItem, copy_one, fast_forward_target
+from segrep.replication.orchestrator import run_round
 from segrep.replication.plan import plan_round
 from segrep.replication.round import TargetUnreachable
-from segrep.replication.run import run_round
 from segrep.replication.status import status_rows
 from segrep.spark.results import CommitSummary
 from tests.support.checks import (
@@ -82,7 +82,7 @@ def test_two_targets_converge_and_a_second_round_does_nothing(env: Env) -> None:
         t = again.targets[site]
         assert (t.outcomes, t.segments_copied, t.bytes_copied) == ({}, 0, 0)
     assert again.merges.items == 0
-    text = format_report(again)
+    text = str(again)
     assert text.count("nothing to offer; copied 0 segments, 0 bytes") == 2, text
     assert "spark applications: 0" in text
     assert catalog_state(env, skip=("rounds", "round_targets", "safe_times", "checkpoints")) == before
@@ -211,7 +211,7 @@ def test_corruption_in_transit_is_invalid_backs_off_and_a_retry_replicates(env: 
     assert held_off.targets["dr"].status == "backoff" and held_off.targets["dr"].segments_copied == 0
 
     retry = run_round(env.catalog, env.defs, TABLE, reoffer=True, submit=no_spark)
-    assert retry.status == "ok" and retry.targets["dr"].segments_copied == 2, format_report(retry)
+    assert retry.status == "ok" and retry.targets["dr"].segments_copied == 2, str(retry)
     assert_replicas_equal_leader(env.catalog)
     assert_files_match_catalog(env)
     with env.catalog.read() as s:
@@ -252,7 +252,7 @@ def test_an_invalid_copy_in_a_full_window_stops_its_partition_once(window_of_2_e
     assert segment_rows(env.catalog, "dr") == [] and lease_count(env.catalog) == 0
 
     retry = run_round(env.catalog, env.defs, TABLE, reoffer=True, submit=no_spark)
-    assert retry.status == "ok" and retry.targets["dr"].segments_copied == 10, format_report(retry)
+    assert retry.status == "ok" and retry.targets["dr"].segments_copied == 10, str(retry)
     assert_replicas_equal_leader(env.catalog)
 
 
@@ -301,13 +301,13 @@ def test_outage_fails_one_target_and_a_backfill_catches_up_in_order(outage_env: 
     dr_down = f"PathBlockedError: site dr: its root {env.site_dir('dr')} is a plain file, not a directory"
     for end, expected in zip(ends, expected_at, strict=True):
         rep = run_round(env.catalog, env.defs, TABLE, end, submit=no_spark)
-        assert rep.status == "failed" and rep.failed == ["dr"], format_report(rep)
+        assert rep.status == "failed" and rep.failed == ["dr"], str(rep)
         assert rep.targets["dr"].status == "failed" and rep.targets["edge"].status == "ok"
-        assert (rep.targets["dr"].error or "").startswith(dr_down), format_report(rep)
+        assert (rep.targets["dr"].error or "").startswith(dr_down), str(rep)
         assert triples(env.catalog, "edge") == expected  # edge proceeds interval by interval
         # dr's safe time may reach the instant before the oldest write it lacks, never further (nor back)
         assert safe_before["dr"] <= rep.safe_time_us["dr"] < first_missing[0]
-        assert ": failed" in format_report(rep).splitlines()[0]
+        assert ": failed" in str(rep).splitlines()[0]
     with pytest.raises(TargetUnreachable, match="target dr"):
         fast_forward_target(env.catalog, env.defs, TABLE, "dr", ends[-1])
     with env.catalog.read() as s:
@@ -325,7 +325,7 @@ def test_outage_fails_one_target_and_a_backfill_catches_up_in_order(outage_env: 
     last_safe = safe_times(env.catalog)["dr"]
     for end, expected in zip(ends, expected_at, strict=True):  # the backfill: the same intervals, in order
         rep = run_round(env.catalog, env.defs, TABLE, end, submit=no_spark)
-        assert rep.status == "ok", format_report(rep)
+        assert rep.status == "ok", str(rep)
         assert triples(env.catalog, "dr") == expected
         safe = rep.safe_time_us["dr"]
         assert last_safe <= safe <= end
@@ -582,7 +582,7 @@ def test_a_retried_target_reports_every_copy_of_its_round(env: Env) -> None:
     assert retry.outcomes == {"SEGMENT_EXISTS": 1, "FAST_FORWARD": 1}, retry
     rep = commit_round(env.catalog, env.defs, TABLE, plan.end_us, merge_ran=False)
     dr = rep.targets["dr"]
-    assert (dr.status, dr.segments_copied) == ("ok", 2), format_report(rep)
+    assert (dr.status, dr.segments_copied) == ("ok", 2), str(rep)
     with env.catalog.read() as s:
         held = s.scalars(
             select(m.Segment.byte_size)

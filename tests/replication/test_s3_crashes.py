@@ -29,9 +29,9 @@ from sqlalchemy import func, select
 from segrep.catalog import models as m
 from segrep.core import faults, hlc
 from segrep.data.writer import write_batch
+from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import TargetStatus
 from segrep.replication.round import LEASE_TTL_ENV
-from segrep.replication.run import run_round
 from segrep.storage import s3
 from segrep.storage.identity import MARKER_NAME
 from tests.support.checks import assert_replicas_equal_leader, lease_count, segment_rows, sorted_table

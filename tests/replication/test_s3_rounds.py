@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import select
 
 from segrep.catalog import models as m
+from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import TargetStatus
-from segrep.replication.run import run_round
 from segrep.storage.site import Site
 from tests.support.badinput import assert_user_error, catalog_rows, unchanged
 from tests.support.checks import assert_replicas_equal_leader, lease_count, triples

@@ -17,8 +17,8 @@ from sqlalchemy import select
 
 from segrep.catalog import models as m
 from segrep.core.errors import SegrepError
+from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundStatus, TargetStatus
-from segrep.replication.run import run_round
 from segrep.storage.identity import MARKER_NAME
 from tests.support.checks import assert_replicas_equal_leader, segment_rows, triples
 from tests.support.cli import cli

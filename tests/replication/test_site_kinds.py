@@ -29,16 +29,16 @@ from sqlalchemy import delete, select, update
 from segrep.catalog import models as m
 from segrep.catalog.apply import apply_definitions
 from segrep.catalog.rebuild import rebuild_site
-from segrep.cli.format import format_report
 from segrep.core import hlc
 from segrep.core.errors import RefusedError
 from segrep.core.states import SplitState
 from segrep.maintenance.bootstrap import bootstrap
 from segrep.maintenance.compaction import compact
 from segrep.maintenance.gc import collect
+from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport
-from segrep.replication.run import run_round
-from segrep.split.run import finish_unloaded, run_split
+from segrep.replication.unload import finish_unloaded
+from segrep.split.run import run_split
 from segrep.storage.site import Site
 from tests.support.checks import (
     assert_each_segment_once,
@@ -231,11 +231,11 @@ def rounds(env: Env, submit: Any = no_spark, max_rounds: int = 6) -> list[RoundR
     for _ in range(max_rounds):
         rep = run_round(env.catalog, env.defs, TABLE, submit=submit)
         reports.append(rep)
-        assert ok_or_waiting_for_a_merge(rep), format_report(rep)
+        assert ok_or_waiting_for_a_merge(rep), str(rep)
         assert_honest(env)
         if not rep.merges.items and not any(t.segments_copied or t.outcomes for t in rep.targets.values()):
             return reports
-    pytest.fail("no idle round: " + "\n".join(format_report(r) for r in reports))
+    pytest.fail("no idle round: " + "\n".join(str(r) for r in reports))
 
 
 def assert_stores_hold_the_catalog(sites: Sites, env: Env) -> None:
@@ -327,7 +327,7 @@ def test_rounds_converge_and_a_second_round_is_idle(sites: Sites) -> None:
     model.upsert(env, range(50, 150), "b")
     model.delete(env, range(0, 20))
     first = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    assert first.status == "ok" and first.failed == [] and first.spark_apps == 0, format_report(first)
+    assert first.status == "ok" and first.failed == [] and first.spark_apps == 0, str(first)
     for site in REPLICAS:
         t = first.targets[site]
         assert t.outcomes == {"FAST_FORWARD": 6} and t.segments_copied == 6 and t.bytes_copied > 0, t
@@ -361,7 +361,7 @@ def test_forks_at_two_replicas_are_merged_by_spark_and_converge(sites: Sites, sp
 
     reports = rounds(env, counted(spark, apps))
     merged = reports[0].merges
-    assert merged.committed >= 2 and merged.dropped == [] and merged.invalid == [], format_report(reports[0])
+    assert merged.committed >= 2 and merged.dropped == [] and merged.invalid == [], str(reports[0])
     assert apps and sum(r.spark_apps for r in reports) == len(apps)
     assert triples(env.catalog) == model.snapshot()
     assert_converged(sites, env, model)
@@ -402,10 +402,9 @@ def test_split_then_rounds_retire_the_parent_at_every_site(sites: Sites, spark: 
     assert triples(env.catalog) == model.snapshot()
     assert_honest(env)  # the replicas still read the parent's rows: nothing vouched for is missing
 
-    rounds(env)  # the children reach dr and edge
-    finished = finish_unloaded(env.catalog, env.defs, TABLE)
-    assert [f.state for f in finished] == [SplitState.DONE] and finished[0].files_kept == [], finished
-    assert finished[0].files_removed > 0
+    reports = rounds(env)  # the children reach dr and edge, and the round's commit retires the parent
+    assert [split for r in reports for split in r.splits_retired] == [report.split_id]
+    assert finish_unloaded(env.catalog, env.defs, TABLE) == []  # nothing left in UNLOAD
     with env.catalog.read() as s:
         assert s.get(m.Partition, parent).state == "UNLOAD_FINAL"
         assert s.scalars(select(m.Segment).where(m.Segment.partition_id == parent)).all() == []
@@ -575,7 +574,7 @@ def test_rounds_after_a_rebuild_carry_the_writes_not_replicated_yet(sites: Sites
 
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
     for site in REPLICAS:  # the late segment of each partition is offered and copied
-        assert rep.targets[site].segments_copied == 2, f"{site}: {format_report(rep)}"
+        assert rep.targets[site].segments_copied == 2, f"{site}: {rep!s}"
     assert_honest(env)
     rounds(env)
     assert_converged(sites, env, model)

@@ -16,7 +16,7 @@ from segrep.data import demo as demo_data
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.maintenance.bootstrap import bootstrap
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from tests.support.cli import cli
 from tests.support.damage import copies_at, delete, flip_bit, swap, truncate
 from tests.support.env import Env

@@ -11,7 +11,7 @@ import pytest
 
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from segrep.spark import launch
 from tests.support.env import ORDERS_YAML, make_env
 from tests.support.s3 import S3Endpoint, s3_events_yaml, secrets_of

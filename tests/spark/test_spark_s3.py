@@ -35,10 +35,12 @@ from segrep.maintenance import verify as verify_module
 from segrep.maintenance.compaction import compact
 from segrep.maintenance.verify import RowCheck, Verdict, verify
 from segrep.maintenance.verify_spark import SparkDigests
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
+from segrep.replication.unload import finish_unloaded
 from segrep.spark import launch
 from segrep.spark.manifest import Manifest
-from segrep.split.run import finish_unloaded, run_split
+from segrep.split.run import run_split
+from segrep.split.workflow import find_split
 from tests.support.checks import assert_replicas_equal_leader, partitions, triples
 from tests.support.env import Env, make_env, sqlite_url
 from tests.support.models import Model
@@ -172,8 +174,9 @@ def test_spark_jobs_read_and_write_segments_on_s3_sites(
     assert split.state == SplitState.UNLOAD and split.finish.replicas_only  # till the children reach replicas
     rewrites = [it for mf in manifests[before:] for it in mf.items if it.kind == "split"]
     assert rewrites and {(it.leader_site, f.site) for it in rewrites for f in it.incoming} == {("dr", "dr")}
-    rounds(env, no_spark)
-    assert finish_unloaded(env.catalog, env.defs, TABLE)[0].state == SplitState.DONE
+    rounds(env, no_spark)  # the children reach the replicas; the round's commit retires the parent
+    assert find_split(env.catalog, TABLE, parent).state == SplitState.DONE
+    assert finish_unloaded(env.catalog, env.defs, TABLE) == []
     all_sites_read(env, model)
 
     # the Spark reader at the S3 sites, and the read job through spark-submit at edge (endpoint b)

@@ -21,12 +21,13 @@ from segrep.cli.format import format_progress
 from segrep.core import faults
 from segrep.core.errors import SegrepError, SplitIncompleteError
 from segrep.core.states import SplitState
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
+from segrep.replication.unload import FinishReport, finish, finish_unloaded
 from segrep.spark.jobs import run_manifest
 from segrep.spark.manifest import Manifest
 from segrep.split.progress import split_progress
-from segrep.split.run import finish_unloaded, run_split
-from segrep.split.workflow import FinishReport, commit_pass, finalize, finish, plan_pass, start_split
+from segrep.split.run import run_split
+from segrep.split.workflow import commit_pass, finalize, plan_pass, start_split
 from segrep.storage.atomic import write_json_atomic
 from tests.support.checks import assert_replicas_equal_leader, assert_safe_time_honest, safe_times, triples
 from tests.support.cli import cli

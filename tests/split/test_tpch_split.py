@@ -24,8 +24,9 @@ from segrep.core.states import SplitState
 from segrep.data import demo as demo_data
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
-from segrep.replication.run import run_round
-from segrep.split.run import finish_unloaded, run_split
+from segrep.replication.orchestrator import run_round
+from segrep.replication.unload import finish_unloaded
+from segrep.split.run import run_split
 from tests.support.env import Env, make_env, pg_schema_url
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.postgres]

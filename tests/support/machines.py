@@ -16,8 +16,8 @@ from segrep.catalog import Catalog
 from segrep.core import faults
 from segrep.core.errors import SegrepError
 from segrep.replication.fast_forward import Copier, local_copier
+from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport
-from segrep.replication.run import run_round
 from segrep.spark.launch import Submit
 from tests.support.checks import raw_winners, safe_times
 from tests.support.env import Env

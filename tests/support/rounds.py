@@ -12,10 +12,9 @@ from sqlalchemy import select
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
-from segrep.cli.format import format_report
 from segrep.replication.fast_forward import CopyItem, CopyOutcome
+from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport, RoundStatus, TargetStatus
-from segrep.replication.run import run_round
 from segrep.spark.jobs import run_manifest
 from segrep.spark.manifest import Manifest
 from segrep.storage.atomic import write_json_atomic
@@ -53,7 +52,7 @@ def round_until_idle(env: Env, max_rounds: int = 6, **kwargs: Any) -> list[dict[
         busy = any(t.segments_copied or t.outcomes for t in rep.targets.values())
         if not busy and not rep.merges.items and rep.status == "ok":
             return reports
-    pytest.fail(f"no idle round after {max_rounds}: {[format_report(r) for r in reports]}")
+    pytest.fail(f"no idle round after {max_rounds}: {[str(r) for r in reports]}")
 
 
 def set_leader(catalog: Catalog, site: str, table: str = TABLE, partition_ids: Iterable[int] | None = None) -> None:

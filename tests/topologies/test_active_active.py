@@ -15,10 +15,9 @@ import pytest
 from sqlalchemy import select
 
 from segrep.catalog import models as m
-from segrep.cli.format import format_report
 from segrep.data.writer import write_batch
 from segrep.maintenance.gc import collect
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from tests.support.checks import safe_times, triples
 from tests.support.cli import cli
 from tests.support.env import ORDERS_YAML, Env, env_fixture, sqlite_url
@@ -93,7 +92,7 @@ def test_concurrent_writes_to_the_same_keys_are_counted_per_site_pair(ring: Env,
     lost = {(c.site, c.by): c.rows for c in conflicts}
     assert lost == {("dr", "edge"): 10}, conflicts
     assert all(c.sample for c in conflicts)
-    text = "\n".join(format_report(rep) for rep in reports)
+    text = "\n".join(str(rep) for rep in reports)
     assert "conflicts: 10 row(s) written at dr overwritten by edge" in text, text
     code, out, err = cli(env, "status")
     assert code == 0, err

@@ -17,7 +17,7 @@ from segrep.config.definitions import load_definitions
 from segrep.core.errors import ConfigError
 from segrep.maintenance.compaction import compact
 from segrep.maintenance.gc import collect
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from tests.support.checks import assert_replicas_equal_leader, safe_times, segment_rows, triples
 from tests.support.env import ORDERS_YAML, Env, env_fixture, sqlite_url
 from tests.support.models import Model

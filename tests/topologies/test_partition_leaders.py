@@ -14,7 +14,7 @@ import pytest
 
 from segrep.config.definitions import load_definitions
 from segrep.core.errors import ConfigError
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from tests.support.badinput import unchanged
 from tests.support.checks import leaders, safe_times, triples
 from tests.support.cli import cli

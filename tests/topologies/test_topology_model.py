@@ -34,11 +34,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from segrep.cli.format import format_report
 from segrep.core import hlc
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from tests.support.checks import (
     assert_acks_are_prefixes,
     assert_each_segment_once,
@@ -143,7 +142,7 @@ class TopologyMachine(RuleBasedStateMachine):
             self.pending_end = end
             return
         retried, self.pending_end = self.pending_end, None
-        self.log.append("  " + format_report(report).replace("\n", "\n  "))
+        self.log.append("  " + str(report).replace("\n", "\n  "))
         self.count(report)
         if fault == "none" and retried is None:
             echoes = {t: r.outcomes.get("SEGMENT_EXISTS", 0) for t, r in report.targets.items()}
@@ -190,7 +189,7 @@ class TopologyMachine(RuleBasedStateMachine):
             retry, self.pending_end = self.pending_end, None
             report = run_round(self.env.catalog, self.env.defs, TABLE, retry, submit=self.submit)
             self.count(report)
-            self.log.append("  quiesce " + format_report(report).replace("\n", "\n  "))
+            self.log.append("  quiesce " + str(report).replace("\n", "\n  "))
             busy = any(t.outcomes or t.status != "ok" for t in report.targets.values())
             if not busy and not report.merges.items and retry is None:
                 break

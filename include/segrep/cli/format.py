@@ -6,7 +6,6 @@ logs of the DAGs, which print the same text).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +15,7 @@ from segrep.failover.assess import PartitionLoss
 from segrep.failover.promote import FailoverReport
 from segrep.maintenance.repair import RepairReport
 from segrep.maintenance.verify import RowCheck, Verdict, VerifyReport
-from segrep.replication.reports import InvalidSegment, RoundReport
+from segrep.replication.reports import invalid_advice
 from segrep.replication.status import TargetState
 from segrep.split.progress import SplitProgress
 
@@ -52,56 +51,6 @@ def _cell(value: Any) -> str:
         return "-"
     text = str(value)
     return text if len(text) <= 48 or isinstance(value, Whole) else text[:45] + "..."
-
-
-def format_report(report: RoundReport, sites: Sequence[str] | None = None) -> str:
-    """A few lines a person can read: per target what happened, merges, safe times."""
-    lines = [f"round {report.round_id} of {report.table} up to {hlc.iso(report.end_us)}: {report.status}"]
-    for site, r in sorted(report.targets.items()):
-        if sites and site not in sites:
-            continue
-        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r.outcomes.items())) or "nothing to offer"
-        extra = f"; {r.error}" if r.error else ""
-        copied = f"; copied {r.segments_copied} segments, {r.bytes_copied:,} bytes"
-        if set(r.bytes_from) - {site}:  # which link the bytes crossed (the leader, or a feeder: a cascade)
-            copied += " (" + ", ".join(f"{n:,} from {src}" for src, n in sorted(r.bytes_from.items())) + ")"
-        if r.superseded:
-            copied += (
-                f"; {r.superseded} copied but not committed: leadership changed or the placement was removed "
-                "during the round (orphans for GC)"
-            )
-        lines.append(f"  {site}: {r.status} ({outcomes}{copied}){extra}")
-        for bad in r.invalid:
-            lines.append(
-                f"    INVALID: segment {bad.segment_id} of partition {bad.partition_id}, file {bad.path} "
-                f"at {bad.site}: {bad.error}"
-            )
-        if r.invalid:
-            lines.append(f"    to do: {invalid_advice(report.table, site, r.invalid)}")
-    merges = report.merges
-    if merges.items:
-        lines.append(
-            f"  merges: {merges.committed}/{merges.items} committed, {merges.rows_merged:,} rows"
-            f" kept of {merges.rows_in:,} pushed"
-        )
-    for c in merges.conflicts:
-        keys = "; ".join(json.dumps(k) for k in c.sample)
-        lines.append(f"  conflicts: {c.rows:,} row(s) written at {c.site} overwritten by {c.by} (e.g. {keys})")
-    for site, us in sorted(report.safe_time_us.items()):
-        lines.append(f"  safe time at {site}: {hlc.iso(us)}")
-    lines.append(f"  spark applications: {report.spark_apps}")
-    return "\n".join(lines)
-
-
-def invalid_advice(table: str, target: str, invalid: Sequence[InvalidSegment]) -> str:
-    """What to run after copies to ``target`` failed verification: copy again at once; a file that fails
-    again is damaged at its site, and ``segrep repair`` fetches it again from an intact copy."""
-    sources = sorted({bad.site for bad in invalid})
-    repair = " and ".join(f"`segrep repair {table} --site {site}`" for site in sources)
-    return (
-        f"run `segrep round {table} --target {target} --reoffer` to copy again now; if a file fails again, "
-        f"it is damaged at {', '.join(sources)}: run {repair}"
-    )
 
 
 def status_note(state: TargetState) -> str:

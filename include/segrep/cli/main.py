@@ -678,26 +678,23 @@ def _parse_until(text: str | None) -> int | None:
 @click.pass_obj
 @_user_errors
 def round_(obj: Context, table: str, until: str | None, target: str | None, reoffer: bool, as_json: bool) -> None:
-    """Run one replication round for TABLE without Airflow: plan, fast-forward, merge (Spark), commit.
+    """Run one replication round for TABLE without Airflow: plan, fast-forward, merge, commit (the steps the
+    replication DAG runs).
 
-    Exits 1 if a target could not be reached or a file failed verification (the others are still
-    replicated; the report names each file and what to run)."""
+    Exits 1 if a target could not be reached, a file failed verification, or a target ends behind the
+    table's RPO (the others are still replicated; the report names each file and what to run)."""
     import json
 
-    from segrep.cli.format import format_report
-    from segrep.core.states import SplitState
-    from segrep.replication.run import run_round
-    from segrep.split.run import finish_unloaded
+    from segrep.replication.orchestrator import RoundSteps
 
     obj.defs.table(table)
-    report = run_round(obj.catalog(), obj.defs, table, _parse_until(until), target=target, reoffer=reoffer)
-    text = json.dumps(report.to_dict(), indent=2, sort_keys=True, default=str) if as_json else format_report(report)
-    click.echo(text)
-    for done in finish_unloaded(obj.catalog(), obj.defs, table):
-        if done.state == SplitState.DONE and not as_json:
-            click.echo(f"split {done.split_id} of {table}: every replica holds the children; parent retired")
-    if report.has_problems:
-        _fail(f"round of {table}: {'; '.join(report.problems())}", 1)
+    steps = RoundSteps(obj.catalog(), obj.defs, table)
+    view = steps.run(_parse_until(until), target=target, reoffer=reoffer)
+    report = view.report
+    click.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True, default=str) if as_json else str(report))
+    failure = view.failure()
+    if failure:
+        _fail(failure, 1)
 
 
 @main.command("split")

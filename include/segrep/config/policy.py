@@ -30,6 +30,7 @@ _BOUNDS: dict[str, tuple[int, int, str]] = {
     "max_incoming_segments": (1, 10_000, "segments in flight to one receiver"),
     "spark_copy_threshold_bytes": (1, MAX_BYTES, "bytes"),
     "verify_spark_threshold_bytes": (1, MAX_BYTES, "bytes"),
+    "one_task_round_max_bytes": (0, MAX_BYTES, "bytes (0: every round takes the mapped tasks)"),
     "retries": (0, 100, "retries"),
     "retry_delay_s": (0, BACKOFF_CAP_S, "seconds (the back-off is capped at one hour)"),
     "compact_min_segments": (1, 1_000_000, "segments"),
@@ -58,6 +59,9 @@ class Policy:
     spark_copy_threshold_bytes: int = 256 * 1024 * 1024
     # a partition whose leader and replica files together reach this many bytes is digested on Spark by verify
     verify_spark_threshold_bytes: int = 256 * 1024 * 1024
+    # A round that copies at most this many bytes (and whose merges, if any, run in process) runs whole in one
+    # Airflow task; a bigger one maps its fast-forward per target and merges on Spark (DESIGN section 15)
+    one_task_round_max_bytes: int = 256 * 1024 * 1024
     retries: int = 3
     retry_delay_s: int = 30
     compact_min_segments: int = 10

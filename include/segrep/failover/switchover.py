@@ -25,7 +25,7 @@ from segrep.core import faults, hlc
 from segrep.core.errors import RefusedError, SegrepError
 from segrep.failover.assess import assess
 from segrep.failover.promote import Cut, FailoverReport, Move, MoveKind, promote_table
-from segrep.replication.run import run_round
+from segrep.replication.orchestrator import run_round
 from segrep.spark import launch
 from segrep.spark.launch import Submit
 

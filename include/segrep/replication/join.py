@@ -10,8 +10,8 @@ from __future__ import annotations
 from segrep.catalog import Catalog
 from segrep.config.definitions import Definitions
 from segrep.core.errors import NotFoundError
+from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport
-from segrep.replication.run import run_round
 from segrep.replication.status import TargetState, status_rows
 from segrep.spark import launch
 from segrep.spark.launch import Submit

@@ -7,10 +7,12 @@ the records themselves.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from segrep.core import hlc
 from segrep.core.states import Outcome
 from segrep.spark.results import CommitSummary
 
@@ -227,6 +229,28 @@ class RoundReport:
     safe_time_us: dict[str, int]
     spark_apps: int
     plan: PlanSummary | None = None
+    advanced: list[str] = field(default_factory=list)  # sites whose safe time this commit moved forward
+    splits_retired: list[int] = field(default_factory=list)  # splits this commit finished (UNLOAD_FINAL)
+    duration_s: float | None = None  # from the round's plan to this commit
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def text(self, sites: Sequence[str] | None = None) -> str:
+        """A few lines a person can read: per target (each of ``sites``, default all) what happened, each file
+        that failed verification and what to run, merges and conflicts, safe times, Spark applications, the
+        splits it finished."""
+        lines = [f"round {self.round_id} of {self.table} up to {hlc.iso(self.end_us)}: {self.status}"]
+        for site, r in sorted(self.targets.items()):
+            if not sites or site in sites:
+                lines += _target_lines(self.table, site, r)
+        lines += self.merges.lines()
+        for site, us in sorted(self.safe_time_us.items()):
+            lines.append(f"  safe time at {site}: {hlc.iso(us)}")
+        lines.append(f"  spark applications: {self.spark_apps}")
+        for split_id in self.splits_retired:
+            lines.append(f"  split {split_id} of {self.table}: every replica holds the children; parent retired")
+        return "\n".join(lines)
 
     @property
     def invalid(self) -> list[tuple[str, InvalidSegment]]:
@@ -270,6 +294,9 @@ class RoundReport:
             safe_time_us=dict(doc["safe_time_us"]),
             spark_apps=doc["spark_apps"],
             plan=None if plan is None else PlanSummary.from_dict(plan),
+            advanced=list(doc.get("advanced", [])),
+            splits_retired=list(doc.get("splits_retired", [])),
+            duration_s=doc.get("duration_s"),
         )
 
     def stored(self) -> dict[str, Any]:
@@ -280,3 +307,36 @@ class RoundReport:
         if self.plan is None:
             doc.pop("plan")
         return doc
+
+
+def _target_lines(table: str, site: str, r: TargetReport) -> list[str]:
+    outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r.outcomes.items())) or "nothing to offer"
+    extra = f"; {r.error}" if r.error else ""
+    copied = f"; copied {r.segments_copied} segments, {r.bytes_copied:,} bytes"
+    if set(r.bytes_from) - {site}:  # which link the bytes crossed (the leader, or a feeder: a cascade)
+        copied += " (" + ", ".join(f"{n:,} from {src}" for src, n in sorted(r.bytes_from.items())) + ")"
+    if r.superseded:
+        copied += (
+            f"; {r.superseded} copied but not committed: leadership changed or the placement was removed "
+            "during the round (orphans for GC)"
+        )
+    lines = [f"  {site}: {r.status} ({outcomes}{copied}){extra}"]
+    for bad in r.invalid:
+        lines.append(
+            f"    INVALID: segment {bad.segment_id} of partition {bad.partition_id}, file {bad.path} "
+            f"at {bad.site}: {bad.error}"
+        )
+    if r.invalid:
+        lines.append(f"    to do: {invalid_advice(table, site, r.invalid)}")
+    return lines
+
+
+def invalid_advice(table: str, target: str, invalid: Sequence[InvalidSegment]) -> str:
+    """What to run after copies to ``target`` failed verification: copy again at once; a file that fails
+    again is damaged at its site, and ``segrep repair`` fetches it again from an intact copy."""
+    sources = sorted({bad.site for bad in invalid})
+    repair = " and ".join(f"`segrep repair {table} --site {site}`" for site in sources)
+    return (
+        f"run `segrep round {table} --target {target} --reoffer` to copy again now; if a file fails again, "
+        f"it is damaged at {', '.join(sources)}: run {repair}"
+    )

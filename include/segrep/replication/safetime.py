@@ -82,9 +82,23 @@ def leader_vouches(part: PartitionSnapshot, down: frozenset[int] = frozenset()) 
     return safe
 
 
+@dataclass(frozen=True)
+class SafeTimes:
+    """Each target site's safe time after a commit, and the sites whose safe time that commit moved forward
+    (a site's first safe time counts): what the round's Asset events announce."""
+
+    times: dict[str, int]
+    advanced: list[str]
+
+
 def update_checkpoints_and_safe_time(
     catalog: Catalog, table: str, end_us: int, *, hold: frozenset[int] = frozenset()
 ) -> dict[str, int]:
+    """:func:`advance_safe_times`' safe times."""
+    return advance_safe_times(catalog, table, end_us, hold=hold).times
+
+
+def advance_safe_times(catalog: Catalog, table: str, end_us: int, *, hold: frozenset[int] = frozenset()) -> SafeTimes:
     """Write the checkpoints of the partitions with unsettled entries, move their settled watermarks, and
     advance each target site's safe time; return the safe times. A settled partition has nothing pending
     anywhere, so it vouches for ``end - 1`` everywhere without being read. The sites in ``hold`` (found
@@ -115,6 +129,7 @@ def update_checkpoints_and_safe_time(
         joining = _joining_sites(s, snap.info.table_id) if joined else snap.joining_site_ids
         unloading = unload_safe_bound(s, snap.info.table_id)
         out: dict[str, int] = {}
+        moved: list[str] = []
         for site_id, safe in candidate.items():
             if unloading is not None:
                 safe = min(safe, unloading)
@@ -128,8 +143,11 @@ def update_checkpoints_and_safe_time(
                 continue  # a site found down is unknown; a joining replica is not readable yet; one that needs a
                 # bootstrap is stuck; an old leader still listing what its failover gave up serves rows the table
                 # no longer has (or, not merged yet, rows that may lose to newer ones): its safe time waits
-            out[snap.sites[site_id].name] = _advance(s, snap.info.table_id, site_id, safe, now)
-    return out
+            name = snap.sites[site_id].name
+            out[name], advanced = _advance(s, snap.info.table_id, site_id, safe, now)
+            if advanced:
+                moved.append(name)
+    return SafeTimes(out, sorted(moved))
 
 
 def _join_finalize(s: Session, part: PartitionSnapshot, replica: m.Placement) -> bool:
@@ -273,10 +291,13 @@ _SAFE_TIME_LOCKED = (
 )
 
 
-def _advance(s: Session, table_id: int, site_id: int, safe: int, now: int) -> int:
-    """Raise the stored safe time to ``safe`` if that is later (never lower it); return the stored value."""
-    insert_ignore(s, m.SafeTime, {"table_id": table_id, "site_id": site_id, "safe_time_us": safe, "updated_us": now})
+def _advance(s: Session, table_id: int, site_id: int, safe: int, now: int) -> tuple[int, bool]:
+    """Raise the stored safe time to ``safe`` if that is later (never lower it); return the stored value and
+    whether this call set it (a first safe time, or a later one)."""
+    values = {"table_id": table_id, "site_id": site_id, "safe_time_us": safe, "updated_us": now}
+    inserted = insert_ignore(s, m.SafeTime, values)
     row = s.scalars(_SAFE_TIME_LOCKED, {"table_id": table_id, "site_id": site_id}).one()
     if safe > row.safe_time_us:
         row.safe_time_us, row.updated_us = safe, now
-    return row.safe_time_us
+        return row.safe_time_us, True
+    return row.safe_time_us, inserted

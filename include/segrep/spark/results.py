@@ -67,6 +67,17 @@ class CommitSummary:
     ran: bool = True
     conflicts: list[ConflictCount] = field(default_factory=list)  # active-active overwrites, per site pair
 
+    def lines(self) -> list[str]:
+        """The merges and their active-active conflicts, as a round's report prints them ([] if none)."""
+        if not self.items:
+            return []
+        kept = f"{self.rows_merged:,} rows kept of {self.rows_in:,} pushed"
+        out = [f"  merges: {self.committed}/{self.items} committed, {kept}"]
+        for c in self.conflicts:
+            keys = "; ".join(json.dumps(k) for k in c.sample)
+            out.append(f"  conflicts: {c.rows:,} row(s) written at {c.site} overwritten by {c.by} (e.g. {keys})")
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -1,6 +1,6 @@
 """A whole split without Airflow (``segrep split``), and the steps it shares with the split DAG: the DAG's
 tasks call :func:`begin_split`, ``workflow.plan_pass`` / ``commit_pass``, :func:`finalize_split`,
-``workflow.finish`` and :func:`require_done`, in the order :func:`run_split` calls them."""
+``replication.unload.finish`` and :func:`require_done`, in the order :func:`run_split` calls them."""
 
 from __future__ import annotations
 
@@ -8,16 +8,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import select
-
 from segrep.catalog import Catalog
-from segrep.catalog import models as m
-from segrep.catalog import queries as q
 from segrep.catalog.models import MAX_PARTITION_ID
 from segrep.config.definitions import Definitions
 from segrep.core import faults
 from segrep.core.errors import SegrepError, SplitIncompleteError
 from segrep.core.states import SplitPhase, SplitState
+from segrep.replication.unload import FinishReport, finish
 from segrep.spark import launch
 from segrep.spark.launch import Submit
 from segrep.spark.results import CommitSummary
@@ -39,7 +36,7 @@ class SplitRunReport:
     table: str
     children: list[int]
     passes: list[SplitPass]
-    finish: sp.FinishReport
+    finish: FinishReport
 
     @property
     def state(self) -> SplitState:
@@ -92,7 +89,7 @@ def finalize_split(catalog: Catalog, split_id: int, copy: sp.PassPlan | dict[str
     return ref
 
 
-def require_done(finished: sp.FinishReport, table: str) -> sp.FinishReport:
+def require_done(finished: FinishReport, table: str) -> FinishReport:
     """``finished`` if the split is DONE, or waits only for rounds to carry the children to replica sites
     (those rounds finish it); else SplitIncompleteError saying what it waits for."""
     if finished.state != SplitState.DONE and not finished.replicas_only:
@@ -140,18 +137,8 @@ def run_split(
                 raise
     if sp.find_split(catalog, table, partition_id).state == SplitState.UNLOAD:
         one_pass()
-    finished = sp.finish(catalog, defs, ref.split_id)
+    finished = finish(catalog, defs, ref.split_id)
     return SplitRunReport(ref.split_id, table, ref.children, passes, finished)
-
-
-def finish_unloaded(catalog: Catalog, defs: Definitions, table: str) -> list[sp.FinishReport]:
-    """UNLOAD_FINAL for every split of ``table`` in UNLOAD that no longer waits (after a round carried the
-    children to the replica sites); returns what each finished or still awaits. No split in UNLOAD: no work."""
-    with catalog.read() as s:
-        table_id = q.table_info(s, table).table_id
-        query = select(m.Split.split_id).where(m.Split.table_id == table_id, m.Split.state == SplitState.UNLOAD)
-        split_ids = list(s.scalars(query.order_by(m.Split.split_id)))
-    return [sp.finish(catalog, defs, split_id) for split_id in split_ids]
 
 
 def resume_splits(
