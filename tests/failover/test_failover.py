@@ -17,9 +17,9 @@ from segrep.cli.format import format_report
 from segrep.data import writer
 from segrep.data.writer import write_batch
 from segrep.failover.promote import failover
-from segrep.replication.fast_forward import CopyItem, CopyOutcome, local_copier
 from segrep.replication.rollback import list_rollbacks
 from segrep.replication.run import run_round
+from segrep.storage.transport import CopyItem, CopyOutcome, local_copier
 from tests.support.badinput import unchanged
 from tests.support.checks import assert_replicas_equal_leader, leaders, triples
 from tests.support.cli import cli

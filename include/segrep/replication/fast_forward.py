@@ -12,10 +12,10 @@ twice, or twice at once, commits each segment once per target:
   after the back-off.
 
 A batch is made durable before it is committed: each file is fsynced as it is copied (the copies of every
-partition share one pool of threads per target, ``CopyPool``), each target directory once for the batch
-(``storage.atomic.batched_directory_syncs``), then the receiver registers the whole batch in one transaction.
-Partitions go side by side; on SQLite their transactions take turns in this process rather than in SQLite's
-busy handler.
+partition share one pool of threads per target, ``storage.transport.CopyPool``), each target directory once
+for the batch (``storage.atomic.batched_directory_syncs``), then the receiver registers the whole batch in one
+transaction. Partitions go side by side; on SQLite their transactions take turns in this process rather than
+in SQLite's busy handler.
 
 A store that cannot be used (its root became a plain file, a permission error, a URI its file system cannot
 open, a copier that gives up) fails that target only: the partition releases the round's leases it holds
@@ -27,10 +27,9 @@ of the file and the verification error.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
@@ -49,9 +48,9 @@ from segrep.catalog.site_identity import expected_identity
 from segrep.catalog.snapshot import PartitionSnapshot, given_up_held, receiving_replicas, snapshot
 from segrep.catalog.sql import ignoring_insert
 from segrep.config.definitions import Definitions, Policy
-from segrep.config.stores import StoreOptions, options_for
+from segrep.config.stores import options_for
 from segrep.core import faults, hlc
-from segrep.core.errors import ConflictError, CorruptSegmentError, SegrepError, SiteUnidentifiedError
+from segrep.core.errors import ConflictError, SegrepError, SiteUnidentifiedError
 from segrep.core.protocol import sender_reaction
 from segrep.core.states import Outcome, Reaction
 from segrep.replication.backoff import record_target
@@ -60,130 +59,15 @@ from segrep.replication.offers import forks_of, offers_to, pushes_from, whole_cu
 from segrep.replication.reports import LEASE_DECLINES, InvalidSegment, TargetReport, TargetStatus
 from segrep.replication.round import TargetUnreachable, clamp_end, ensure_round, lease_ttl_us, round_key
 from segrep.replication.waits import lease_wait
-from segrep.storage.atomic import FileFacts, batched_directory_syncs
+from segrep.storage.atomic import FileFacts
 from segrep.storage.identity import marker_path
 from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.segment_meta import SegmentEntry
 from segrep.storage.site import Expected, Site
 from segrep.storage.store_errors import PathBlockedError, StoreRefusedError, classify_os
-from segrep.storage.transfer import copy_verified
+from segrep.storage.transport import COPY_ERRORS, Copier, CopyItem, CopyOutcome, CopyPool
 
 PARTITIONS_AT_ONCE = 4
-# What fails a target's copy rather than the round: its store's errors, and ours (a Spark copy that failed)
-_COPY_ERRORS: tuple[type[Exception], ...] = (*STORE_ERRORS, SegrepError)
-
-
-@dataclass(frozen=True)
-class CopyItem:
-    """One verified copy; the store options (no secret) let a Spark executor open both sites as this process
-    does, since it has not loaded the definitions."""
-
-    source: str
-    source_uri: str
-    target: str
-    target_uri: str
-    relpath: str
-    byte_size: int
-    sha256: str
-    source_options: StoreOptions = field(default_factory=StoreOptions)
-    target_options: StoreOptions = field(default_factory=StoreOptions)
-    crc64nvme: str | None = None  # the catalog's CRC-64/NVME of the file, if known: copies are checked by it
-
-    @classmethod
-    def from_doc(cls, raw: dict[str, Any]) -> CopyItem:
-        """Back from ``asdict`` (the distributed copy's items file), options checked strictly."""
-        where = f"copy item {raw.get('relpath')!r}"
-        return cls(
-            **{
-                **raw,
-                "source_options": StoreOptions.from_doc(raw.get("source_options"), f"{where}: source options"),
-                "target_options": StoreOptions.from_doc(raw.get("target_options"), f"{where}: target options"),
-            }
-        )
-
-
-@dataclass(frozen=True)
-class CopyOutcome:
-    relpath: str
-    ok: bool
-    invalid: str | None = None  # the verification failure (INVALID)
-    error: str | None = None  # the target or source could not be reached
-    refused: bool = False  # the error is the store's refusal (credentials, permissions, missing bucket)
-
-
-Copier = Callable[[list[CopyItem]], list[CopyOutcome]]
-
-
-SiteOpener = Callable[[str, str, StoreOptions], Site]
-
-
-def copy_one(item: CopyItem, open_site: SiteOpener = Site) -> CopyOutcome:
-    try:
-        source = open_site(item.source, item.source_uri, item.source_options)
-        target = open_site(item.target, item.target_uri, item.target_options)
-        copy_verified(source, target, item.relpath, item.byte_size, item.sha256, item.crc64nvme)
-    except CorruptSegmentError as exc:
-        return CopyOutcome(item.relpath, False, invalid=str(exc))
-    except _COPY_ERRORS as exc:  # a site that cannot be opened, read or written
-        return CopyOutcome(item.relpath, False, error=describe(exc), refused=isinstance(exc, StoreRefusedError))
-    return CopyOutcome(item.relpath, True)
-
-
-COPIES_AT_ONCE = 8  # copies in flight to one target, from all its partitions
-
-
-class CopyPool:
-    """One target's copies, from every partition, in one pool of threads that takes them in the order asked.
-
-    With a pool per batch, every partition's batch finished at about the same time and the partitions then met
-    at the catalog together (receiver commit, next offer), taking turns there while no copy ran. First come,
-    first served, the earliest batch finishes first, and its partition's catalog work overlaps the others'
-    copies. Each file is fsynced as it is copied; the directories of local targets are fsynced once per batch,
-    before its outcomes are returned (so before any is committed): a failed directory sync fails every copy
-    of the batch. Sites are opened once for the pool."""
-
-    def __init__(self, workers: int = COPIES_AT_ONCE) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="segrep-copy")
-        self._open_site = _opened_once()
-
-    def __call__(self, items: list[CopyItem]) -> list[CopyOutcome]:
-        try:
-            with batched_directory_syncs():
-                # each copy joins the batch's directory syncs through its context
-                runs = [(contextvars.copy_context(), item) for item in items]
-                futures = [self._pool.submit(ctx.run, copy_one, item, self._open_site) for ctx, item in runs]
-                return [f.result() for f in futures]
-        except OSError as exc:
-            return [CopyOutcome(i.relpath, False, error=describe(exc)) for i in items]
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-
-    def __enter__(self) -> CopyPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def local_copier(items: list[CopyItem]) -> list[CopyOutcome]:
-    """Copy one batch in threads of its own (hashing and file I/O release the GIL): a CopyPool for the batch."""
-    with CopyPool(max(1, min(4, len(items)))) as pool:
-        return pool(items)
-
-
-def _opened_once() -> SiteOpener:
-    """Opens each site once for a batch (all its copies go between the same two sites), not once per copy."""
-    opened: dict[tuple[str, str, StoreOptions], Site] = {}
-    lock = threading.Lock()
-
-    def open_site(name: str, uri: str, options: StoreOptions) -> Site:
-        with lock:
-            if (name, uri, options) not in opened:
-                opened[(name, uri, options)] = Site(name, uri, options)
-            return opened[(name, uri, options)]
-
-    return open_site
 
 
 def fast_forward_target(
@@ -289,7 +173,7 @@ def _unreadable(row: m.Site, relpath: str) -> str | None:
     """Why a file the catalog says the site holds cannot be read there (the site is down), or None."""
     try:
         return None if Site(row.name, row.uri).exists(relpath) else f"its file {relpath} is not there"
-    except _COPY_ERRORS as exc:
+    except COPY_ERRORS as exc:
         return describe(exc)
 
 
@@ -541,7 +425,7 @@ class _PartitionRun:
         use_spark = big is not None and sum(i.byte_size for i in items) >= ctx.policy.spark_copy_threshold_bytes
         try:
             outcomes = big(items) if use_spark and big is not None else ctx.copier(items)
-        except _COPY_ERRORS as exc:  # the copier gave up (a Spark copy that failed, a store)
+        except COPY_ERRORS as exc:  # the copier gave up (a Spark copy that failed, a store)
             _release_all(ctx, batch)
             raise TargetUnreachable(f"copy failed: {describe(exc)}") from None
         report.spark_apps += int(use_spark)

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from segrep.catalog import Catalog
 from segrep.config.definitions import Definitions
 from segrep.replication.commit import commit_round
-from segrep.replication.fast_forward import Copier, CopyItem, CopyOutcome, fast_forward_target
+from segrep.replication.fast_forward import fast_forward_target
 from segrep.replication.heartbeat import heartbeat
 from segrep.replication.plan import plan_round
 from segrep.replication.reports import RoundReport
@@ -22,6 +22,7 @@ from segrep.replication.round import TargetUnreachable, round_key
 from segrep.spark import launch
 from segrep.spark.launch import Submit
 from segrep.storage.atomic import write_json_atomic
+from segrep.storage.transport import Copier, CopyItem, CopyOutcome
 from segrep.storage.workdir import copy_batch_paths, result_path
 
 
