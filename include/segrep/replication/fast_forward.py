@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import bindparam, delete, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
@@ -46,7 +46,6 @@ from segrep.catalog.losses import losses_held
 from segrep.catalog.segments import entry_of, insert_segments, move_root_to, segment_values
 from segrep.catalog.site_identity import expected_identity
 from segrep.catalog.snapshot import PartitionSnapshot, given_up_held, receiving_replicas, snapshot
-from segrep.catalog.sql import ignoring_insert
 from segrep.config.definitions import Definitions, Policy
 from segrep.config.stores import options_for
 from segrep.core import faults, hlc
@@ -140,7 +139,7 @@ def fast_forward_target(
             )
     report.seconds = round(time.perf_counter() - started, 3)
     with catalog.write() as s:  # the sender's side of the last batches, and the target's report: one transaction
-        _record_acks(s, last_acks, hlc.now_us())
+        ls.record_acks(s, last_acks, hlc.now_us())
         record_target(s, round_id, info.table_id, site_row.site_id, report, policy)
     if report.status in (TargetStatus.FAILED, TargetStatus.DOWN):
         raise TargetUnreachable(f"target {site}: {report.error}")
@@ -277,7 +276,7 @@ class _PartitionRun:
         unacked, self.unacked = self.unacked, []
         with ctx.write() as s:
             q.locked_partition(s, pid)  # serialises deciders of this partition
-            _record_acks(s, _sender_acks(unacked), hlc.now_us())
+            ls.record_acks(s, _sender_acks(unacked), hlc.now_us())
             snap = snapshot(s, ctx.table, [pid])
             part = next((p for p in snap.partitions if p.partition.partition_id == pid), None)
             replica = next((r for r in part.replicas if r.placement_id == replica_id), None) if part else None
@@ -314,11 +313,7 @@ class _PartitionRun:
                     if restarted:
                         report.needs_major.append(pid)  # the planner schedules a major segment
                         return _Decision([], _Next.STOP)
-                    s.execute(
-                        delete(m.Ack)
-                        .where(m.Ack.holder_placement_id.in_(holders), m.Ack.target_placement_id == replica_id)
-                        .execution_options(synchronize_session=False)
-                    )
+                    ls.drop_acks(s, holders=holders, targets=replica_id)
                     q.reset_watermarks(s, pid)  # the dropped acks make settled entries pending again
                     return _Decision([], _Next.RESTART)
                 if reaction == Reaction.STOP:
@@ -341,7 +336,7 @@ class _PartitionRun:
                     return decision
                 if outcome == Outcome.SEGMENT_EXISTS:
                     report.count(outcome)
-                    _record_acks(s, [(h, seg.segment_id, replica_id) for h in sorted(holders)], hlc.now_us())
+                    ls.record_acks(s, [(h, seg.segment_id, replica_id) for h in sorted(holders)], hlc.now_us())
                     continue
                 if len(batch) >= room and cuts[i]:  # the window is full: the batch ends where nothing is amiss
                     return self._leased(s, _Decision(batch, _Next.CONTINUE), held, now, report)
@@ -408,7 +403,7 @@ class _PartitionRun:
         else:  # taken and let go again meanwhile: the next round offers it
             report.count(Outcome.INFLIGHT)
         whole = _whole_prefix(decision.batch[:first_lost])
-        _release_leases(s, self.replica_id, [b.segment.segment_id for b in decision.batch[len(whole) :]], ctx.key)
+        ls.release_many(s, self.replica_id, [b.segment.segment_id for b in decision.batch[len(whole) :]], ctx.key)
         return _Decision(whole, _Next.STOP)
 
     def _copy_and_commit(self, batch: list[_Leased], report: TargetReport) -> bool:
@@ -447,7 +442,7 @@ class _PartitionRun:
                 self.unacked = committed
             else:
                 with ctx.write() as s:  # the sender's side: one transaction for the batch
-                    _record_acks(s, _sender_acks(committed), hlc.now_us())
+                    ls.record_acks(s, _sender_acks(committed), hlc.now_us())
         for leased in committed:
             report.count(Outcome.FAST_FORWARD)
             report.segments_copied += 1
@@ -540,8 +535,8 @@ def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> _Commit:
             if root is not None and root != start:  # one conditional move for the batch, from the root read above
                 move_root_to(s, replica.placement_id, root, expected_root=start)
             receiver_acks = {(b.replica_id, b.segment.segment_id, h) for b in batch for h in (b.leader_id, b.sender_id)}
-            _record_acks(s, sorted(receiver_acks), now)
-            _release_leases(s, first.replica_id, [b.segment.segment_id for b in batch], ctx.key)
+            ls.record_acks(s, sorted(receiver_acks), now)
+            ls.release_many(s, first.replica_id, [b.segment.segment_id for b in batch], ctx.key)
     except ConflictError:
         return _Commit([], superseded=False)
     return _Commit(batch, superseded=False)
@@ -563,46 +558,14 @@ def _sender_acks(batch: list[_Leased]) -> list[tuple[int, str, int]]:
     return sorted(acks)
 
 
-def _record_acks(s: Session, acks: list[tuple[int, str, int]], now_us: int) -> None:
-    """``record_ack`` for a whole batch of (holder, segment, target): one INSERT ... ON CONFLICT DO NOTHING
-    executed for every row at once, instead of one statement per segment."""
-    if not acks:
-        return
-    rows = [
-        {"holder_placement_id": holder, "segment_id": seg, "target_placement_id": target, "acked_us": now_us}
-        for holder, seg, target in acks
-    ]
-    s.execute(ignoring_insert(s, m.Ack), rows)
-
-
-_RELEASE = (
-    delete(m.Lease)
-    .where(
-        m.Lease.target_placement_id == bindparam("replica"),
-        m.Lease.segment_id.in_(bindparam("segments", expanding=True)),
-        m.Lease.holder == bindparam("key"),
-    )
-    .execution_options(synchronize_session=False)
-)
-
-
-def _release_leases(s: Session, replica_id: int, segment_ids: list[str], key: str) -> None:
-    """Drop this round's leases on these segments of one replica (``leases.release`` for a batch)."""
-    s.execute(_RELEASE, {"replica": replica_id, "segments": segment_ids, "key": key})
-
-
 def _release_replica(ctx: _Context, replica_id: int) -> None:
     """Drop every lease this round holds on a replica placement (its target failed: a retry leases anew)."""
     with ctx.write() as s:
-        s.execute(
-            delete(m.Lease)
-            .where(m.Lease.target_placement_id == replica_id, m.Lease.holder == ctx.key)
-            .execution_options(synchronize_session=False)
-        )
+        ls.drop_leases(s, targets=replica_id, holder=ctx.key)
 
 
 def _release_all(ctx: _Context, batch: list[_Leased]) -> None:
     with ctx.write() as s:
         for replica_id in {b.replica_id for b in batch}:
             ids = [b.segment.segment_id for b in batch if b.replica_id == replica_id]
-            _release_leases(s, replica_id, ids, ctx.key)
+            ls.release_many(s, replica_id, ids, ctx.key)

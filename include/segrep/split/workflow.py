@@ -35,10 +35,11 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
+from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.splits import SplitView, candidates, children_of, lacking_counts, replicas_behind, split_view
-from segrep.catalog.sql import must_get, record_ack
+from segrep.catalog.sql import must_get
 from segrep.config.definitions import Definitions
 from segrep.core import faults, hlc, keys
 from segrep.core.chain import is_referenced
@@ -263,7 +264,7 @@ def _decide(
     for seg in candidates(view, source, target):
         ref = q.to_ref(seg)
         if is_referenced(sim, seg.segment_id):
-            record_ack(s, source.placement_id, seg.segment_id, target.placement_id, hlc.now_us())
+            ls.record_ack(s, source.placement_id, seg.segment_id, target.placement_id, hlc.now_us())
             plan.exists += 1
         elif seg.segment_id in pushed:
             continue
@@ -382,9 +383,9 @@ def _retire_parent(s: Session, split: m.Split, view: SplitView) -> None:
     view.parent.state = PartitionState.UNLOAD_FINAL
     for pl in s.scalars(select(m.Placement).where(m.Placement.placement_id.in_(parent_pls))):
         pl.removed_us = now
-    s.execute(delete(m.Ack).where(m.Ack.holder_placement_id.in_(parent_pls)))
-    s.execute(delete(m.Ack).where(m.Ack.target_placement_id.in_(parent_pls)))
-    s.execute(delete(m.Lease).where(m.Lease.target_placement_id.in_(parent_pls)))
+    ls.drop_acks(s, holders=parent_pls)
+    ls.drop_acks(s, targets=parent_pls)
+    ls.drop_leases(s, targets=parent_pls)
     s.execute(delete(m.Checkpoint).where(m.Checkpoint.partition_id == view.parent.partition_id))
     s.execute(delete(m.Segment).where(m.Segment.placement_id.in_(parent_pls)))
     split.state = SplitState.DONE
