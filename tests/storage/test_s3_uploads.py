@@ -14,6 +14,7 @@ import hashlib
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,6 +99,13 @@ def test_a_copy_of_a_segment_whose_crc_is_known_is_hashed_once(
         hashed.append(len(chunk))
         counting(self, chunk)
 
+    signed: list[str] = []  # what each upload request says of its body's SHA-256 (botocore's signature)
+
+    def note(request: Any, **_: Any) -> None:
+        signed.append(request.headers.get("X-Amz-Content-SHA256", b"").decode())
+
+    assert target.s3 is not None
+    target.s3.client.meta.events.register("before-send.s3.*", note)
     with monkeypatch.context() as patched:
         patched.setattr(s3.hashlib, "sha256", _no_sha256)
         patched.setattr(Crc64Nvme, "update", count)
@@ -107,6 +115,9 @@ def test_a_copy_of_a_segment_whose_crc_is_known_is_hashed_once(
         other = _site(a, "other", "DR_S3", monkeypatch, bucket=BUCKETS[1])
         with pytest.raises(CorruptSegmentError, match=r"does not match the catalog .*crc64nvme 0000000000000000"):
             copy_verified(source, other, REL, size, sha, "0" * 16)
+    target.s3.client.meta.events.unregister("before-send.s3.*", note)
+    uploads = [v for v in signed if v != "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"]
+    assert uploads and set(uploads) == {"UNSIGNED-PAYLOAD"}  # bodies not hashed again to sign them (plain HTTP)
     with target.fs.open_input_stream(target.path(REL)) as f:
         assert f.read() == data
     assert _objects(a, other) == [] and _uploads(a, other) == [] and _uploads(a, target) == []
