@@ -63,7 +63,7 @@ from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support (the moto servers)
 
-from benchkit import evict, log, timed, warm
+from benchkit import background_load, evict, log, timed, warm
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
@@ -112,8 +112,10 @@ class Samples:
     route: str
     cache: str
     segrep_s: list[float] = field(default_factory=list)  # the whole round: plan, copy, commit
+    segrep_cpu_s: list[float] = field(default_factory=list)  # this process's CPU time (every thread) in the round
     copy_step_s: list[float] = field(default_factory=list)  # the target's fast-forward alone
     baseline_s: list[float] = field(default_factory=list)
+    baseline_cpu_s: list[float] = field(default_factory=list)  # its CPU time (this process's, or cp's and sync's)
     baseline_sync_s: list[float] = field(default_factory=list)  # S3 → local: copy_files, then sync
     # local → local: cp, then the sha256 of the copies (two at a time) beside sync: a verified copy by sha256
     verified_s: list[float] = field(default_factory=list)
@@ -133,6 +135,8 @@ class Figures:
     goal: float
     verified_MBps: float | None = None
     verified_ratio: float | None = None
+    segrep_cpu_s_per_GB: float | None = None
+    baseline_cpu_s_per_GB: float | None = None
 
     @property
     def met(self) -> bool:
@@ -224,7 +228,7 @@ def build_world(
     world = World(route, root, prefix, catalog, defs, sha256, total, fs_of, root / "catalog-pristine.db")
     log(f"{route.label}: {len(segs)} segments, {total / 1e6:.0f} MB, {rows.num_rows:,} rows written in {write_s:.1f} s")
     if route.source == "s3":
-        segrep_copy(world, S3_LEADER)
+        segrep_copy(world, S3_LEADER)  # (not measured)
         set_leader(catalog, S3_LEADER)
         log(f"{route.label}: the S3 leader holds the table (one round, not measured) and leads")
     copy_catalog(root / "catalog.db", world.pristine)
@@ -281,13 +285,16 @@ def site(world: World, name: str) -> Site:
     return Site(name, world.defs.site(name).uri)
 
 
-def segrep_copy(world: World, target: str) -> tuple[float, float]:
-    """One round to ``target``; (whole round s, copy step s). Refuses a round that did not copy everything."""
+def segrep_copy(world: World, target: str) -> tuple[float, float, float]:
+    """One round to ``target``; (whole round s, copy step s, CPU s of this process, every thread). Refuses a
+    round that did not copy everything."""
+    cpu = time.process_time()
     report, secs = timed(run_round, world.catalog, world.defs, TABLE, target=target)
+    cpu = time.process_time() - cpu
     tr = report.targets[target]
     if tr.status != "ok" or tr.segments_copied != len(world.relpaths) or tr.invalid or report.spark_apps:
         raise SystemExit(f"round to {target} did not fast-forward everything: {tr}")
-    return secs, tr.seconds
+    return secs, tr.seconds, cpu
 
 
 def check_copies(world: World, target: str) -> None:
@@ -359,6 +366,13 @@ def sync_tree(root: Path) -> float:
     return secs
 
 
+def _cpu_with_children() -> float:
+    """CPU seconds of this process (every thread) and of its waited-for children (cp, sync), user and system;
+    the moto servers are not waited for, so their CPU is in neither side's figure."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def baseline(world: World, n: int, sample: Samples, source: Site) -> None:
     """The baseline copy of measurement ``n``: into a directory or prefix of its own beside the targets'."""
     route = world.route
@@ -406,14 +420,17 @@ def measure(world: World, n: int, cache: str, sample: Samples, first: str, check
         os.sync()
         (evict if cache == "cold" else warm)(files)
         if who == "segrep":
-            whole, step = segrep_copy(world, target)
+            whole, step, cpu = segrep_copy(world, target)
             sample.segrep_s.append(whole)
+            sample.segrep_cpu_s.append(cpu)
             sample.copy_step_s.append(step)
         elif who == "verified":
             expected = {Path(r).name: world.sha256[r] for r in world.relpaths}
             sample.verified_s.append(cp_verify_sync(files, world.work / f"cpv-{n}", expected))
         else:
+            before = _cpu_with_children()
             baseline(world, n, sample, source)
+            sample.baseline_cpu_s.append(_cpu_with_children() - before)
     if check:
         check_copies(world, target)
     clean(world, target, n)
@@ -468,6 +485,10 @@ def figures(sample: Samples, total_bytes: int) -> Figures:
     sync = mbps(sample.baseline_sync_s) if sample.baseline_sync_s else None
     ratio = statistics.median(sample.baseline_s) / statistics.median(sample.segrep_s)
     verified = statistics.median(sample.verified_s) / statistics.median(sample.segrep_s) if sample.verified_s else None
+
+    def cpu_per_gb(values: list[float]) -> float | None:
+        return statistics.median(values) / (total_bytes / 1e9) if values else None
+
     return Figures(
         sample.route,
         sample.cache,
@@ -479,13 +500,18 @@ def figures(sample: Samples, total_bytes: int) -> Figures:
         route.goal,
         mbps(sample.verified_s) if sample.verified_s else None,
         verified,
+        cpu_per_gb(sample.segrep_cpu_s),
+        cpu_per_gb(sample.baseline_cpu_s),
     )
 
 
 def print_table(figs: list[Figures], segments: int, total_bytes: int) -> None:
     print(f"\nTPC-H lineitem, {segments} segments, {total_bytes / 1e6:,.0f} MB; medians\n")
-    print("| path | segrep: whole round (copy step), MB/s | baseline (same run), MB/s | ratio | target | result |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| path | segrep: whole round (copy step), MB/s | baseline (same run), MB/s | ratio | target | result "
+        "| CPU s/GB: segrep, baseline |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for f in figs:
         route = next(r for r in ROUTES if r.key == f.route)
         label = (
@@ -498,9 +524,10 @@ def print_table(figs: list[Figures], segments: int, total_bytes: int) -> None:
             base += f" (+ sync {f.baseline_sync_MBps:,.0f})"
         if f.verified_MBps is not None:  # not the target's baseline: what the same check costs cp
             base += f"; cp + sha256 + sync {f.verified_MBps:,.0f} (ratio {f.verified_ratio:.2f})"
+        cpu = f"{f.segrep_cpu_s_per_GB or 0:.2f}, {f.baseline_cpu_s_per_GB or 0:.2f}"
         print(
             f"| {label} | {f.segrep_MBps:,.0f} ({f.copy_step_MBps:,.0f}) | {base} | {f.ratio:.2f} | "
-            f"≥ {f.goal} | {'MET' if f.met else '**NOT MET**'} |"
+            f"≥ {f.goal} | {'MET' if f.met else '**NOT MET**'} | {cpu} |"
         )
 
 
@@ -526,18 +553,22 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     ap.add_argument("--tpch-dir", type=Path, default=Path("data/tpch"))
     ap.add_argument("--work-dir", type=Path, default=None, help="parent of the scratch directory (default: /tmp)")
+    ap.add_argument("--background-load", type=int, default=0, metavar="N", help="N CPU-bound processes meanwhile")
     args = ap.parse_args()
 
     source = demo_data.generate_tpch("lineitem", args.scale, args.tpch_dir / f"sf{args.scale:g}").resolve()
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="segrep-bench-os-", dir=args.work_dir) as tmp:
         work = Path(tmp)
-        with endpoints(work) as eps:
+        with endpoints(work) as eps, background_load(args.background_load):
             (samples, segments, total), secs = timed(run_all, work, source, eps, args)
     figs = [figures(s, total) for s in samples]
     print_table(figs, segments, total)
     load_end = os.getloadavg()
-    print(f"\nran in {secs:.0f} s; load average {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end")
+    print(
+        f"\nran in {secs:.0f} s with {args.background_load} background process(es); load average "
+        f"{load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end"
+    )
     if args.json:
         doc = {
             "date": dt.datetime.now().isoformat(timespec="seconds"),

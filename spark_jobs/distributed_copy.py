@@ -1,6 +1,6 @@
 """Spark distributed copy: fast-forward copies above the byte threshold, spread over the executors.
 
-Thin entry point for spark-submit; each executor runs segrep.replication.fast_forward.copy_one (copy, hash, verify,
+Thin entry point for spark-submit; each executor runs segrep.storage.transport.copy_one (copy, hash, verify,
 rename), exactly what the in-process copier does. The result file lists each copy's outcome; the
 fast-forward task commits the verified ones.
     spark-submit spark_jobs/distributed_copy.py --items ITEMS.json --result R.json
@@ -13,9 +13,9 @@ import json
 import sys
 from dataclasses import asdict
 
-from segrep.replication.fast_forward import CopyItem, copy_one
 from segrep.spark.lifecycle import die_with_parent
 from segrep.storage.atomic import write_json_atomic
+from segrep.storage.transport import CopyItem, copy_one
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,9 +16,9 @@ from segrep.catalog import queries as q
 from segrep.data import writer
 from segrep.data.writer import write_batch
 from segrep.failover.promote import failover
-from segrep.replication.fast_forward import CopyItem, CopyOutcome, local_copier
 from segrep.replication.orchestrator import run_round
 from segrep.replication.rollback import list_rollbacks
+from segrep.storage.transport import CopyItem, CopyOutcome, local_copier
 from tests.support.badinput import unchanged
 from tests.support.checks import assert_replicas_equal_leader, leaders, triples
 from tests.support.cli import cli

@@ -17,10 +17,10 @@ from sqlalchemy import select, update
 from segrep.catalog import models as m
 from segrep.cli.format import status_note
 from segrep.core.errors import SegrepError
-from segrep.replication.fast_forward import CopyItem, CopyOutcome, copy_one
 from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport, RoundStatus
 from segrep.replication.status import status_rows
+from segrep.storage.transport import CopyItem, CopyOutcome, copy_one
 from tests.support.checks import assert_replicas_equal_leader, lease_count, segment_rows, triples
 from tests.support.cli import cli
 from tests.support.env import Env

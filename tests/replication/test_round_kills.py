@@ -23,11 +23,12 @@ from sqlalchemy import select
 
 from segrep.catalog import models as m
 from segrep.core import faults, hlc
-from segrep.replication.fast_forward import CopyItem, CopyOutcome, fast_forward_target, local_copier
+from segrep.replication.fast_forward import fast_forward_target
 from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import TargetStatus
 from segrep.replication.round import LEASE_TTL_ENV
 from segrep.replication.status import status_rows
+from segrep.storage.transport import CopyItem, CopyOutcome, local_copier
 from tests.support.checks import assert_replicas_equal_leader, lease_count, triples
 from tests.support.env import Env
 from tests.support.models import Model

@@ -51,12 +51,12 @@ from segrep.data.writer import WriteResult, write_batch
 from segrep.failover.assess import PartitionLoss
 from segrep.failover.promote import Cut, FailoverReport, failover
 from segrep.failover.switchover import switchover
-from segrep.replication.fast_forward import Copier, CopyItem, CopyOutcome, copy_one, local_copier
 from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport
 from segrep.replication.rollback import list_rollbacks
 from segrep.replication.unload import finish, finish_unloaded
 from segrep.split.workflow import commit_pass, finalize, plan_pass, start_split
+from segrep.storage.transport import Copier, CopyItem, CopyOutcome, copy_one, local_copier
 from tests.support.checks import (
     assert_acks_are_prefixes,
     assert_each_segment_once,

@@ -25,12 +25,13 @@ from segrep.cli.format import last_round, status_note
 from segrep.core import hlc
 from segrep.data.writer import write_batch
 from segrep.replication.commit import commit_round
-from segrep.replication.fast_forward import CopyItem, copy_one, fast_forward_target
+from segrep.replication.fast_forward import fast_forward_target
 from segrep.replication.orchestrator import run_round
 from segrep.replication.plan import plan_round
 from segrep.replication.round import TargetUnreachable
 from segrep.replication.status import status_rows
 from segrep.spark.results import CommitSummary
+from segrep.storage.transport import CopyItem, copy_one
 from tests.support.checks import (
     assert_acks_are_prefixes,
     assert_each_segment_once,

@@ -1,6 +1,7 @@
 """Verified writes to S3 stores (storage.s3), against the moto servers on loopback.
 
-Parts go up in parallel with a SHA-256 each; the store's answer for the whole object must equal segrep's hash;
+Parts go up in parallel with a CRC-64/NVME each; the store's answer for the whole object must equal segrep's;
+a copy of a segment whose CRC the catalog knows is hashed by that CRC alone, once per byte;
 a copy whose bytes are not the catalog's is never completed (the upload is aborted: nothing visible, nothing
 left); within one store the copy is server-side; GC's clean-up aborts the incomplete uploads a killed
 process leaves, and only those older than the cut-off.
@@ -13,6 +14,7 @@ import hashlib
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,11 +76,55 @@ def test_a_large_copy_goes_up_in_verified_parts(
     with target.fs.open_input_stream(target.path(REL)) as f:
         assert f.read() == data
     head = a.client().head_object(Bucket=BUCKETS[0], Key=target.s3.key(target.path(REL)), ChecksumMode="ENABLED")  # type: ignore[attr-defined, union-attr]
-    parts = [hashlib.sha256(data[i : i + PART]).digest() for i in range(0, size, PART)]
-    composite = base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode()
-    # the store kept the composite of the four parts' SHA-256 (S3 adds "-4"; moto leaves the count off)
-    assert head["ChecksumSHA256"] in (composite, f"{composite}-4")
+    # the store kept the whole object's CRC-64/NVME (a full-object checksum of the four parts)
+    assert head["ChecksumCRC64NVME"] == base64.b64encode(Crc64Nvme(data).digest()).decode()
     assert _uploads(a, target) == []
+
+
+@pytest.mark.parametrize("size", [3 * PART + 12345, 1000])  # a multipart upload, a single PUT
+def test_a_copy_of_a_segment_whose_crc_is_known_is_hashed_once(
+    s3_endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, size: int
+) -> None:
+    """With the catalog's CRC-64/NVME, no sha256 is computed: the parts' CRCs (which the store checks) combine
+    into the whole object's, compared with the catalog's; a wrong one and nothing is visible."""
+    a, _ = s3_endpoints
+    data = os.urandom(size)
+    source, _, sha = _local(tmp_path, data)
+    crc = Crc64Nvme(data).hexdigest()
+    target = _site(a, "dr", "DR_S3", monkeypatch)
+    hashed: list[int] = []
+    counting = Crc64Nvme.update
+
+    def count(self: Crc64Nvme, chunk: bytes) -> None:
+        hashed.append(len(chunk))
+        counting(self, chunk)
+
+    signed: list[str] = []  # what each upload request says of its body's SHA-256 (botocore's signature)
+
+    def note(request: Any, **_: Any) -> None:
+        signed.append(request.headers.get("X-Amz-Content-SHA256", b"").decode())
+
+    assert target.s3 is not None
+    target.s3.client.meta.events.register("before-send.s3.*", note)
+    with monkeypatch.context() as patched:
+        patched.setattr(s3.hashlib, "sha256", _no_sha256)
+        patched.setattr(Crc64Nvme, "update", count)
+        facts = copy_verified(source, target, REL, size, sha, crc)
+        assert (facts.byte_size, facts.sha256, facts.crc64nvme) == (size, sha, crc)  # the catalog's facts
+        assert sum(hashed) == size  # every byte once
+        other = _site(a, "other", "DR_S3", monkeypatch, bucket=BUCKETS[1])
+        with pytest.raises(CorruptSegmentError, match=r"does not match the catalog .*crc64nvme 0000000000000000"):
+            copy_verified(source, other, REL, size, sha, "0" * 16)
+    target.s3.client.meta.events.unregister("before-send.s3.*", note)
+    uploads = [v for v in signed if v != "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"]
+    assert uploads and set(uploads) == {"UNSIGNED-PAYLOAD"}  # bodies not hashed again to sign them (plain HTTP)
+    with target.fs.open_input_stream(target.path(REL)) as f:
+        assert f.read() == data
+    assert _objects(a, other) == [] and _uploads(a, other) == [] and _uploads(a, target) == []
+
+
+def _no_sha256(*args: object) -> None:
+    raise AssertionError("a copy whose CRC-64/NVME the catalog knows was hashed by sha256")
 
 
 def test_bytes_that_are_not_the_catalogs_never_become_visible(

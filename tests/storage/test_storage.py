@@ -773,3 +773,32 @@ def test_copy_falls_back_to_a_stream_where_the_kernel_cannot_copy(tmp_path: Path
     assert copy_verified(a, b, rel, facts.byte_size, facts.sha256) == facts
     assert calls == [1] and b.facts(rel) == facts
     assert [p.name for p in Path(b.path(rel)).parent.iterdir()] == [Path(rel).name]
+
+
+def test_a_streamed_copy_of_a_segment_whose_crc_is_known_is_hashed_by_it_alone(tmp_path: Path, monkeypatch) -> None:
+    """Where the kernel cannot copy (or the source is an object store), the streamed copy of a segment whose
+    CRC-64/NVME the catalog knows hashes each byte once, by that CRC, and returns the catalog's facts; bytes
+    that are not the catalog's never appear under the final name."""
+    import errno
+
+    from segrep.storage.transfer import copy_verified
+
+    def refuse(*_args: Any) -> int:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    a, b = Site("a", str(_root(tmp_path / "a"))), Site("b", str(_root(tmp_path / "b")))
+    rel, facts = _segment_at(a)
+    rel2, facts2 = _segment_at(a)
+    monkeypatch.setattr(os, "copy_file_range", refuse)
+
+    def no_sha256(*_args: Any) -> None:
+        raise AssertionError("a copy whose CRC-64/NVME the catalog knows was hashed by sha256")
+
+    monkeypatch.setattr(atomic.hashlib, "sha256", no_sha256)
+    copied = copy_verified(a, b, rel, facts.byte_size, facts.sha256, facts.crc64nvme)
+    assert (copied, copied.crc64nvme) == (facts, facts.crc64nvme)
+    with pytest.raises(CorruptSegmentError, match=r"does not match the catalog .*crc64nvme 0000000000000000"):
+        copy_verified(a, b, rel2, facts2.byte_size, facts2.sha256, "0" * 16)
+    monkeypatch.undo()
+    assert b.facts(rel) == facts and not Path(b.path(rel2)).exists()
+    assert [p.name for p in Path(b.path(rel)).parent.iterdir()] == [Path(rel).name]

@@ -15,10 +15,10 @@ from hypothesis.stateful import run_state_machine_as_test
 from segrep.catalog import Catalog
 from segrep.core import faults
 from segrep.core.errors import SegrepError
-from segrep.replication.fast_forward import Copier, local_copier
 from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport
 from segrep.spark.launch import Submit
+from segrep.storage.transport import Copier, local_copier
 from tests.support.checks import raw_winners, safe_times
 from tests.support.env import Env
 from tests.support.rounds import bring_up, take_down

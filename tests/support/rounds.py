@@ -12,7 +12,6 @@ from sqlalchemy import select
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
-from segrep.replication.fast_forward import CopyItem, CopyOutcome
 from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport, RoundStatus, TargetStatus
 from segrep.spark.jobs import run_manifest
@@ -20,6 +19,7 @@ from segrep.spark.manifest import Manifest
 from segrep.storage.atomic import write_json_atomic
 from segrep.storage.site import Site
 from segrep.storage.transfer import copy_verified
+from segrep.storage.transport import CopyItem, CopyOutcome
 from tests.support.env import Env
 from tests.support.tables import TABLE
 

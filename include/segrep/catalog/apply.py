@@ -19,6 +19,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog, site_identity
+from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.config.definitions import Definitions, SiteDef, TableDef
@@ -320,10 +321,12 @@ def _drop_table(s: Session, row: m.Table) -> None:
     part_ids = select(m.Partition.partition_id).where(m.Partition.table_id == row.table_id)
     pl_ids = select(m.Placement.placement_id).where(m.Placement.partition_id.in_(part_ids))
     s.execute(update(m.Partition).where(m.Partition.table_id == row.table_id).values(leader_placement_id=None))
+    ls.drop_acks(s, targets=pl_ids)
+    s.execute(
+        delete(m.Checkpoint).where(m.Checkpoint.partition_id.in_(part_ids)).execution_options(synchronize_session=False)
+    )
+    ls.drop_leases(s, targets=pl_ids)
     for model, cond in (
-        (m.Ack, m.Ack.target_placement_id.in_(pl_ids)),
-        (m.Checkpoint, m.Checkpoint.partition_id.in_(part_ids)),
-        (m.Lease, m.Lease.target_placement_id.in_(pl_ids)),
         (m.Placement, m.Placement.partition_id.in_(part_ids)),
         (m.Split, m.Split.table_id == row.table_id),
         (m.Partition, m.Partition.table_id == row.table_id),

@@ -34,6 +34,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
+from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.holders import Holders, fetch
@@ -400,18 +401,8 @@ def _forget(s: Session, pl: m.Placement, dropped: list[LostSegment], unchained: 
     are reset by the caller); and at a replica the site's safe time moves back before the oldest row it no
     longer serves."""
     ids = sorted({x.segment_id for x in dropped})
-    s.execute(
-        delete(m.Ack)
-        .where(m.Ack.holder_placement_id == pl.placement_id, m.Ack.segment_id.in_(ids))
-        .execution_options(synchronize_session=False)
-    )
-    s.execute(
-        delete(m.Ack)
-        .where(
-            m.Ack.target_placement_id == pl.placement_id, m.Ack.segment_id.in_(ids + [x.segment_id for x in unchained])
-        )
-        .execution_options(synchronize_session=False)
-    )
+    ls.drop_acks(s, holders=pl.placement_id, segments=ids)
+    ls.drop_acks(s, segments=ids + [x.segment_id for x in unchained], targets=pl.placement_id)
     s.execute(
         delete(m.Checkpoint)
         .where(m.Checkpoint.target_placement_id == pl.placement_id)

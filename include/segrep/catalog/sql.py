@@ -41,20 +41,6 @@ def insert_ignore(s: Session, model: type[m.Base], values: dict[str, Any]) -> bo
     return s.execute(ignoring_insert(s, model, key), values).first() is not None
 
 
-def record_ack(s: Session, holder_id: int, segment_id: str, target_id: int, acked_us: int) -> None:
-    """Note that ``target_id`` holds the holder's segment (EventQL 3.6: acks are by placement id); idempotent."""
-    insert_ignore(
-        s,
-        m.Ack,
-        {
-            "holder_placement_id": holder_id,
-            "segment_id": segment_id,
-            "target_placement_id": target_id,
-            "acked_us": acked_us,
-        },
-    )
-
-
 def rowcount(result: Result[Any]) -> int:
     """Rows matched by an UPDATE or DELETE (what a conditional update's caller checks)."""
     return cast(CursorResult[Any], result).rowcount

@@ -28,6 +28,7 @@ import pyarrow.fs as pafs
 from sqlalchemy import delete, func, select
 
 from segrep.catalog import Catalog
+from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.site_identity import open_site
@@ -258,11 +259,7 @@ def _partition_pass(
             s.rollback()
             return deletions
         for d in deletions:
-            s.execute(
-                delete(m.Ack)
-                .where(m.Ack.holder_placement_id == d.placement_id, m.Ack.segment_id == d.segment_id)
-                .execution_options(synchronize_session=False)
-            )
+            ls.drop_acks(s, holders=d.placement_id, segments=d.segment_id)
             s.execute(
                 delete(m.Segment)
                 .where(m.Segment.placement_id == d.placement_id, m.Segment.segment_id == d.segment_id)

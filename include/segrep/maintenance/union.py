@@ -19,15 +19,15 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy import bindparam, delete, select
+from sqlalchemy import bindparam, select
 
 from segrep.catalog import Catalog
+from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.segments import entry_of, insert_segments, move_root_to, segment_values
 from segrep.catalog.site_identity import open_site
 from segrep.catalog.snapshot import PartitionSnapshot, snapshot
-from segrep.catalog.sql import record_ack
 from segrep.core import hlc
 from segrep.core.chain import Chain, referenced_ids
 from segrep.core.errors import ConflictError
@@ -196,23 +196,12 @@ def _commit(
             move_root_to(s, leader_id, root, expected_root=start)
         for seg, holders in fetched:
             for pl in holders:
-                record_ack(s, leader_id, seg.segment_id, pl.placement_id, now)
+                ls.record_ack(s, leader_id, seg.segment_id, pl.placement_id, now)
         for sid, holders in forks.items():
-            s.execute(
-                _DROP_LEADER_ACK, {"holders": [pl.placement_id for pl in holders], "seg": sid, "leader": leader_id}
-            )
+            ls.drop_acks(s, holders=[pl.placement_id for pl in holders], segments=sid, targets=leader_id)
         q.reset_watermarks(s, part.partition.partition_id)
 
 
 _LISTED = select(m.Segment.segment_id).where(
     m.Segment.placement_id == bindparam("placement"), m.Segment.segment_id.in_(bindparam("ids", expanding=True))
-)
-_DROP_LEADER_ACK = (
-    delete(m.Ack)
-    .where(
-        m.Ack.holder_placement_id.in_(bindparam("holders", expanding=True)),
-        m.Ack.segment_id == bindparam("seg"),
-        m.Ack.target_placement_id == bindparam("leader"),
-    )
-    .execution_options(synchronize_session=False)
 )

@@ -9,9 +9,10 @@ commit) calls :func:`recommit`, which reads the round's state from the catalog a
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, delete, select
+from sqlalchemy import bindparam, select
 
 from segrep.catalog import Catalog
+from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.config.definitions import Definitions
@@ -26,7 +27,6 @@ from segrep.spark.results import CommitSummary, commit_merge_results
 NOT_REPORTED = "its fast-forward task did not report (failed or not run)"
 
 # built once (catalog.sql says why)
-_DROP_LEASES = delete(m.Lease).where(m.Lease.holder == bindparam("holder"))
 _TARGETS = select(m.RoundTarget).where(m.RoundTarget.round_id == bindparam("round_id"))
 _DOWN = select(m.RoundTarget.site_id).where(
     m.RoundTarget.round_id == bindparam("round_id"), m.RoundTarget.status == str(TargetStatus.DOWN)
@@ -46,7 +46,7 @@ def commit_round(
         # A finished round has nothing in flight. Leases it still holds were taken by an attempt that crashed
         # and whose retry no longer needed them (the leader changed meanwhile): without this they would
         # linger until they expire. A task of this round run again later simply takes its leases anew.
-        s.execute(_DROP_LEASES, {"holder": round_key(table, end_us)})
+        ls.drop_leases(s, holder=round_key(table, end_us))
         info = q.table_info(s, table)
         rnd = round_row(s, info.table_id, end_us)
         sites = q.sites_by_id(s)

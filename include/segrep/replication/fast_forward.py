@@ -12,10 +12,10 @@ twice, or twice at once, commits each segment once per target:
   after the back-off.
 
 A batch is made durable before it is committed: each file is fsynced as it is copied (the copies of every
-partition share one pool of threads per target, ``CopyPool``), each target directory once for the batch
-(``storage.atomic.batched_directory_syncs``), then the receiver registers the whole batch in one transaction.
-Partitions go side by side; on SQLite their transactions take turns in this process rather than in SQLite's
-busy handler.
+partition share one pool of threads per target, ``storage.transport.CopyPool``), each target directory once
+for the batch (``storage.atomic.batched_directory_syncs``), then the receiver registers the whole batch in one
+transaction. Partitions go side by side; on SQLite their transactions take turns in this process rather than
+in SQLite's busy handler.
 
 A store that cannot be used (its root became a plain file, a permission error, a URI its file system cannot
 open, a copier that gives up) fails that target only: the partition releases the round's leases it holds
@@ -27,16 +27,15 @@ of the file and the verification error.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import bindparam, delete, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
@@ -47,11 +46,10 @@ from segrep.catalog.losses import losses_held
 from segrep.catalog.segments import entry_of, insert_segments, move_root_to, segment_values
 from segrep.catalog.site_identity import expected_identity
 from segrep.catalog.snapshot import PartitionSnapshot, given_up_held, receiving_replicas, snapshot
-from segrep.catalog.sql import ignoring_insert
 from segrep.config.definitions import Definitions, Policy
-from segrep.config.stores import StoreOptions, options_for
+from segrep.config.stores import options_for
 from segrep.core import faults, hlc
-from segrep.core.errors import ConflictError, CorruptSegmentError, SegrepError, SiteUnidentifiedError
+from segrep.core.errors import ConflictError, SegrepError, SiteUnidentifiedError
 from segrep.core.protocol import sender_reaction
 from segrep.core.states import Outcome, Reaction
 from segrep.replication.backoff import record_target
@@ -60,130 +58,15 @@ from segrep.replication.offers import forks_of, offers_to, pushes_from, whole_cu
 from segrep.replication.reports import LEASE_DECLINES, InvalidSegment, TargetReport, TargetStatus
 from segrep.replication.round import TargetUnreachable, clamp_end, ensure_round, lease_ttl_us, round_key
 from segrep.replication.waits import lease_wait
-from segrep.storage.atomic import FileFacts, batched_directory_syncs
+from segrep.storage.atomic import FileFacts
 from segrep.storage.identity import marker_path
 from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.segment_meta import SegmentEntry
 from segrep.storage.site import Expected, Site
 from segrep.storage.store_errors import PathBlockedError, StoreRefusedError, classify_os
-from segrep.storage.transfer import copy_verified
+from segrep.storage.transport import COPY_ERRORS, Copier, CopyItem, CopyOutcome, CopyPool
 
 PARTITIONS_AT_ONCE = 4
-# What fails a target's copy rather than the round: its store's errors, and ours (a Spark copy that failed)
-_COPY_ERRORS: tuple[type[Exception], ...] = (*STORE_ERRORS, SegrepError)
-
-
-@dataclass(frozen=True)
-class CopyItem:
-    """One verified copy; the store options (no secret) let a Spark executor open both sites as this process
-    does, since it has not loaded the definitions."""
-
-    source: str
-    source_uri: str
-    target: str
-    target_uri: str
-    relpath: str
-    byte_size: int
-    sha256: str
-    source_options: StoreOptions = field(default_factory=StoreOptions)
-    target_options: StoreOptions = field(default_factory=StoreOptions)
-    crc64nvme: str | None = None  # the catalog's CRC-64/NVME of the file, if known: copies are checked by it
-
-    @classmethod
-    def from_doc(cls, raw: dict[str, Any]) -> CopyItem:
-        """Back from ``asdict`` (the distributed copy's items file), options checked strictly."""
-        where = f"copy item {raw.get('relpath')!r}"
-        return cls(
-            **{
-                **raw,
-                "source_options": StoreOptions.from_doc(raw.get("source_options"), f"{where}: source options"),
-                "target_options": StoreOptions.from_doc(raw.get("target_options"), f"{where}: target options"),
-            }
-        )
-
-
-@dataclass(frozen=True)
-class CopyOutcome:
-    relpath: str
-    ok: bool
-    invalid: str | None = None  # the verification failure (INVALID)
-    error: str | None = None  # the target or source could not be reached
-    refused: bool = False  # the error is the store's refusal (credentials, permissions, missing bucket)
-
-
-Copier = Callable[[list[CopyItem]], list[CopyOutcome]]
-
-
-SiteOpener = Callable[[str, str, StoreOptions], Site]
-
-
-def copy_one(item: CopyItem, open_site: SiteOpener = Site) -> CopyOutcome:
-    try:
-        source = open_site(item.source, item.source_uri, item.source_options)
-        target = open_site(item.target, item.target_uri, item.target_options)
-        copy_verified(source, target, item.relpath, item.byte_size, item.sha256, item.crc64nvme)
-    except CorruptSegmentError as exc:
-        return CopyOutcome(item.relpath, False, invalid=str(exc))
-    except _COPY_ERRORS as exc:  # a site that cannot be opened, read or written
-        return CopyOutcome(item.relpath, False, error=describe(exc), refused=isinstance(exc, StoreRefusedError))
-    return CopyOutcome(item.relpath, True)
-
-
-COPIES_AT_ONCE = 8  # copies in flight to one target, from all its partitions
-
-
-class CopyPool:
-    """One target's copies, from every partition, in one pool of threads that takes them in the order asked.
-
-    With a pool per batch, every partition's batch finished at about the same time and the partitions then met
-    at the catalog together (receiver commit, next offer), taking turns there while no copy ran. First come,
-    first served, the earliest batch finishes first, and its partition's catalog work overlaps the others'
-    copies. Each file is fsynced as it is copied; the directories of local targets are fsynced once per batch,
-    before its outcomes are returned (so before any is committed): a failed directory sync fails every copy
-    of the batch. Sites are opened once for the pool."""
-
-    def __init__(self, workers: int = COPIES_AT_ONCE) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="segrep-copy")
-        self._open_site = _opened_once()
-
-    def __call__(self, items: list[CopyItem]) -> list[CopyOutcome]:
-        try:
-            with batched_directory_syncs():
-                # each copy joins the batch's directory syncs through its context
-                runs = [(contextvars.copy_context(), item) for item in items]
-                futures = [self._pool.submit(ctx.run, copy_one, item, self._open_site) for ctx, item in runs]
-                return [f.result() for f in futures]
-        except OSError as exc:
-            return [CopyOutcome(i.relpath, False, error=describe(exc)) for i in items]
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-
-    def __enter__(self) -> CopyPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def local_copier(items: list[CopyItem]) -> list[CopyOutcome]:
-    """Copy one batch in threads of its own (hashing and file I/O release the GIL): a CopyPool for the batch."""
-    with CopyPool(max(1, min(4, len(items)))) as pool:
-        return pool(items)
-
-
-def _opened_once() -> SiteOpener:
-    """Opens each site once for a batch (all its copies go between the same two sites), not once per copy."""
-    opened: dict[tuple[str, str, StoreOptions], Site] = {}
-    lock = threading.Lock()
-
-    def open_site(name: str, uri: str, options: StoreOptions) -> Site:
-        with lock:
-            if (name, uri, options) not in opened:
-                opened[(name, uri, options)] = Site(name, uri, options)
-            return opened[(name, uri, options)]
-
-    return open_site
 
 
 def fast_forward_target(
@@ -256,7 +139,7 @@ def fast_forward_target(
             )
     report.seconds = round(time.perf_counter() - started, 3)
     with catalog.write() as s:  # the sender's side of the last batches, and the target's report: one transaction
-        _record_acks(s, last_acks, hlc.now_us())
+        ls.record_acks(s, last_acks, hlc.now_us())
         record_target(s, round_id, info.table_id, site_row.site_id, report, policy)
     if report.status in (TargetStatus.FAILED, TargetStatus.DOWN):
         raise TargetUnreachable(f"target {site}: {report.error}")
@@ -289,7 +172,7 @@ def _unreadable(row: m.Site, relpath: str) -> str | None:
     """Why a file the catalog says the site holds cannot be read there (the site is down), or None."""
     try:
         return None if Site(row.name, row.uri).exists(relpath) else f"its file {relpath} is not there"
-    except _COPY_ERRORS as exc:
+    except COPY_ERRORS as exc:
         return describe(exc)
 
 
@@ -393,7 +276,7 @@ class _PartitionRun:
         unacked, self.unacked = self.unacked, []
         with ctx.write() as s:
             q.locked_partition(s, pid)  # serialises deciders of this partition
-            _record_acks(s, _sender_acks(unacked), hlc.now_us())
+            ls.record_acks(s, _sender_acks(unacked), hlc.now_us())
             snap = snapshot(s, ctx.table, [pid])
             part = next((p for p in snap.partitions if p.partition.partition_id == pid), None)
             replica = next((r for r in part.replicas if r.placement_id == replica_id), None) if part else None
@@ -430,11 +313,7 @@ class _PartitionRun:
                     if restarted:
                         report.needs_major.append(pid)  # the planner schedules a major segment
                         return _Decision([], _Next.STOP)
-                    s.execute(
-                        delete(m.Ack)
-                        .where(m.Ack.holder_placement_id.in_(holders), m.Ack.target_placement_id == replica_id)
-                        .execution_options(synchronize_session=False)
-                    )
+                    ls.drop_acks(s, holders=holders, targets=replica_id)
                     q.reset_watermarks(s, pid)  # the dropped acks make settled entries pending again
                     return _Decision([], _Next.RESTART)
                 if reaction == Reaction.STOP:
@@ -457,7 +336,7 @@ class _PartitionRun:
                     return decision
                 if outcome == Outcome.SEGMENT_EXISTS:
                     report.count(outcome)
-                    _record_acks(s, [(h, seg.segment_id, replica_id) for h in sorted(holders)], hlc.now_us())
+                    ls.record_acks(s, [(h, seg.segment_id, replica_id) for h in sorted(holders)], hlc.now_us())
                     continue
                 if len(batch) >= room and cuts[i]:  # the window is full: the batch ends where nothing is amiss
                     return self._leased(s, _Decision(batch, _Next.CONTINUE), held, now, report)
@@ -524,7 +403,7 @@ class _PartitionRun:
         else:  # taken and let go again meanwhile: the next round offers it
             report.count(Outcome.INFLIGHT)
         whole = _whole_prefix(decision.batch[:first_lost])
-        _release_leases(s, self.replica_id, [b.segment.segment_id for b in decision.batch[len(whole) :]], ctx.key)
+        ls.release_many(s, self.replica_id, [b.segment.segment_id for b in decision.batch[len(whole) :]], ctx.key)
         return _Decision(whole, _Next.STOP)
 
     def _copy_and_commit(self, batch: list[_Leased], report: TargetReport) -> bool:
@@ -541,7 +420,7 @@ class _PartitionRun:
         use_spark = big is not None and sum(i.byte_size for i in items) >= ctx.policy.spark_copy_threshold_bytes
         try:
             outcomes = big(items) if use_spark and big is not None else ctx.copier(items)
-        except _COPY_ERRORS as exc:  # the copier gave up (a Spark copy that failed, a store)
+        except COPY_ERRORS as exc:  # the copier gave up (a Spark copy that failed, a store)
             _release_all(ctx, batch)
             raise TargetUnreachable(f"copy failed: {describe(exc)}") from None
         report.spark_apps += int(use_spark)
@@ -563,7 +442,7 @@ class _PartitionRun:
                 self.unacked = committed
             else:
                 with ctx.write() as s:  # the sender's side: one transaction for the batch
-                    _record_acks(s, _sender_acks(committed), hlc.now_us())
+                    ls.record_acks(s, _sender_acks(committed), hlc.now_us())
         for leased in committed:
             report.count(Outcome.FAST_FORWARD)
             report.segments_copied += 1
@@ -656,8 +535,8 @@ def _receiver_commit(ctx: _Context, batch: list[_Leased]) -> _Commit:
             if root is not None and root != start:  # one conditional move for the batch, from the root read above
                 move_root_to(s, replica.placement_id, root, expected_root=start)
             receiver_acks = {(b.replica_id, b.segment.segment_id, h) for b in batch for h in (b.leader_id, b.sender_id)}
-            _record_acks(s, sorted(receiver_acks), now)
-            _release_leases(s, first.replica_id, [b.segment.segment_id for b in batch], ctx.key)
+            ls.record_acks(s, sorted(receiver_acks), now)
+            ls.release_many(s, first.replica_id, [b.segment.segment_id for b in batch], ctx.key)
     except ConflictError:
         return _Commit([], superseded=False)
     return _Commit(batch, superseded=False)
@@ -679,46 +558,14 @@ def _sender_acks(batch: list[_Leased]) -> list[tuple[int, str, int]]:
     return sorted(acks)
 
 
-def _record_acks(s: Session, acks: list[tuple[int, str, int]], now_us: int) -> None:
-    """``record_ack`` for a whole batch of (holder, segment, target): one INSERT ... ON CONFLICT DO NOTHING
-    executed for every row at once, instead of one statement per segment."""
-    if not acks:
-        return
-    rows = [
-        {"holder_placement_id": holder, "segment_id": seg, "target_placement_id": target, "acked_us": now_us}
-        for holder, seg, target in acks
-    ]
-    s.execute(ignoring_insert(s, m.Ack), rows)
-
-
-_RELEASE = (
-    delete(m.Lease)
-    .where(
-        m.Lease.target_placement_id == bindparam("replica"),
-        m.Lease.segment_id.in_(bindparam("segments", expanding=True)),
-        m.Lease.holder == bindparam("key"),
-    )
-    .execution_options(synchronize_session=False)
-)
-
-
-def _release_leases(s: Session, replica_id: int, segment_ids: list[str], key: str) -> None:
-    """Drop this round's leases on these segments of one replica (``leases.release`` for a batch)."""
-    s.execute(_RELEASE, {"replica": replica_id, "segments": segment_ids, "key": key})
-
-
 def _release_replica(ctx: _Context, replica_id: int) -> None:
     """Drop every lease this round holds on a replica placement (its target failed: a retry leases anew)."""
     with ctx.write() as s:
-        s.execute(
-            delete(m.Lease)
-            .where(m.Lease.target_placement_id == replica_id, m.Lease.holder == ctx.key)
-            .execution_options(synchronize_session=False)
-        )
+        ls.drop_leases(s, targets=replica_id, holder=ctx.key)
 
 
 def _release_all(ctx: _Context, batch: list[_Leased]) -> None:
     with ctx.write() as s:
         for replica_id in {b.replica_id for b in batch}:
             ids = [b.segment.segment_id for b in batch if b.replica_id == replica_id]
-            _release_leases(s, replica_id, ids, ctx.key)
+            ls.release_many(s, replica_id, ids, ctx.key)

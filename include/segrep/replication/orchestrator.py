@@ -23,7 +23,7 @@ from segrep.config.definitions import Definitions
 from segrep.core import hlc
 from segrep.core.human import human_bytes
 from segrep.replication.commit import recommit
-from segrep.replication.fast_forward import Copier, fast_forward_target
+from segrep.replication.fast_forward import fast_forward_target
 from segrep.replication.heartbeat import heartbeat
 from segrep.replication.plan import plan_round
 from segrep.replication.reports import RoundPlan, RoundReport, TargetReport
@@ -32,6 +32,7 @@ from segrep.replication.run import run_merge, spark_copier
 from segrep.replication.view import RoundView, round_view
 from segrep.spark import launch
 from segrep.spark.launch import Submit
+from segrep.storage.transport import Copier
 from segrep.storage.workdir import result_path
 
 

@@ -16,7 +16,6 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.site_identity import open_site
 from segrep.catalog.snapshot import PartitionSnapshot, TableSnapshot, snapshot
-from segrep.catalog.sql import record_ack
 from segrep.config.definitions import Definitions, Policy
 from segrep.core import hlc
 from segrep.core.errors import NotFoundError, SegrepError, SiteUnidentifiedError
@@ -197,7 +196,7 @@ def _plan_merges(
                 outcome = leader_decision(part, follower, seg, others, policy.max_incoming_segments)
                 pushes[str(outcome)] += 1
                 if outcome == Outcome.SEGMENT_EXISTS:
-                    record_ack(s, follower.placement_id, seg.segment_id, leader.placement_id, hlc.now_us())
+                    ls.record_ack(s, follower.placement_id, seg.segment_id, leader.placement_id, hlc.now_us())
                 elif outcome == Outcome.MERGE and (
                     seg.segment_id in held or ls.acquire(s, leader.placement_id, seg.segment_id, key, expires)
                 ):

@@ -21,6 +21,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
+from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.site_identity import open_site
@@ -173,7 +174,7 @@ def _roll_back(
         if pl is None or pl.root_segment_id != root_before:
             return RolledBack(table, partition_id, site_row.name, relpath, written, len(lost), "moved; retried")
         s.execute(delete(m.Segment).where(m.Segment.placement_id == placement_id, m.Segment.segment_id.in_(seg_ids)))
-        s.execute(delete(m.Ack).where(m.Ack.holder_placement_id == placement_id, m.Ack.segment_id.in_(seg_ids)))
+        ls.drop_acks(s, holders=placement_id, segments=seg_ids)
         pl.root_segment_id = new_root
         q.reset_watermarks(s, partition_id)
     return RolledBack(table, partition_id, site_row.name, relpath, written, len(lost))

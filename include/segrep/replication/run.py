@@ -10,10 +10,10 @@ import json
 from dataclasses import asdict
 
 from segrep.config.definitions import Definitions
-from segrep.replication.fast_forward import Copier, CopyItem, CopyOutcome
 from segrep.spark import launch
 from segrep.spark.launch import Submit
 from segrep.storage.atomic import write_json_atomic
+from segrep.storage.transport import Copier, CopyItem, CopyOutcome
 from segrep.storage.workdir import copy_batch_paths, result_path
 
 

@@ -14,6 +14,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
+from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.site_identity import open_site
@@ -73,9 +74,9 @@ def _retire_parent(s: Session, split: m.Split, view: SplitView) -> None:
     view.parent.state = PartitionState.UNLOAD_FINAL
     for pl in s.scalars(select(m.Placement).where(m.Placement.placement_id.in_(parent_pls))):
         pl.removed_us = now
-    s.execute(delete(m.Ack).where(m.Ack.holder_placement_id.in_(parent_pls)))
-    s.execute(delete(m.Ack).where(m.Ack.target_placement_id.in_(parent_pls)))
-    s.execute(delete(m.Lease).where(m.Lease.target_placement_id.in_(parent_pls)))
+    ls.drop_acks(s, holders=parent_pls)
+    ls.drop_acks(s, targets=parent_pls)
+    ls.drop_leases(s, targets=parent_pls)
     s.execute(delete(m.Checkpoint).where(m.Checkpoint.partition_id == view.parent.partition_id))
     s.execute(delete(m.Segment).where(m.Segment.placement_id.in_(parent_pls)))
     split.state = SplitState.DONE

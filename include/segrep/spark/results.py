@@ -21,7 +21,6 @@ from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog.segments import register_segment
-from segrep.catalog.sql import record_ack
 from segrep.config.definitions import Definitions
 from segrep.core import hlc
 from segrep.core.errors import SegrepError
@@ -185,7 +184,7 @@ def _commit_item(catalog: Catalog, item: MergeItem, output: dict[str, Any] | Non
                 if entry.max_version > part.last_version:
                     part.last_version = entry.max_version  # new writes must win over merged rows
         for ref in item.incoming:
-            record_ack(s, ref.holder_placement_id, ref.segment_id, leader.placement_id, hlc.now_us())
+            ls.record_ack(s, ref.holder_placement_id, ref.segment_id, leader.placement_id, hlc.now_us())
         _release_in(s, item, key)
     return outcome
 

@@ -35,10 +35,11 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
+from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.splits import SplitView, candidates, children_of, lacking_counts, split_view
-from segrep.catalog.sql import must_get, record_ack
+from segrep.catalog.sql import must_get
 from segrep.config.definitions import Definitions
 from segrep.core import faults, hlc, keys
 from segrep.core.chain import is_referenced
@@ -262,7 +263,7 @@ def _decide(
     for seg in candidates(view, source, target):
         ref = q.to_ref(seg)
         if is_referenced(sim, seg.segment_id):
-            record_ack(s, source.placement_id, seg.segment_id, target.placement_id, hlc.now_us())
+            ls.record_ack(s, source.placement_id, seg.segment_id, target.placement_id, hlc.now_us())
             plan.exists += 1
         elif seg.segment_id in pushed:
             continue

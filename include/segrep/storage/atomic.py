@@ -7,10 +7,11 @@ rename so the name survives a crash too (or once for a batch of files, ``batched
 Local segment files are hashed as their bytes go out (``HashingFileWriter``), not by reading the file back: see
 ``atomic_local_write_stream`` for why that verifies as much as a re-read would.
 
-Every file hashed here gets two digests: sha256, the catalog's identity of the file, and CRC-64/NVME, the
-fast check (``storage.crc64nvme`` says what it checks and why that suffices). A local copy of a segment whose
-CRC-64/NVME the catalog knows is checked with it alone (``atomic_local_copy``): on two cores the copy's sha256
-cost as much CPU as the rest of a local round.
+A new file hashed here gets two digests: sha256, the catalog's identity of the file, and CRC-64/NVME, the fast
+check (``storage.crc64nvme`` says what it checks and why that suffices). A copy of a segment whose CRC-64/NVME
+the catalog knows is hashed once, by that CRC alone, whichever way it is made (``atomic_local_copy``, a copy
+streamed through ``atomic_local_write_stream``; ``check_copy`` compares): on two cores a copy's sha256 cost as
+much CPU as the rest of a local round, and it is seven times the CRC's.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def atomic_local_write_stream(
     root: str | None = None,
 ) -> FileFacts:
     """Run ``write(stream)`` onto a temporary file beside ``final``, then fsync it, rename it to ``final`` and
-    fsync the directory: readers see the complete file or none. Returns the size and sha256 of the file.
+    fsync the directory: readers see the complete file or none. Returns the size and digests of the file.
 
     The sha256 is computed once, from the very bytes handed to write(2) (every one of them: short writes are
     continued), not by reading the file back. After a successful fsync those bytes are what the file holds
@@ -108,24 +109,27 @@ def atomic_local_write_stream(
     rest, a truncated or replaced file) is what ``Site.verify`` catches, from the bytes, whenever a file is
     checked against its catalog entry. Any error from write(2), fdatasync or fsync fails the write and
     removes the temporary file, so nothing unverified ever gets the final name. With ``expected`` (a copy of
-    a known file), facts that differ raise CorruptSegmentError before the rename. With ``root`` (a site's),
+    a known file), the bytes are hashed by the one digest ``check_copy`` compares (CRC-64/NVME when the
+    catalog has it, else sha256), facts that differ raise CorruptSegmentError before the rename, and the
+    catalog's facts are returned. With ``root`` (a site's),
     directories are made below it only: a vanished root is never made again (``ensure_dirs_below``, below).
     """
+    only_crc = expected is not None and expected.crc64nvme is not None
     with _temporary_beside(final, root) as (tmp, fd):
-        with HashingFileWriter(fd, tmp, sync_every=sync_every) as out:
+        with HashingFileWriter(fd, tmp, sync_every=sync_every, sha256=not only_crc) as out:
             write(out)
             facts = out.finish()
-        _publish(tmp, final, facts, expected, "the bytes written")
-    return facts
+        return _publish(tmp, final, facts, expected, "the bytes written")
 
 
 def atomic_local_copy(source: str, final: str, expected: FileFacts, *, root: str | None = None) -> FileFacts:
     """Copy a local file to ``final`` inside the kernel (copy_file_range: no trip through Python, as cp
     does), then hash the copy's bytes while it is fsynced, and rename it into place only if they equal
     ``expected`` (else CorruptSegmentError and nothing appears): by CRC-64/NVME where ``expected`` has it
-    (``storage.crc64nvme`` says why that suffices), else by sha256. The hash is of the destination file as
-    the kernel holds it, so a bad source and a bad copy are both caught. OSError if the kernel cannot copy
-    between these files (the caller falls back to a streamed copy) or a site is unreachable."""
+    (``storage.crc64nvme`` says why that suffices), else by sha256 (``check_copy``). The hash is of the
+    destination file as the kernel holds it, so a bad source and a bad copy are both caught. OSError if the
+    kernel cannot copy between these files (the caller falls back to a streamed copy) or a site is
+    unreachable."""
     with _temporary_beside(final, root) as (tmp, out):
         with open(source, "rb", buffering=0) as src:
             left = os.fstat(src.fileno()).st_size
@@ -143,15 +147,7 @@ def atomic_local_copy(source: str, final: str, expected: FileFacts, *, root: str
             flusher.join()
         if synced[0] is not None:
             raise synced[0]
-        if expected.crc64nvme is not None:  # checked by CRC-64/NVME: the copy is the bytes the sha256 names
-            if (facts.byte_size, facts.crc64nvme) != (expected.byte_size, expected.crc64nvme):
-                raise CorruptSegmentError(
-                    f"{final}: the copy ({facts.byte_size} bytes, crc64nvme {facts.crc64nvme}) does not match the "
-                    f"catalog ({expected.byte_size} bytes, crc64nvme {expected.crc64nvme})"
-                )
-            facts = expected
-        _publish(tmp, final, facts, expected, "the copy")
-    return facts
+        return _publish(tmp, final, facts, expected, "the copy")
 
 
 @contextlib.contextmanager
@@ -174,14 +170,31 @@ def _temporary_beside(final: str, root: str | None = None) -> Iterator[tuple[str
         os.close(fd)
 
 
-def _publish(tmp: str, final: str, facts: FileFacts, expected: FileFacts | None, what: str) -> None:
-    """Give a synced temporary file its final name (then sync the directory), unless it is not what the
-    catalog expects: CorruptSegmentError, and the caller's ``_temporary_beside`` removes it."""
-    if expected is not None and facts != expected:
+def check_copy(facts: FileFacts, expected: FileFacts, where: str, what: str = "the copy") -> FileFacts:
+    """The catalog's facts (``expected``) if a copy's (``facts``, of the bytes it hashed) match them, compared by
+    size and the cheapest digest both have: CRC-64/NVME when the catalog recorded one (equal CRCs of the
+    writer's bytes and of the copy mean the copy is the bytes the sha256 names: ``storage.crc64nvme``), else
+    sha256. CorruptSegmentError, naming ``where`` and ``what``, if they differ."""
+    if expected.crc64nvme is not None and facts.crc64nvme is not None:
+        got, want = f"crc64nvme {facts.crc64nvme}", f"crc64nvme {expected.crc64nvme}"
+        same = (facts.byte_size, facts.crc64nvme) == (expected.byte_size, expected.crc64nvme)
+    else:
+        got, want = f"sha256 {facts.sha256[:12]}...", f"sha256 {expected.sha256[:12]}..."
+        same = facts == expected
+    if not same:
         raise CorruptSegmentError(
-            f"{final}: {what} ({facts.byte_size} bytes, sha256 {facts.sha256[:12]}...) does not match the catalog "
-            f"({expected.byte_size} bytes, sha256 {expected.sha256[:12]}...)"
+            f"{where}: {what} ({facts.byte_size} bytes, {got}) does not match the catalog "
+            f"({expected.byte_size} bytes, {want})"
         )
+    return expected
+
+
+def _publish(tmp: str, final: str, facts: FileFacts, expected: FileFacts | None, what: str) -> FileFacts:
+    """Give a synced temporary file its final name (then sync the directory), unless it is not what the
+    catalog expects: CorruptSegmentError, and the caller's ``_temporary_beside`` removes it. Returns the
+    file's facts (the catalog's, for a copy)."""
+    if expected is not None:
+        facts = check_copy(facts, expected, final, what)
     os.rename(tmp, final)
     directory = os.path.dirname(final) or "."
     owed = _owed_dir_syncs.get()
@@ -189,6 +202,7 @@ def _publish(tmp: str, final: str, facts: FileFacts, expected: FileFacts | None,
         fsync_dir(directory)
     else:
         owed.add(directory)  # synced once, when the caller's batched_directory_syncs block ends
+    return facts
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> BaseException | None:
@@ -200,7 +214,9 @@ def _call(fn: Callable[..., Any], *args: Any) -> BaseException | None:
 
 
 class HashingFileWriter:
-    """A write-only binary stream onto an open file that hashes every byte exactly once, on its way out.
+    """A write-only binary stream onto an open file that hashes every byte exactly once, on its way out: by
+    sha256 and CRC-64/NVME (a new file: the catalog records both), or by CRC-64/NVME alone (``sha256=False``:
+    a copy of a file whose CRC the catalog knows; ``finish`` then gives an empty sha256).
 
     ``write`` (called by pyarrow's Parquet writer from the encoding thread) only gathers bytes; a background
     thread hashes them, writes them to the file and, every ``_SYNC_EVERY`` bytes, fdatasyncs so they start
@@ -209,13 +225,13 @@ class HashingFileWriter:
     thread is raised by the next ``write`` and by ``finish``; the file descriptor stays the caller's.
     """
 
-    def __init__(self, fd: int, name: str = "", *, sync_every: int | None = _SYNC_EVERY) -> None:
+    def __init__(self, fd: int, name: str = "", *, sync_every: int | None = _SYNC_EVERY, sha256: bool = True) -> None:
         self.name = name
         # While pyarrow encodes, early fdatasyncs overlap the disk with the CPU; a plain copy has no CPU work
         # to overlap, and there one fsync at the end lets the kernel write the file back in one go.
         self._sync_every = sync_every
         self._fd = fd
-        self._digest = hashlib.sha256()
+        self._digest = hashlib.sha256() if sha256 else None
         self._crc = Crc64Nvme()
         self._pending = bytearray()
         self._queued = 0  # bytes accepted by write()
@@ -275,7 +291,7 @@ class HashingFileWriter:
         self._thread.join()
 
     def finish(self) -> FileFacts:
-        """Close, fsync the file and return the size and sha256 of what it holds."""
+        """Close, fsync the file and return the size and digests of what it holds."""
         if self._facts is None:
             self.close()
             if self._error is not None:
@@ -284,7 +300,8 @@ class HashingFileWriter:
             size = os.fstat(self._fd).st_size
             if size != self._written or size != self._queued:
                 raise OSError(f"{self.name or 'file'} holds {size} bytes after fsync, {self._queued} were written")
-            self._facts = FileFacts(size, self._digest.hexdigest(), self._crc.hexdigest())
+            sha256 = self._digest.hexdigest() if self._digest is not None else ""
+            self._facts = FileFacts(size, sha256, self._crc.hexdigest())
         return self._facts
 
     def __enter__(self) -> HashingFileWriter:
@@ -300,8 +317,9 @@ class HashingFileWriter:
             if self._error is not None:
                 continue  # keep taking chunks so that write() never blocks on a full queue
             try:
-                self._digest.update(chunk)  # releases the GIL for large buffers, as os.write does
-                self._crc.update(chunk)
+                if self._digest is not None:
+                    self._digest.update(chunk)  # releases the GIL for large buffers, as os.write does
+                self._crc.update(chunk)  # so does the CRC (awscrt, for more than 5 KiB)
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(self._fd, view) :]

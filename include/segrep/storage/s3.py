@@ -5,15 +5,22 @@ pyarrow's S3 file system offers none of what a verified write needs: no addition
 multipart upload, no listing of incomplete uploads, no server-side copy with a checksum in the answer.
 
 What is verified, and by whom:
-- segrep hashes every byte it streams (sha256) and compares the whole with the catalog's before the object is
-  made visible: a single PUT is not sent, a multipart upload is aborted instead of completed;
-- every PUT and every part carries its SHA-256 (``ChecksumSHA256``), which the store checks against the bytes
-  it received (a part damaged on the way is refused), and the store's answer for the whole object (the SHA-256
-  of a single PUT or a server-side copy, the composite of a multipart upload) must equal segrep's: no download
-  of the object again;
+- every PUT and every part carries its CRC-64/NVME (``ChecksumCRC64NVME``; a multipart upload's checksum type
+  is FULL_OBJECT), which the store checks against the bytes it received (a part damaged on the way is
+  refused); each part's CRC is computed by the thread that uploads it, and the whole object's is combined
+  from the parts' (``Crc64Nvme.extend``), so no byte is hashed twice for it;
+- segrep compares the whole with the catalog's before the object is made visible (a single PUT is not sent,
+  a multipart upload is aborted instead of completed): by that CRC-64/NVME where the catalog recorded one
+  (``atomic.check_copy``; the copy is then hashed once per byte, outside the GIL), else by a sha256 of the
+  stream (a segment written before revision 0008, or a new file, whose sha256 the catalog is to record);
+- the store's answer for the whole object (its CRC-64/NVME of what it assembled) must equal segrep's, and
+  completing the upload with the whole object's CRC has the store check it too: no download of the object;
 - a server-side copy (same endpoint, same credentials) is verified by the checksum the store computes of the
   new object: its CRC-64/NVME (S3's own full-object checksum, ``storage.crc64nvme``) against the catalog's,
   or its SHA-256 for a segment whose CRC-64/NVME the catalog does not know (written before revision 0008).
+Request bodies are not signed (``payload_signing_enabled`` off): over HTTPS botocore signs none of these
+anyway (a checksum header rides along), and over plain HTTP signing would be one more SHA-256 of every byte
+sent while the store's answers and every read stay unsigned; a body is checked by its signed checksum header.
 An object is visible under its final key only once complete (S3 never shows a part-finished upload); a killed
 upload is an incomplete multipart upload, which GC aborts (``abort_stale_uploads``) as it deletes orphans.
 """
@@ -37,7 +44,7 @@ from segrep.config.stores import StoreOptions
 from segrep.core import faults
 from segrep.core.errors import CorruptSegmentError
 from segrep.core.settings import bytes_from_env
-from segrep.storage.atomic import FileFacts
+from segrep.storage.atomic import FileFacts, check_copy
 from segrep.storage.crc64nvme import Crc64Nvme
 from segrep.storage.store_errors import StoreRefusedError, StoreUnreachableError, classify_boto
 
@@ -97,13 +104,14 @@ def s3_target(site: str, root: str, opts: StoreOptions, secrets: Secrets | None)
 
 def _make_client(opts: StoreOptions, secrets: Secrets | None) -> Any:
     config = botocore.config.Config(
-        s3={"addressing_style": "path" if opts.path_style else "virtual"},
+        # request bodies are not hashed again to sign them (the module's docstring says why)
+        s3={"addressing_style": "path" if opts.path_style else "virtual", "payload_signing_enabled": False},
         connect_timeout=opts.connect_timeout_s or 60,
         read_timeout=opts.request_timeout_s or 60,
         # ``retries`` counts the attempts after the first, as pyarrow's retry strategy does (0: one attempt)
         retries={"mode": "standard", "total_max_attempts": (3 if opts.retries is None else opts.retries) + 1},
         max_pool_connections=_MAX_POOL,
-        # the checksums are ours (ChecksumSHA256 on every PUT and part); botocore adds no second one
+        # the checksums are ours (ChecksumCRC64NVME on every PUT and part); botocore adds no second one
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
@@ -126,19 +134,20 @@ def _b64(digest: bytes) -> str:
 
 def put_verified(target: S3Target, path: str, chunks: Iterator[bytes], expected: FileFacts | None) -> FileFacts:
     """Store the bytes of ``chunks`` under ``path`` (``bucket/key``), visible only once complete and equal to
-    ``expected`` (when given); return their size and sha256.
+    ``expected`` (when given, ``atomic.check_copy``); return their size and digests (the catalog's, for a
+    copy).
 
     Up to PART_BYTES: one PUT. Larger: a multipart upload, PARTS_IN_FLIGHT parts at once, aborted on any
     failure. CorruptSegmentError if the bytes are not ``expected`` (nothing is made visible);
     StoreRefusedError / StoreUnreachableError naming the site and object if the store says no or cannot be
     reached."""
     key = target.key(path)
-    reader = _PartReader(chunks, part_bytes())
+    # a sha256 of the stream only where the catalog is to record it, or can check nothing cheaper
+    reader = _PartReader(chunks, part_bytes(), sha256=expected is None or expected.crc64nvme is None)
     first = reader.next_part()
     if reader.done:
-        facts = reader.facts()  # the reader hashed the bytes on the way
-        _check(facts, expected, target, path)
-        checksum = _b64(reader.digest.digest())
+        crc = Crc64Nvme(first)
+        facts = _check(reader.facts(crc), expected, target, path)
         answer = _call(
             target,
             path,
@@ -147,9 +156,9 @@ def put_verified(target: S3Target, path: str, chunks: Iterator[bytes], expected:
             Bucket=target.bucket,
             Key=key,
             Body=first,
-            ChecksumSHA256=checksum,
+            ChecksumCRC64NVME=_b64(crc.digest()),
         )
-        _check_store_sum(answer.get("ChecksumSHA256"), checksum, target, path)
+        _check_store_sum(answer.get("ChecksumCRC64NVME"), _b64(crc.digest()), target, path)
         return facts
     return _multipart(target, path, key, first, reader, expected)
 
@@ -164,15 +173,21 @@ def _multipart(
         target.client.create_multipart_upload,
         Bucket=target.bucket,
         Key=key,
-        ChecksumAlgorithm="SHA256",
+        ChecksumAlgorithm="CRC64NVME",
+        ChecksumType="FULL_OBJECT",
     )
     upload_id = created["UploadId"]
     try:
         parts = _upload_parts(target, path, key, upload_id, first, reader)
-        facts = reader.facts()
-        _check(facts, expected, target, path)
+        whole = Crc64Nvme()
+        for part in parts:
+            whole.extend(part.crc, part.size)
+        facts = _check(reader.facts(whole), expected, target, path)
         faults.point("mid_upload")
-        listing = [{"PartNumber": n, "ETag": etag, "ChecksumSHA256": _b64(d)} for n, (etag, d) in enumerate(parts, 1)]
+        listing = [
+            {"PartNumber": n, "ETag": part.etag, "ChecksumCRC64NVME": _b64(part.crc.digest())}
+            for n, part in enumerate(parts, 1)
+        ]
         answer = _call(
             target,
             path,
@@ -182,21 +197,30 @@ def _multipart(
             Key=key,
             UploadId=upload_id,
             MultipartUpload={"Parts": listing},
+            ChecksumCRC64NVME=_b64(whole.digest()),
+            ChecksumType="FULL_OBJECT",
         )
     except BaseException:
         _abort(target, key, upload_id)
         raise
-    composite = _b64(hashlib.sha256(b"".join(d for _, d in parts)).digest()) + f"-{len(parts)}"
-    _check_store_sum(answer.get("ChecksumSHA256"), composite, target, path)
+    _check_store_sum(answer.get("ChecksumCRC64NVME"), _b64(whole.digest()), target, path)
     return facts
+
+
+@dataclass(frozen=True)
+class _Part:
+    etag: str
+    crc: Crc64Nvme  # of the part's bytes, computed by the thread that uploaded it
+    size: int
 
 
 def _upload_parts(
     target: S3Target, path: str, key: str, upload_id: str, first: bytes, reader: _PartReader
-) -> list[tuple[str, bytes]]:
-    """Upload every part (the first already read), PARTS_IN_FLIGHT at a time; (ETag, sha256) per part."""
+) -> list[_Part]:
+    """Upload every part (the first already read), PARTS_IN_FLIGHT at a time, each with its CRC-64/NVME."""
 
-    def upload(number: int, body: bytes, digest: bytes) -> tuple[str, bytes]:
+    def upload(number: int, body: bytes) -> _Part:
+        crc = Crc64Nvme(body)  # here, in the part's own thread (the GIL is released while it hashes)
         answer = _call(
             target,
             path,
@@ -207,16 +231,16 @@ def _upload_parts(
             UploadId=upload_id,
             PartNumber=number,
             Body=body,
-            ChecksumSHA256=_b64(digest),
+            ChecksumCRC64NVME=_b64(crc.digest()),
         )
-        _check_store_sum(answer.get("ChecksumSHA256"), _b64(digest), target, path)
-        return str(answer["ETag"]), digest
+        _check_store_sum(answer.get("ChecksumCRC64NVME"), _b64(crc.digest()), target, path)
+        return _Part(str(answer["ETag"]), crc, len(body))
 
-    futures: list[Future[tuple[str, bytes]]] = []
+    futures: list[Future[_Part]] = []
     slots = threading.BoundedSemaphore(PARTS_IN_FLIGHT)
     failed = threading.Event()  # a part failed: read no more of the source
 
-    def finished(future: Future[tuple[str, bytes]]) -> None:
+    def finished(future: Future[_Part]) -> None:
         if future.exception() is not None:
             failed.set()
         slots.release()
@@ -225,7 +249,7 @@ def _upload_parts(
         body: bytes | None = first
         while body and not failed.is_set():
             slots.acquire()
-            future = pool.submit(upload, len(futures) + 1, body, hashlib.sha256(body).digest())
+            future = pool.submit(upload, len(futures) + 1, body)
             future.add_done_callback(finished)
             futures.append(future)
             body = None if reader.done else reader.next_part()
@@ -238,16 +262,16 @@ def part_bytes() -> int:
 
 
 class _PartReader:
-    """Cuts a stream of chunks into parts of ``size`` bytes, hashing the whole on the way."""
+    """Cuts a stream of chunks into parts of ``size`` bytes, counting them and, if asked, hashing the whole
+    by sha256 on the way (the CRC-64/NVME is the parts')."""
 
-    def __init__(self, chunks: Iterator[bytes], size: int) -> None:
+    def __init__(self, chunks: Iterator[bytes], size: int, *, sha256: bool) -> None:
         self._chunks = chunks
         self.part_size = size
         self._rest = b""
         self.done = False
         self.size = 0
-        self.digest = hashlib.sha256()
-        self._crc = Crc64Nvme()
+        self._digest = hashlib.sha256() if sha256 else None
 
     def next_part(self) -> bytes:
         pieces, have = [self._rest] if self._rest else [], len(self._rest)
@@ -266,13 +290,13 @@ class _PartReader:
         elif not self.done:
             self.done = self._peek_end()
         self.size += len(part)
-        self.digest.update(part)
-        self._crc.update(part)
+        if self._digest is not None:
+            self._digest.update(part)
         return part
 
-    def facts(self) -> FileFacts:
-        """Size and digests of every byte read so far."""
-        return FileFacts(self.size, self.digest.hexdigest(), self._crc.hexdigest())
+    def facts(self, crc: Crc64Nvme) -> FileFacts:
+        """Size and digests of every byte read so far, given their CRC-64/NVME (an empty sha256 if not hashed)."""
+        return FileFacts(self.size, self._digest.hexdigest() if self._digest is not None else "", crc.hexdigest())
 
     def _peek_end(self) -> bool:
         """True if the stream has nothing more (what it had is kept for the next part)."""
@@ -353,22 +377,20 @@ def _call(target: S3Target, path: str, what: str, fn: Any, **kwargs: Any) -> Any
         raise classify_boto(exc, target.site, f"s3://{path}", what) from None
 
 
-def _check(facts: FileFacts, expected: FileFacts | None, target: S3Target, path: str) -> None:
-    if expected is not None and facts != expected:
-        raise CorruptSegmentError(
-            f"site {target.site}: the bytes for s3://{path} do not match the catalog: {facts.byte_size} bytes, "
-            f"sha256 {facts.sha256[:12]}... (expected {expected.byte_size} bytes, {expected.sha256[:12]}...)"
-        )
+def _check(facts: FileFacts, expected: FileFacts | None, target: S3Target, path: str) -> FileFacts:
+    """``facts`` for a new object; for a copy, the catalog's facts if the bytes are its file's."""
+    if expected is None:
+        return facts
+    return check_copy(facts, expected, f"site {target.site}: s3://{path}", "the bytes")
 
 
 def _check_store_sum(reported: str | None, wanted: str, target: S3Target, path: str) -> None:
-    """The store's own SHA-256 of what it received must be ours; a store that reports none checked the
-    ChecksumSHA256 we sent (S3 refuses a request whose checksum does not match). A multipart object's sum is
-    the SHA-256 of its parts' sums, which S3 suffixes with ``-<parts>`` and some compatible stores do not:
-    the sums are compared without it (the part count is ours, from the completed listing)."""
+    """The store's own CRC-64/NVME of what it received must be ours; a store that reports none checked the
+    ChecksumCRC64NVME we sent (S3 refuses a request whose checksum does not match). (A store that suffixes a
+    whole object's sum with ``-<parts>``, as S3 does for composite checksums, is compared without it.)"""
     if reported is not None and reported.split("-")[0] != wanted.split("-")[0]:
         raise CorruptSegmentError(
-            f"site {target.site}: the store received other bytes for s3://{path} than were sent (its SHA-256 "
+            f"site {target.site}: the store received other bytes for s3://{path} than were sent (its CRC-64/NVME "
             f"{reported}, sent {wanted})"
         )
 

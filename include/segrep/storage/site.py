@@ -120,7 +120,7 @@ class Site:
 
         Locally, the sha256 is that of the bytes as they were written and fsynced (``atomic_local_write_stream``
         says why that is what is on disk); on S3 the file is built in memory, hashed and uploaded under its
-        final key with the store checking every part's SHA-256 (``storage.s3.put_verified``): no temporary key,
+        final key with the store checking every part's CRC-64/NVME (``storage.s3.put_verified``): no temporary key,
         no move, no read-back. On any other store the file is read back after the store's move.
         The Parquet settings are pyarrow's defaults, as a plain ``pq.write_table`` would use, plus a CRC32 in
         every page header, which every read verifies: a flipped bit in a data page fails the read instead of

@@ -1,5 +1,7 @@
 """Copying a segment file between sites, verified: the bytes are hashed as they are written, the copy is
-fsynced and renamed into place only if its size and sha256 equal the catalog's, else it never appears.
+fsynced and renamed into place only if its size and digest equal the catalog's, else it never appears. The
+digest is the cheapest the catalog's row allows, CRC-64/NVME where it is recorded, else sha256
+(``storage.atomic.check_copy``): each byte of a copy is hashed once, outside the GIL.
 
 No row is read: a fast-forward is a byte copy (DESIGN section 6). Between local sites the kernel copies
 (``storage.atomic_local_copy``: copy_file_range, then the copy is hashed while it is fsynced); where it cannot
@@ -7,9 +9,9 @@ No row is read: a fast-forward is a byte copy (DESIGN section 6). Between local 
 (``storage.atomic_local_write_stream``): a background thread hashes and writes while this one reads.
 
 To an object store the bytes go through ``storage.s3``: within one store (same endpoint and credentials) a
-server-side copy, verified by the SHA-256 the store computes; otherwise (local -> S3, S3 -> S3 across
-endpoints) streamed: read from the source, hashed, uploaded in parts in parallel with a SHA-256 per part that
-the store checks, completed only if size and sha256 equal the catalog's (else aborted). No local copy is made
+server-side copy, verified by the checksum the store computes; otherwise (local -> S3, S3 -> S3 across
+endpoints) streamed: read from the source, uploaded in parts in parallel with a CRC-64/NVME per part that the
+store checks, completed only if size and digest equal the catalog's (else aborted). No local copy is made
 and the object is not downloaded again. Failures name the site and the object and are classified
 (``storage.store_errors``): refused (credentials, permissions, missing bucket) or unreachable.
 """
@@ -55,8 +57,8 @@ def copy_verified(
     """Copy ``relpath`` from ``source`` to the same path at ``target`` and return its facts.
 
     Raises CorruptSegmentError (the receiver's INVALID) if what arrived differs from ``byte_size`` and
-    ``sha256`` (a kernel copy between local sites checks ``crc64nvme`` instead, when the catalog has it, and
-    so does a server-side copy on one S3 store: ``storage.crc64nvme``); nothing appears under the final name.
+    ``crc64nvme`` when the catalog has it (``storage.crc64nvme`` says why that suffices), else ``sha256``;
+    nothing appears under the final name.
     OSError (a site that is down) propagates unchanged.
     """
     source.ensure_identified()

@@ -1,0 +1,142 @@
+"""Moving batches of verified copies between sites: the copy transport of a fast-forward (and of anything else
+that copies a list of segment files), apart from the protocol that decides what to copy.
+
+A ``CopyItem`` says what to copy (both sites, with their store options, and the catalog's facts of the file); a
+``Copier`` turns a batch of them into one ``CopyOutcome`` each, in order: copied, INVALID (what arrived is not
+the catalog's file) or a store error (refused or unreachable). Each copy is ``storage.transfer.copy_verified``.
+The copiers here run in threads of this process (``CopyPool``, ``local_copier``); the Spark distributed copy
+runs ``copy_one`` on executors. Nothing here reads or writes the catalog.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from segrep.config.stores import StoreOptions
+from segrep.core.errors import CorruptSegmentError, SegrepError
+from segrep.storage.atomic import batched_directory_syncs
+from segrep.storage.probe import STORE_ERRORS, describe
+from segrep.storage.site import Site
+from segrep.storage.store_errors import StoreRefusedError
+from segrep.storage.transfer import copy_verified
+
+# What fails a target's copy rather than the round: its store's errors, and ours (a Spark copy that failed)
+COPY_ERRORS: tuple[type[Exception], ...] = (*STORE_ERRORS, SegrepError)
+COPIES_AT_ONCE = 8  # copies in flight to one target, from all its partitions
+
+
+@dataclass(frozen=True)
+class CopyItem:
+    """One verified copy; the store options (no secret) let a Spark executor open both sites as this process
+    does, since it has not loaded the definitions."""
+
+    source: str
+    source_uri: str
+    target: str
+    target_uri: str
+    relpath: str
+    byte_size: int
+    sha256: str
+    source_options: StoreOptions = field(default_factory=StoreOptions)
+    target_options: StoreOptions = field(default_factory=StoreOptions)
+    crc64nvme: str | None = None  # the catalog's CRC-64/NVME of the file, if known: copies are checked by it
+
+    @classmethod
+    def from_doc(cls, raw: dict[str, Any]) -> CopyItem:
+        """Back from ``asdict`` (the distributed copy's items file), options checked strictly."""
+        where = f"copy item {raw.get('relpath')!r}"
+        return cls(
+            **{
+                **raw,
+                "source_options": StoreOptions.from_doc(raw.get("source_options"), f"{where}: source options"),
+                "target_options": StoreOptions.from_doc(raw.get("target_options"), f"{where}: target options"),
+            }
+        )
+
+
+@dataclass(frozen=True)
+class CopyOutcome:
+    relpath: str
+    ok: bool
+    invalid: str | None = None  # the verification failure (INVALID)
+    error: str | None = None  # the target or source could not be reached
+    refused: bool = False  # the error is the store's refusal (credentials, permissions, missing bucket)
+
+
+Copier = Callable[[list[CopyItem]], list[CopyOutcome]]
+
+
+SiteOpener = Callable[[str, str, StoreOptions], Site]
+
+
+def copy_one(item: CopyItem, open_site: SiteOpener = Site) -> CopyOutcome:
+    """One item copied and verified; what went wrong is the outcome, never an exception (a Spark executor
+    sends outcomes back)."""
+    try:
+        source = open_site(item.source, item.source_uri, item.source_options)
+        target = open_site(item.target, item.target_uri, item.target_options)
+        copy_verified(source, target, item.relpath, item.byte_size, item.sha256, item.crc64nvme)
+    except CorruptSegmentError as exc:
+        return CopyOutcome(item.relpath, False, invalid=str(exc))
+    except COPY_ERRORS as exc:  # a site that cannot be opened, read or written
+        return CopyOutcome(item.relpath, False, error=describe(exc), refused=isinstance(exc, StoreRefusedError))
+    return CopyOutcome(item.relpath, True)
+
+
+class CopyPool:
+    """One target's copies, from every partition, in one pool of threads that takes them in the order asked.
+
+    With a pool per batch, every partition's batch finished at about the same time and the partitions then met
+    at the catalog together (receiver commit, next offer), taking turns there while no copy ran. First come,
+    first served, the earliest batch finishes first, and its partition's catalog work overlaps the others'
+    copies. Each file is fsynced as it is copied; the directories of local targets are fsynced once per batch,
+    before its outcomes are returned (so before any is committed): a failed directory sync fails every copy
+    of the batch. Sites are opened once for the pool."""
+
+    def __init__(self, workers: int = COPIES_AT_ONCE) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="segrep-copy")
+        self._open_site = _opened_once()
+
+    def __call__(self, items: list[CopyItem]) -> list[CopyOutcome]:
+        try:
+            with batched_directory_syncs():
+                # each copy joins the batch's directory syncs through its context
+                runs = [(contextvars.copy_context(), item) for item in items]
+                futures = [self._pool.submit(ctx.run, copy_one, item, self._open_site) for ctx, item in runs]
+                return [f.result() for f in futures]
+        except OSError as exc:
+            return [CopyOutcome(i.relpath, False, error=describe(exc)) for i in items]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> CopyPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def local_copier(items: list[CopyItem]) -> list[CopyOutcome]:
+    """Copy one batch in threads of its own (hashing and file I/O release the GIL): a CopyPool for the batch."""
+    with CopyPool(max(1, min(4, len(items)))) as pool:
+        return pool(items)
+
+
+def _opened_once() -> SiteOpener:
+    """Opens each site once for a batch (all its copies go between the same two sites), not once per copy."""
+    opened: dict[tuple[str, str, StoreOptions], Site] = {}
+    lock = threading.Lock()
+
+    def open_site(name: str, uri: str, options: StoreOptions) -> Site:
+        with lock:
+            if (name, uri, options) not in opened:
+                opened[(name, uri, options)] = Site(name, uri, options)
+            return opened[(name, uri, options)]
+
+    return open_site
