@@ -40,9 +40,7 @@ def ids(offers: Sequence[tuple[m.Segment, Outcome]]) -> list[tuple[str, Outcome]
 
 def leader_with_major() -> Scenario:
     """primary: o, then M (a major folding o), then s1 <- s2 <- s3; dr holds M and s1 and acked them."""
-    sc = Scenario()
-    sc.place("primary", leader=True)
-    sc.place("dr")
+    sc = Scenario.placed("primary", "dr")
     sc.seg("o", None, major=True)
     sc.seg("M", "o", included=["o"], major=True)
     sc.seg("s1", "M")
@@ -117,9 +115,7 @@ def test_out_of_order_restarts_from_the_newest_major_which_the_replica_fast_forw
 
 def test_out_of_order_again_after_the_restart_is_stuck_until_a_new_major() -> None:
     """The leader's visible chain starts at a minor (its major collected): nothing the replica can take."""
-    sc = Scenario()
-    sc.place("primary", leader=True)
-    sc.place("dr")
+    sc = Scenario.placed("primary", "dr")
     sc.seg("s1", "gone")
     sc.seg("s2", "s1")
     sc.seg("r", None, major=True)
@@ -134,9 +130,7 @@ def test_out_of_order_again_after_the_restart_is_stuck_until_a_new_major() -> No
 
 def returned_old_leader() -> Scenario:
     """dr led once and wrote x on a; primary leads now: a <- b, then N (a major folding a and b) <- c."""
-    sc = Scenario()
-    sc.place("primary", leader=True)
-    sc.place("dr")
+    sc = Scenario.placed("primary", "dr")
     sc.seg("a", None, major=True)
     sc.seg("x", "a")
     sc.seg("b", "a")
@@ -162,9 +156,7 @@ def test_a_fast_forward_that_would_drop_an_unmerged_fork_is_held_back_until_the_
 def test_a_minor_past_the_common_segment_waits_for_the_merge_then_rewinds_there() -> None:
     """Without the major: b, based on a (the common segment), is UNMERGED while x is not merged, and a
     fast-forward (dr rewinds to a, the merge output brings x's rows) once it is."""
-    sc = Scenario()
-    sc.place("primary", leader=True)
-    sc.place("dr")
+    sc = Scenario.placed("primary", "dr")
     sc.seg("a", None, major=True)
     sc.seg("x", "a")
     sc.seg("b", "a")
@@ -180,9 +172,7 @@ def test_a_minor_past_the_common_segment_waits_for_the_merge_then_rewinds_there(
 
 def cascade() -> Scenario:
     """primary leads a <- b <- c; dr holds a, b and its own f (never at primary); edge is fed by dr."""
-    sc = Scenario()
-    sc.place("primary", leader=True)
-    sc.place("dr")
+    sc = Scenario.placed("primary", "dr")
     sc.place("edge", feeder="dr")
     sc.seg("a", None, major=True)
     sc.seg("b", "a")
@@ -235,9 +225,7 @@ def test_pushes_are_the_followers_segments_the_leader_lacks_oldest_first_and_due
 
 
 def test_a_segment_folded_into_a_followers_major_goes_as_that_major_unless_the_leader_references_it() -> None:
-    sc = Scenario()
-    sc.place("primary", leader=True)
-    sc.place("dr")
+    sc = Scenario.placed("primary", "dr")
     sc.seg("a", None, major=True)
     sc.seg("x1", "a")
     sc.seg("x2", "x1")
@@ -267,9 +255,7 @@ def test_the_leader_merges_a_fork_and_acks_what_it_references() -> None:
 
 
 def test_an_empty_loading_leader_merges_what_it_would_fast_forward() -> None:
-    sc = Scenario(state=PartitionState.LOADING)
-    sc.place("primary", leader=True)
-    sc.place("dr")
+    sc = Scenario.placed("primary", "dr", state=PartitionState.LOADING)
     sc.seg("x", None, major=True)
     sc.holds("dr", "x")
     part = sc.snapshot()

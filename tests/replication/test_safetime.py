@@ -47,10 +47,7 @@ END = 10_000  # every segment of a scenario is committed before it unless it say
 def chain_to_dr_and_edge() -> Scenario:
     """primary leads M (major) <- s1 <- s2 <- s3 (row versions 100-150, 200-250, 300-350, 400-450); dr and
     edge hold nothing and acked nothing yet."""
-    sc = Scenario()
-    sc.place("primary", leader=True)
-    sc.place("dr")
-    sc.place("edge")
+    sc = Scenario.placed("primary", "dr", "edge")
     sc.seg("M", None, major=True)
     sc.seg("s1", "M")
     sc.seg("s2", "s1")
@@ -172,10 +169,7 @@ def test_a_leaders_fork_is_never_settled() -> None:
 
 
 def test_segments_behind_a_major_settle_once_every_replica_holds_the_major() -> None:
-    sc = Scenario()
-    sc.place("primary", leader=True)
-    sc.place("dr")
-    sc.place("edge")
+    sc = Scenario.placed("primary", "dr", "edge")
     sc.seg("a", None, major=True)
     sc.seg("b", "a")
     sc.seg("N", "b", included=["a", "b"], major=True)

@@ -40,6 +40,15 @@ class Scenario:
         self.lists: dict[str, list[str]] = defaultdict(list)
         self.acks: dict[tuple[str, str], set[str]] = defaultdict(set)
 
+    @classmethod
+    def placed(cls, leader: str, *replicas: str, state: PartitionState = PartitionState.LIVE) -> Scenario:
+        """A scenario with the leader's placement at ``leader`` and a LIVE replica at each of ``replicas``."""
+        sc = cls(state=state)
+        sc.place(leader, leader=True)
+        for site in replicas:
+            sc.place(site)
+        return sc
+
     def place(
         self, site: str, *, leader: bool = False, state: PlacementState = PlacementState.LIVE, feeder: str | None = None
     ) -> m.Placement:
