@@ -124,6 +124,20 @@ def env(catalog_url: str, tmp_path: Path) -> Iterator[Env]:
 
 
 @pytest.fixture
+def pg_definitions() -> str:
+    """The definitions file ``pg_env`` holds: ORDERS_YAML unless a module overrides this fixture."""
+    return ORDERS_YAML
+
+
+@pytest.fixture
+def pg_env(pg_server: str, pg_definitions: str, tmp_path: Path) -> Iterator[Env]:
+    """An environment on PostgreSQL only (a fresh schema, dropped afterwards) with ``pg_definitions``, migrated
+    and applied: for the long end-to-end runs, which run once, on the catalog production uses."""
+    for url in pg_schema_url(pg_server):
+        yield from env_fixture(tmp_path, url, pg_definitions)
+
+
+@pytest.fixture
 def sqlite_env(tmp_path: Path) -> Iterator[Env]:
     yield from env_fixture(tmp_path, sqlite_url(tmp_path))
 

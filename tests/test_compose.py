@@ -37,7 +37,8 @@ SPARK_MASTER_URL = "spark://spark-master:7077"
 
 
 @pytest.fixture(scope="module")
-def services() -> dict[str, dict[str, Any]]:
+def compose_services() -> dict[str, dict[str, Any]]:
+    """The `services` mapping of docker-compose.yaml (not the Airflow processes of tests/dags' `services`)."""
     assert COMPOSE.is_file(), f"{COMPOSE} is missing"
     doc = yaml.safe_load(COMPOSE.read_text())
     assert isinstance(doc, dict) and isinstance(doc.get("services"), dict), f"{COMPOSE.name}: no 'services' mapping"
@@ -83,27 +84,29 @@ def _repo_path_of(service: dict[str, Any], container_path: str) -> Path:
     return ROOT / path.relative_to("/opt/segrep")
 
 
-def test_required_services_exist(services):
-    missing = [name for name in REQUIRED_SERVICES if name not in services]
+def test_required_services_exist(compose_services):
+    missing = [name for name in REQUIRED_SERVICES if name not in compose_services]
     assert not missing, f"docker-compose.yaml lacks services: {', '.join(missing)}"
-    assert str(services["postgres"].get("image", "")).startswith("postgres:15"), "postgres must run image postgres:15"
+    assert str(compose_services["postgres"].get("image", "")).startswith("postgres:15"), (
+        "postgres must run image postgres:15"
+    )
 
 
-def test_airflow_services_run_their_component_with_local_executor(services):
+def test_airflow_services_run_their_component_with_local_executor(compose_services):
     for name, subcommand in AIRFLOW_COMMANDS.items():
-        command = _command(services[name])
+        command = _command(compose_services[name])
         assert command[:2] == ["airflow", subcommand], (
             f"{name}: command should be 'airflow {subcommand}', is {' '.join(command)!r}"
         )
-        depends = services[name].get("depends_on") or {}
+        depends = compose_services[name].get("depends_on") or {}
         assert isinstance(depends, dict) and (depends.get("airflow-init") or {}).get("condition") == (
             "service_completed_successfully"
         ), f"{name}: must depend on airflow-init with condition service_completed_successfully"
-    assert "airflow db migrate" in " ".join(_command(services["airflow-init"])), (
+    assert "airflow db migrate" in " ".join(_command(compose_services["airflow-init"])), (
         "airflow-init must run 'airflow db migrate'"
     )
     for name in AIRFLOW_SERVICES:
-        env = _env(services[name])
+        env = _env(compose_services[name])
         assert env.get("AIRFLOW__CORE__EXECUTOR") == "LocalExecutor", (
             f"{name}: AIRFLOW__CORE__EXECUTOR is {env.get('AIRFLOW__CORE__EXECUTOR')!r}, expected LocalExecutor"
         )
@@ -119,12 +122,12 @@ def test_airflow_services_run_their_component_with_local_executor(services):
         for key in ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__CORE__FERNET_KEY"):
             assert env.get(key), f"{name}: {key} must be set (the same value in every Airflow component)"
     for key in ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__API__SECRET_KEY"):
-        values = {_env(services[name]).get(key) for name in AIRFLOW_SERVICES}
+        values = {_env(compose_services[name]).get(key) for name in AIRFLOW_SERVICES}
         assert len(values) == 1, f"{key} differs between Airflow services: {values}"
 
 
-def test_bind_mount_sources_exist_in_the_repository(services):
-    for name, service in services.items():
+def test_bind_mount_sources_exist_in_the_repository(compose_services):
+    for name, service in compose_services.items():
         for source, target in _mounts(service):
             if _is_bind(source) and not source.startswith(("/", "~")):
                 assert (ROOT / source).exists(), f"{name}: bind mount {source} -> {target}: {source} is not in the repo"
@@ -134,12 +137,12 @@ def test_bind_mount_sources_exist_in_the_repository(services):
             assert (ROOT / context).is_dir(), f"{name}: build context {context} does not exist"
 
 
-def test_sites_and_work_dir_are_the_same_volume_at_the_same_path_everywhere(services):
+def test_sites_and_work_dir_are_the_same_volume_at_the_same_path_everywhere(compose_services):
     definitions = load_definitions(ROOT / "include" / "segrep.compose.yaml")
     paths = [site.uri for site in definitions.sites.values()] + [WORK_DIR]
     seen: dict[str, tuple[str, str]] = {}  # container path -> (first service, its source)
     for name in SEGREP_SERVICES:
-        by_target = {target: source for source, target in _mounts(services[name])}
+        by_target = {target: source for source, target in _mounts(compose_services[name])}
         for path in paths:
             assert path in by_target, f"{name}: {path} is not mounted (sites and {WORK_DIR} must be in every service)"
             source = by_target[path]
@@ -150,14 +153,14 @@ def test_sites_and_work_dir_are_the_same_volume_at_the_same_path_everywhere(serv
     assert len(set(sources)) == len(sources), f"sites and work dir must be distinct volumes, got {sources}"
 
 
-def test_dockerfile_installs_the_pinned_requirements_and_java_17(services):
+def test_dockerfile_installs_the_pinned_requirements_and_java_17(compose_services):
     dockerfiles = set()
     for name in SEGREP_SERVICES:
-        build = services[name].get("build")
+        build = compose_services[name].get("build")
         assert isinstance(build, dict), f"{name}: must build the repository image (build: context + dockerfile)"
         dockerfiles.add((ROOT / build.get("context", ".") / build.get("dockerfile", "Dockerfile")).resolve())
     assert len(dockerfiles) == 1, f"services build from different Dockerfiles: {sorted(map(str, dockerfiles))}"
-    images = {services[name].get("image") for name in SEGREP_SERVICES}
+    images = {compose_services[name].get("image") for name in SEGREP_SERVICES}
     assert len(images) == 1, f"Airflow, Spark and segrep-init must run the same image, got {images}"
     dockerfile = dockerfiles.pop()
     assert dockerfile.is_file(), f"Dockerfile {dockerfile} referenced by build does not exist"
@@ -174,19 +177,19 @@ def test_dockerfile_installs_the_pinned_requirements_and_java_17(services):
     assert re.search(r"^WORKDIR /opt/segrep\s*$", text, re.M), f"{dockerfile.name}: WORKDIR must be /opt/segrep"
 
 
-def test_spark_cluster_and_connection(services):
-    master = _command(services["spark-master"])
+def test_spark_cluster_and_connection(compose_services):
+    master = _command(compose_services["spark-master"])
     assert master[:2] == ["spark-class", "org.apache.spark.deploy.master.Master"], (
         f"spark-master: unexpected command {master}"
     )
     assert "7077" in master, "spark-master must listen on port 7077"
-    worker = _command(services["spark-worker"])
+    worker = _command(compose_services["spark-worker"])
     assert worker[:2] == ["spark-class", "org.apache.spark.deploy.worker.Worker"], (
         f"spark-worker: unexpected command {worker}"
     )
     assert SPARK_MASTER_URL in worker, f"spark-worker must join {SPARK_MASTER_URL}"
     for name in AIRFLOW_SERVICES:
-        raw = _env(services[name]).get("AIRFLOW_CONN_SPARK_DEFAULT")
+        raw = _env(compose_services[name]).get("AIRFLOW_CONN_SPARK_DEFAULT")
         assert raw, f"{name}: AIRFLOW_CONN_SPARK_DEFAULT is not set"
         conn = json.loads(raw)
         # The provider's rule (SparkSubmitHook._resolve_connection): a spark host with a scheme is the master,
@@ -202,13 +205,13 @@ def test_spark_cluster_and_connection(services):
         )
 
 
-def test_segrep_config_exists_and_loads_with_the_tables_of_segrep_yaml(services):
+def test_segrep_config_exists_and_loads_with_the_tables_of_segrep_yaml(compose_services):
     reference = load_definitions(ROOT / "include" / "segrep.yaml")
     for name in SEGREP_SERVICES:
-        env = _env(services[name])
+        env = _env(compose_services[name])
         config = env.get("SEGREP_CONFIG")
         assert config, f"{name}: SEGREP_CONFIG is not set"
-        local = _repo_path_of(services[name], config)
+        local = _repo_path_of(compose_services[name], config)
         assert local.is_file(), f"{name}: SEGREP_CONFIG {config} maps to {local}, which does not exist"
         definitions = load_definitions(local)
         assert definitions.tables == reference.tables, f"{local.name}: tables differ from include/segrep.yaml"
@@ -220,15 +223,15 @@ def test_segrep_config_exists_and_loads_with_the_tables_of_segrep_yaml(services)
             f"{name}: SEGREP_CATALOG_URL {url!r} should be postgresql+psycopg://...@postgres:5432/segrep"
         )
         assert env.get("PYSPARK_PYTHON") == "python3", f"{name}: PYSPARK_PYTHON should be python3"
-    init = " ".join(_command(services["segrep-init"]))
+    init = " ".join(_command(compose_services["segrep-init"]))
     assert "segrep init" in init and "segrep apply" in init, f"segrep-init should run segrep init && apply: {init}"
 
 
-def test_postgres_creates_the_segrep_database(services):
-    initdb = [src for src, target in _mounts(services["postgres"]) if target == "/docker-entrypoint-initdb.d"]
+def test_postgres_creates_the_segrep_database(compose_services):
+    initdb = [src for src, target in _mounts(compose_services["postgres"]) if target == "/docker-entrypoint-initdb.d"]
     assert initdb, "postgres: nothing is mounted at /docker-entrypoint-initdb.d to create the segrep database"
     scripts = ROOT / initdb[0]
     files = [scripts] if scripts.is_file() else sorted(scripts.iterdir())
     text = "\n".join(f.read_text() for f in files)
     assert re.search(r"CREATE DATABASE segrep\b", text, re.I), f"postgres: {initdb[0]} does not create database segrep"
-    assert _env(services["postgres"]).get("POSTGRES_DB") == "airflow", "postgres: POSTGRES_DB should be airflow"
+    assert _env(compose_services["postgres"]).get("POSTGRES_DB") == "airflow", "postgres: POSTGRES_DB should be airflow"

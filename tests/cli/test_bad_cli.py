@@ -31,15 +31,6 @@ from tests.support.tables import orders
 FUNCTION_SCOPED = settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@pytest.fixture
-def loaded(sqlite_env: Env, tmp_path: Path) -> Env:
-    src = tmp_path / "in.parquet"
-    pq.write_table(orders([1, 2, 3, 200_000]), src)
-    assert cli(sqlite_env, "write", "orders", str(src))[0] == 0
-    src.unlink()
-    return sqlite_env
-
-
 def _segment_file(env: Env, site: str = "primary") -> Path:
     return next((env.site_dir(site) / "orders").rglob("*.parquet"))
 
@@ -57,39 +48,41 @@ PROTECTED: dict[str, Callable[[Env], Path]] = {
 
 
 @pytest.mark.parametrize("what", sorted(PROTECTED))
-def test_read_output_never_lands_on_segrep_state(loaded: Env, what: str) -> None:
-    target = PROTECTED[what](loaded)
+def test_read_output_never_lands_on_segrep_state(loaded_sqlite: Env, what: str) -> None:
+    target = PROTECTED[what](loaded_sqlite)
     fmt = [] if target.suffix in (".parquet", ".csv") else ["--format", "csv"]
-    with unchanged(loaded):
+    with unchanged(loaded_sqlite):
         for extra in ([], ["--overwrite"]):
-            code, out, err = cli(loaded, "read", "orders", "-o", str(target), *fmt, *extra)
+            code, out, err = cli(loaded_sqlite, "read", "orders", "-o", str(target), *fmt, *extra)
             assert_user_error(code, out, err, "will not write")
-    assert cli(loaded, "status")[0] == 0  # the catalog still opens
+    assert cli(loaded_sqlite, "status")[0] == 0  # the catalog still opens
 
 
-def test_read_output_through_a_symlink_to_the_catalog_is_refused(loaded: Env, tmp_path: Path) -> None:
+def test_read_output_through_a_symlink_to_the_catalog_is_refused(loaded_sqlite: Env, tmp_path: Path) -> None:
     link = tmp_path / "export.parquet"
-    link.symlink_to(loaded.root / "catalog.db")
-    with unchanged(loaded):
-        assert_user_error(*cli(loaded, "read", "orders", "-o", str(link), "--overwrite"), "catalog database")
+    link.symlink_to(loaded_sqlite.root / "catalog.db")
+    with unchanged(loaded_sqlite):
+        assert_user_error(*cli(loaded_sqlite, "read", "orders", "-o", str(link), "--overwrite"), "catalog database")
 
 
-def test_read_output_replaces_an_existing_file_only_with_overwrite(loaded: Env, tmp_path: Path) -> None:
+def test_read_output_replaces_an_existing_file_only_with_overwrite(loaded_sqlite: Env, tmp_path: Path) -> None:
     out_file = tmp_path.parent / f"{tmp_path.name}-export.csv"  # outside the environment's root
     out_file.write_text("precious\n")
-    with unchanged(loaded):
-        assert_user_error(*cli(loaded, "read", "orders", "-o", str(out_file)), "already exists", "--overwrite")
+    with unchanged(loaded_sqlite):
+        assert_user_error(*cli(loaded_sqlite, "read", "orders", "-o", str(out_file)), "already exists", "--overwrite")
     assert out_file.read_text() == "precious\n"
-    code, _out, err = cli(loaded, "read", "orders", "-o", str(out_file), "--overwrite")
+    code, _out, err = cli(loaded_sqlite, "read", "orders", "-o", str(out_file), "--overwrite")
     assert code == 0, err
     assert out_file.read_text().count("\n") == 5  # header + 4 rows
     assert not [p for p in out_file.parent.iterdir() if p.name.startswith(f".{out_file.name}")]  # no temp left
 
 
-def test_read_output_into_a_missing_directory_or_a_directory(loaded: Env, tmp_path: Path) -> None:
-    with unchanged(loaded):
-        assert_user_error(*cli(loaded, "read", "orders", "-o", str(tmp_path / "no" / "x.csv")), "does not exist")
-        assert_user_error(*cli(loaded, "read", "orders", "-o", str(loaded.root / "data"), "--format", "csv"))
+def test_read_output_into_a_missing_directory_or_a_directory(loaded_sqlite: Env, tmp_path: Path) -> None:
+    with unchanged(loaded_sqlite):
+        assert_user_error(*cli(loaded_sqlite, "read", "orders", "-o", str(tmp_path / "no" / "x.csv")), "does not exist")
+        assert_user_error(
+            *cli(loaded_sqlite, "read", "orders", "-o", str(loaded_sqlite.root / "data"), "--format", "csv")
+        )
 
 
 @FUNCTION_SCOPED
@@ -101,9 +94,9 @@ def test_read_output_into_a_missing_directory_or_a_directory(loaded: Env, tmp_pa
         st.sampled_from(["1e3", "nan", "", "ten", "0x10", "1.5"]),
     ),
 )
-def test_read_numbers_out_of_range_are_refused_by_the_option(loaded: Env, option: str, value: object) -> None:
-    with unchanged(loaded):
-        assert_user_error(*cli(loaded, "read", "orders", option, str(value)), option)
+def test_read_numbers_out_of_range_are_refused_by_the_option(loaded_sqlite: Env, option: str, value: object) -> None:
+    with unchanged(loaded_sqlite):
+        assert_user_error(*cli(loaded_sqlite, "read", "orders", option, str(value)), option)
 
 
 @pytest.mark.parametrize(
@@ -120,50 +113,52 @@ def test_read_numbers_out_of_range_are_refused_by_the_option(loaded: Env, option
         ("bootstrap", "orders", "dr", "--mode", "merge"),
     ],
 )
-def test_usage_errors_are_one_line(loaded: Env, args: tuple[str, ...]) -> None:
-    with unchanged(loaded):
-        line = assert_user_error(*cli(loaded, *args))
+def test_usage_errors_are_one_line(loaded_sqlite: Env, args: tuple[str, ...]) -> None:
+    with unchanged(loaded_sqlite):
+        line = assert_user_error(*cli(loaded_sqlite, *args))
     assert "--help" in line
 
 
 @pytest.mark.parametrize("until", [str(2**63), "99999999999999999999999", "yesterday", "-5", "2026-13-01"])
-def test_round_until_out_of_range_or_not_a_time(loaded: Env, until: str) -> None:
-    with unchanged(loaded):
-        assert_user_error(*cli(loaded, "round", "orders", "--until", until), "--until")
+def test_round_until_out_of_range_or_not_a_time(loaded_sqlite: Env, until: str) -> None:
+    with unchanged(loaded_sqlite):
+        assert_user_error(*cli(loaded_sqlite, "round", "orders", "--until", until), "--until")
 
 
-def test_a_round_that_finds_a_damaged_file_names_it_and_exits_1(loaded: Env) -> None:
-    victim = _segment_file(loaded)
+def test_a_round_that_finds_a_damaged_file_names_it_and_exits_1(loaded_sqlite: Env) -> None:
+    victim = _segment_file(loaded_sqlite)
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
-    code, out, err = cli(loaded, "round", "orders")
+    code, out, err = cli(loaded_sqlite, "round", "orders")
     assert code == 1, (out, err)
     assert err.count("\n") == 1 and "failed verification" in err and "Traceback" not in err
     segment_id = victim.stem
     assert f"INVALID: segment {segment_id}" in out and str(victim) in out and "at primary" in out, out
 
 
-def test_compact_names_a_partition_the_table_does_not_have(loaded: Env) -> None:
-    with unchanged(loaded):
-        assert_user_error(*cli(loaded, "compact", "orders", "--partition", "999"), "no partition 999", "orders")
+def test_compact_names_a_partition_the_table_does_not_have(loaded_sqlite: Env) -> None:
+    with unchanged(loaded_sqlite):
+        assert_user_error(*cli(loaded_sqlite, "compact", "orders", "--partition", "999"), "no partition 999", "orders")
 
 
 def test_compaction_of_a_truncated_segment_fails_naming_the_file(
-    loaded: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    loaded_sqlite: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for keys in ([4, 5], [6, 7]):
         pq.write_table(orders(keys), tmp_path / "more.parquet")
-        assert cli(loaded, "write", "orders", str(tmp_path / "more.parquet"))[0] == 0
-    victim = max((loaded.site_dir("primary") / "orders" / "1").glob("*.parquet"), key=lambda p: p.stat().st_mtime)
+        assert cli(loaded_sqlite, "write", "orders", str(tmp_path / "more.parquet"))[0] == 0
+    victim = max(
+        (loaded_sqlite.site_dir("primary") / "orders" / "1").glob("*.parquet"), key=lambda p: p.stat().st_mtime
+    )
     victim.write_bytes(victim.read_bytes()[:200])
     monkeypatch.setattr(launch, "submit", arrow_submit())
-    sites_before = tree_state(loaded.root / "data" / "sites")
-    code, _out, err = cli(loaded, "compact", "orders", "--force")
+    sites_before = tree_state(loaded_sqlite.root / "data" / "sites")
+    code, _out, err = cli(loaded_sqlite, "compact", "orders", "--force")
     assert code == 1, err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert victim.name in err and "does not match the catalog" in err
-    assert tree_state(loaded.root / "data" / "sites") == sites_before  # no major segment was written
+    assert tree_state(loaded_sqlite.root / "data" / "sites") == sites_before  # no major segment was written
 
 
 # -- catalog URLs ----------------------------------------------------------------------------------------------

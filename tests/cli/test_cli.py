@@ -33,16 +33,6 @@ def state(env: Env) -> tuple[dict, dict]:
     return rows, files
 
 
-@pytest.fixture
-def loaded(env: Env, tmp_path: Path) -> Env:
-    src = tmp_path / "in.parquet"
-    pq.write_table(orders([1, 2, 3, 200_000]), src)
-    code, out, err = run(env, "write", "orders", str(src))
-    assert code == 0, err
-    assert "wrote 4 row(s) of orders" in out
-    return env
-
-
 def test_read_write_segments_and_listing(loaded: Env, tmp_path: Path) -> None:
     keys = tmp_path / "del.csv"
     keys.write_text("o_orderkey\n2\n")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -15,9 +14,9 @@ import pytest
 
 from segrep.storage.workdir import compaction_paths, manifest_path, result_path, split_pass_paths
 from tests.support.airflow import DAGS, EVENTS_DAG, REPO, load_dag
+from tests.support.golden import EXPECTED, PLACEHOLDERS, assert_matches_expected, machine_paths, normalise
 
 DEFAULT_CONFIG = REPO / "include" / "segrep.yaml"
-EXPECTED = Path(__file__).parent / "expected"
 TASKS = {"plan", "round", "targets_of", "fast_forward", "choose", "merge", "commit", "report"}
 UPSTREAM = {
     "plan": set(),
@@ -327,15 +326,6 @@ def test_malformed_params_are_rejected_before_any_task(segrep_env: Any, conf: di
     assert _files(env.root) == files_before
 
 
-def _normalise(args: list[str], replacements: dict[str, str]) -> list[str]:
-    out = []
-    for arg in args:
-        for real, placeholder in replacements.items():
-            arg = arg.replace(real, placeholder)
-        out.append(arg)
-    return out
-
-
 # Every SparkSubmitOperator of every DAG (for a definitions file with the one table `events`), with the task
 # whose XCom names its manifest and result, and where that task puts them (segrep.storage.workdir).
 SAMPLE_END_US = 1795334400000000  # 2026-11-22T08:00:00Z, a round's interval end and a pass's start
@@ -403,33 +393,13 @@ def test_spark_submit_command_matches_expectation(segrep_env: Any, dag_id: str, 
     assert hook._connection["master"] == "local[*]"  # from AIRFLOW_CONN_SPARK_DEFAULT
     assert set(hook._env or {}) >= {"SPARK_HOME", "PYSPARK_PYTHON", "PATH"}
     assert hook._env["PYSPARK_PYTHON"] == sys.executable
-    venv_bin = Path(sys.executable).parent
-    got = _normalise(
-        command,
-        {
-            sys.executable: "{PYTHON}",
-            str(venv_bin): "{VENV_BIN}",
-            str(env.root): "{ENV_ROOT}",
-            str(REPO): "{REPO}",
-        },
-    )
-    expected_file = _expected_file(dag_id, task_id)
-    if os.environ.get("SEGREP_UPDATE_EXPECTED") == "1":  # a deliberate change: rewrite the expectation
-        rel = _normalise([str(manifest), str(result)], {str(env.root): "{ENV_ROOT}"})
-        header = [
-            f"# The spark-submit command line of the `{task_id}` task of {dag_id}, one argument per line, rendered",
-            f"# for a `{plan_task}` XCom with manifest {rel[0]}",
-            f"# and result {rel[1]}.",
-            "# Placeholders: {VENV_BIN} = the directory of the test interpreter, {PYTHON} = the interpreter itself,",
-            "# {REPO} = the repository root, {ENV_ROOT} = the test's segrep environment (tmp_path).",
-            f"# If the command changes on purpose, rewrite the files: {UPDATE_HINT}",
-        ]
-        expected_file.write_text("\n".join([*header, *got]) + "\n")
-    assert expected_file.is_file(), f"no expected command for {dag_id}.{task_id} ({UPDATE_HINT} writes it)"
-    expected = [line for line in expected_file.read_text().splitlines() if line and not line.startswith("#")]
-    assert got == expected, (
-        f"the {task_id} task's command line changed ({UPDATE_HINT} rewrites "
-        + str(expected_file.relative_to(REPO))
-        + "):\n"
-        + "\n".join(got)
-    )
+    got = normalise(command, machine_paths(env.root))
+    rel = normalise([str(manifest), str(result)], {str(env.root): "{ENV_ROOT}"})
+    header = [
+        f"# The spark-submit command line of the `{task_id}` task of {dag_id}, one argument per line, rendered",
+        f"# for a `{plan_task}` XCom with manifest {rel[0]}",
+        f"# and result {rel[1]}.",
+        *PLACEHOLDERS,
+        f"# If the command changes on purpose, rewrite the files: {UPDATE_HINT}",
+    ]
+    assert_matches_expected(got, _expected_file(dag_id, task_id), header, UPDATE_HINT)

@@ -25,7 +25,11 @@ from segrep.data import demo as demo_data
 from segrep.data.reader import read_table
 from segrep.replication.orchestrator import run_round
 from segrep.replication.rollback import list_rollbacks
-from tests.failover.test_tpch_failover import (
+from tests.support.airflow import load_dag, postgres_dag_env, ti_states
+from tests.support.checks import leaders
+from tests.support.env import Env
+from tests.support.rounds import bring_up, take_down
+from tests.support.tpch_failover import (
     AFTER,
     AT_DR,
     KEPT,
@@ -39,10 +43,6 @@ from tests.failover.test_tpch_failover import (
     tpch_orders_batches,
     write,
 )
-from tests.support.airflow import load_dag, postgres_dag_env, ti_states
-from tests.support.checks import leaders
-from tests.support.env import Env
-from tests.support.rounds import bring_up, take_down
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.postgres]
 

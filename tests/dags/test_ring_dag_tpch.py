@@ -20,9 +20,9 @@ import yaml
 from segrep.data import demo as demo_data
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
-from tests.failover.test_tpch_failover import COMMENT, KEY, SPLIT_POINTS, TABLE, tpch_orders_batches
 from tests.support.airflow import load_dag, postgres_dag_env, rounds, ti_states
 from tests.support.env import ORDERS_YAML, Env
+from tests.support.tpch_failover import COMMENT, KEY, SPLIT_POINTS, TABLE, tpch_orders_batches
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.postgres]
 

@@ -15,51 +15,24 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from segrep.failover.promote import failover
 from segrep.replication.fast_forward import fast_forward_target
 from segrep.replication.orchestrator import run_round
 from segrep.replication.round import TargetUnreachable
 from tests.support.badinput import unchanged
 from tests.support.checks import assert_replicas_equal_leader, triples
 from tests.support.cli import cli
-from tests.support.env import ORDERS_YAML, Env, env_fixture, sqlite_url
+from tests.support.env import Env
+from tests.support.failback import lose_primary
 from tests.support.models import Model
-from tests.support.rounds import bring_up, inprocess_submit, no_spark, take_down
-from tests.support.tables import TABLE, TENANTS
+from tests.support.rounds import bring_up, inprocess_submit, no_spark
+from tests.support.tables import TABLE
 
 pytestmark = pytest.mark.spark
 
 
-def _policy(on_return: str) -> str:
-    policy = f"    policy: {{on_return: {on_return}, retry_delay_s: 0}}\n"
-    return ORDERS_YAML.replace("    replicas: [dr, edge]\n", "    replicas: [dr, edge]\n" + policy)
-
-
-@pytest.fixture
-def merge_env(tmp_path: Any) -> Any:
-    yield from env_fixture(tmp_path, sqlite_url(tmp_path), _policy("merge"))
-
-
-def _lose_primary(env: Env, model: Model) -> tuple[Model, set[tuple[str, int, str | None, bool]], Any]:
-    """Replicated writes, then writes only `primary` holds, then `primary` down and `dr` promoted. Returns
-    the model of what `dr` holds, the rows `primary` alone holds (tenant, seq, payload, deleted), the site."""
-    model.upsert(env, range(0, 40), "a")
-    run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    kept = Model()
-    kept.rows = dict(model.rows)
-    model.upsert(env, range(30, 60), "lost")
-    model.delete(env, range(0, 3))
-    lost = {(TENANTS[k % len(TENANTS)], k, f"lost{k}", False) for k in range(30, 60)}
-    lost |= {(TENANTS[k % len(TENANTS)], k, None, True) for k in range(0, 3)}
-    aside = take_down(env, "primary")
-    report = failover(env.catalog, env.defs, [TABLE])
-    assert report.moves[0].assessment.rows_lost == len(lost)
-    return kept, lost, aside
-
-
 def test_the_old_leader_returns_with_its_lost_rows_in_a_rollback_file(outage_env: Env) -> None:
     env = outage_env  # no back-off after a failed attempt: the return is tried at the next round
-    kept, lost, aside = _lose_primary(env, Model())
+    kept, lost, aside = lose_primary(env, Model())
     kept.upsert(env, range(100, 120), "after")  # at dr
     down = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
     assert down.targets["primary"].status == "down" and down.targets["edge"].status == "ok"
@@ -95,7 +68,7 @@ def test_a_site_still_holding_what_a_failover_gave_up_cannot_lead_until_it_is_ro
     chain still held the given-up segments, so they were served again. Now it is refused by name until a
     round has set them aside; then it can lead, and the given-up rows stay in the rollback file only."""
     env = outage_env
-    kept, lost, aside = _lose_primary(env, Model())
+    kept, lost, aside = lose_primary(env, Model())
     with unchanged(env):
         code, _out, err = cli(env, "failover", TABLE, "--to", "primary")
     assert code == 2 and "primary cannot lead" in err and "that failover #1 gave up" in err, err
@@ -117,10 +90,10 @@ def test_a_site_still_holding_what_a_failover_gave_up_cannot_lead_until_it_is_ro
     ), out
 
 
-def test_with_on_return_merge_the_lost_rows_are_merged_into_the_new_leader(merge_env: Env, spark: Any) -> None:
-    env = merge_env
+def test_with_on_return_merge_the_lost_rows_are_merged_into_the_new_leader(merge_sqlite_env: Env, spark: Any) -> None:
+    env = merge_sqlite_env
     model = Model()
-    _kept, _lost, aside = _lose_primary(env, model)  # `model` keeps the lost rows: they come back
+    _kept, _lost, aside = lose_primary(env, model)  # `model` keeps the lost rows: they come back
     model.upsert(env, range(100, 120), "after")
     model.upsert(env, range(50, 55), "newer")  # newer than primary's lost rows for these keys
     calls: list[str] = []
@@ -143,7 +116,7 @@ def test_a_returned_leader_not_yet_rolled_back_fails_as_a_target(outage_env: Env
     them aside (here no plan ran: an Airflow fast-forward task started after `primary` came back, its plan
     task before), `primary` fails as a target, naming them, and the next round rolls it back and serves it."""
     env = outage_env
-    kept, _lost, aside = _lose_primary(env, Model())
+    kept, _lost, aside = lose_primary(env, Model())
     bring_up(env, "primary", aside)
     with pytest.raises(TargetUnreachable, match=r"site primary still holds \d+ segment\(s\) a failover gave up"):
         fast_forward_target(env.catalog, env.defs, TABLE, "primary")

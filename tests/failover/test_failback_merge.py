@@ -11,8 +11,6 @@ merge output) and `edge` receives only the merge output: no major of the whole t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +23,6 @@ from segrep.replication.orchestrator import run_round
 from segrep.replication.overview import SiteState, build_overview
 from segrep.replication.plan import plan_round
 from segrep.replication.reports import RoundReport
-from tests.failover.test_failback import _lose_primary
 from tests.support.checks import (
     assert_replicas_equal_leader,
     assert_safe_time_honest,
@@ -34,26 +31,11 @@ from tests.support.checks import (
     triples,
 )
 from tests.support.cli import cli
-from tests.support.env import ORDERS_YAML, Env, env_fixture, sqlite_url
+from tests.support.env import Env
+from tests.support.failback import lose_primary
 from tests.support.models import Model
 from tests.support.rounds import bring_up, inprocess_submit, no_spark
 from tests.support.tables import TABLE
-
-_MERGE_YAML = ORDERS_YAML.replace(
-    "    replicas: [dr, edge]\n", "    replicas: [dr, edge]\n    policy: {on_return: merge, retry_delay_s: 0}\n"
-)
-
-
-@pytest.fixture
-def merge_env(catalog_url: str, tmp_path: Path) -> Iterator[Env]:
-    """`events` with ``on_return: merge`` and no back-off, on SQLite and PostgreSQL."""
-    assert _MERGE_YAML != ORDERS_YAML
-    yield from env_fixture(tmp_path, catalog_url, _MERGE_YAML)
-
-
-@pytest.fixture
-def merge_sqlite_env(tmp_path: Path) -> Iterator[Env]:
-    yield from env_fixture(tmp_path, sqlite_url(tmp_path), _MERGE_YAML)
 
 
 def _dr_bytes_since(env: Env, since_us: int) -> int:
@@ -74,7 +56,7 @@ def test_while_the_old_leader_is_down_it_is_down_and_healthy_replicas_go_on(merg
     the forks only `primary` held bounded every site. No Spark here: none may be launched (``no_spark``)."""
     env = merge_env
     model = Model()
-    kept, _lost, aside = _lose_primary(env, model)
+    kept, _lost, aside = lose_primary(env, model)
     frozen = safe_times(env.catalog).get("primary")
     reports: list[RoundReport] = []
     for n in range(3):
@@ -124,7 +106,7 @@ def test_failback_under_merge_copies_what_is_missing_past_the_common_segment(mer
     end as last-writer-wins says, everywhere."""
     env = merge_sqlite_env
     model = Model()
-    _kept, _lost, aside = _lose_primary(env, model)  # `model` keeps the lost rows: they come back
+    _kept, _lost, aside = lose_primary(env, model)  # `model` keeps the lost rows: they come back
     with env.catalog.read() as s:
         failed_over_us = s.scalars(select(m.Failover.done_us)).one()
     model.upsert(env, range(100, 120), "after")

@@ -16,19 +16,13 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support.env import ORDERS_YAML, Env, make_env
-
-REPO = Path(__file__).resolve().parents[2]
-PLUGINS = REPO / "plugins"
-AIRFLOW = str(Path(sys.executable).with_name("airflow"))
-JWT_SECRET = "segrep-plugin-tests-only-" + "0123456789abcdef" * 4
-USERS = "admin:admin,viewer:viewer,nobody:"  # nobody: no role, so the auth manager allows nothing
+from tests.support.airflow import AIRFLOW
+from tests.support.env import Env, make_env
+from tests.support.plugin_page import JWT_SECRET, PLUGINS, RPO_YAML, USERS, Tokens, users
 
 if str(PLUGINS) not in sys.path:
     sys.path.append(str(PLUGINS))
@@ -44,25 +38,12 @@ if "tests.dags.conftest" not in sys.modules:
         }
     )
 
-# `events` (3 sites) with an objective, `orders` without: the page's rows, chart and RPO column.
-RPO_YAML = ORDERS_YAML.replace("    replicas: [dr, edge]\n", "    replicas: [dr, edge]\n    policy: {rpo: 15m}\n")
-
 
 @pytest.fixture(scope="session")
 def airflow_db() -> None:
     """Airflow's metadata database, migrated (the auth manager checks token revocations there)."""
     proc = subprocess.run([AIRFLOW, "db", "migrate"], capture_output=True, text=True, env=os.environ.copy())
     assert proc.returncode == 0, f"airflow db migrate failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-
-
-@dataclass(frozen=True)
-class Tokens:
-    admin: str
-    viewer: str
-    nobody: str
-
-    def header(self, who: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {getattr(self, who)}"}
 
 
 @pytest.fixture
@@ -77,12 +58,8 @@ def tokens(airflow_db: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
     manager = init_auth_manager()
-    yield Tokens(*(manager.generate_jwt(SimpleAuthManagerUser(username=n, role=r or "")) for n, r in _users()))
+    yield Tokens(*(manager.generate_jwt(SimpleAuthManagerUser(username=n, role=r or "")) for n, r in users()))
     purge_cached_app()
-
-
-def _users() -> list[tuple[str, str]]:
-    return [(name, role) for name, _, role in (u.partition(":") for u in USERS.split(","))]
 
 
 @pytest.fixture
@@ -103,11 +80,3 @@ def lag_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
     write_batch(env.catalog, TABLE, batch(range(20, 30), "b"))
     write_batch(env.catalog, "orders", orders(list(range(1, 6))))
     return env
-
-
-def app_for(env: Env) -> Any:
-    """The plugin's app reading ``env`` (its definitions file; the catalog from SEGREP_CATALOG_URL)."""
-    from segrep_page.app import create_app
-    from segrep_page.source import Source
-
-    return create_app(Source(str(env.config)))

@@ -17,9 +17,9 @@ from sqlalchemy import select
 from segrep.catalog import models as m
 from segrep.core import hlc
 from segrep.replication.status import status_rows
-from tests.plugins.conftest import PLUGINS, Tokens, app_for
 from tests.support.cli import cli
 from tests.support.env import Env
+from tests.support.plugin_page import PLUGINS, Tokens, app_for
 
 LAG_TOLERANCE_S = 5.0  # the page and the CLI measure the lag a moment apart
 CHART_JS_SHA256 = "87364cc2b2a76a6684929e7d6b80b18a897794db38400caff1fcf1791c6925d2"  # Chart.js 4.6.1 as published

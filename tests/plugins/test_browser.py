@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
-from tests.plugins.conftest import AIRFLOW, JWT_SECRET, PLUGINS, USERS
+from tests.support.airflow import AIRFLOW
 from tests.support.cli import cli
 from tests.support.env import Env
+from tests.support.plugin_page import JWT_SECRET, PLUGINS, USERS
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")

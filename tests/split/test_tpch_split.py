@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,7 @@ from segrep.data.writer import write_batch
 from segrep.replication.orchestrator import run_round
 from segrep.replication.unload import finish_unloaded
 from segrep.split.run import run_split
-from tests.support.env import Env, make_env, pg_schema_url
+from tests.support.env import Env
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.postgres]
 
@@ -47,13 +46,9 @@ def lineitem() -> tuple[Path, pa.Table]:
 
 
 @pytest.fixture
-def pg_env(pg_server: str, tmp_path: Path, lineitem: tuple[Path, pa.Table]) -> Iterator[Env]:
-    for url in pg_schema_url(pg_server):
-        env = make_env(
-            tmp_path, url, demo_data.lineitem_yaml(lineitem[0], SPLIT_POINTS, ["dr", "edge"], {"retry_delay_s": 0})
-        )
-        yield env
-        env.catalog.dispose()
+def pg_definitions(lineitem: tuple[Path, pa.Table]) -> str:
+    """The definitions of ``pg_env`` (tests/conftest.py): `lineitem` in four partitions, to dr and edge."""
+    return demo_data.lineitem_yaml(lineitem[0], SPLIT_POINTS, ["dr", "edge"], {"retry_delay_s": 0})
 
 
 class Writer(threading.Thread):

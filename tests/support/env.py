@@ -43,6 +43,11 @@ OUTAGE_YAML = ORDERS_YAML.replace(
     "    replicas: [dr, edge]\n", "    replicas: [dr, edge]\n    policy: {retry_delay_s: 0}\n"
 )
 
+# `events` with `on_return: merge` (the old leader's lost rows merged into the new leader on its return), no back-off.
+MERGE_YAML = ORDERS_YAML.replace(
+    "    replicas: [dr, edge]\n", "    replicas: [dr, edge]\n    policy: {on_return: merge, retry_delay_s: 0}\n"
+)
+
 # The model-based tests' table: `kv`, int key, two partitions (split at 5), replicated primary -> dr, edge.
 KV_YAML = """
 data_dir: data
