@@ -30,6 +30,7 @@ from segrep.replication.fast_forward import fast_forward_target
 from segrep.replication.plan import plan_round
 from segrep.replication.round import ensure_round
 from segrep.replication.safetime import (
+    advance_safe_times,
     leader_vouches,
     partition_vouches,
     settled_prefix,
@@ -282,6 +283,21 @@ def test_safe_time_never_moves_back_and_moves_forward_with_nothing_pending(env: 
     assert safe_times(env.catalog) == {"dr": end - 1, "edge": end - 1}
     later = replicate(env)  # nothing written since: both vouched for up to the new end
     assert update_checkpoints_and_safe_time(env.catalog, TABLE, later) == {"dr": later - 1, "edge": later - 1}
+
+
+def test_a_commit_names_the_sites_whose_safe_time_it_moved(env: Env) -> None:
+    """What the round's Asset events announce: a first safe time and a later one count, the same one does not."""
+    write_batch(env.catalog, TABLE, batch(range(20), "a"))
+    end = replicate(env, *REPLICAS)
+    assert advance_safe_times(env.catalog, TABLE, end).advanced == ["dr", "edge"]  # first safe times
+    again = advance_safe_times(env.catalog, TABLE, end)
+    assert again.advanced == [] and again.times == {"dr": end - 1, "edge": end - 1}
+    with env.catalog.write() as s:
+        ensure_round(s, q.table_info(s, TABLE).table_id, end - 1_000_000, None)
+    assert advance_safe_times(env.catalog, TABLE, end - 1_000_000).advanced == []  # never moved back
+    later = replicate(env)
+    held = advance_safe_times(env.catalog, TABLE, later, hold=frozenset({site_id(env, "edge")}))
+    assert held.advanced == ["dr"] and held.times == {"dr": later - 1}
 
 
 def test_one_partition_behind_holds_the_tables_safe_time_and_a_held_site_keeps_its_own(env: Env) -> None:
