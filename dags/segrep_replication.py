@@ -46,11 +46,11 @@ from segrep_airflow.common import (
     segrep_context,
     spark_step,
     tables_to_build,
-    timetable,
     to_us,
     utc,
 )
 from segrep_airflow.forms import every_or_one, flag, form
+from segrep_airflow.schedules import replication_schedule
 
 
 def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
@@ -63,7 +63,7 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
         dag_id=f"segrep_replicate_{name}",
         description=f"Replicate {name} from {table.leader} to {', '.join(table.replicas) or 'no replica'}",
         doc_md=__doc__,
-        schedule=timetable(policy.schedule),
+        schedule=replication_schedule(policy, name),
         start_date=utc(policy.start_date),
         end_date=utc(policy.end_date),
         catchup=False,
