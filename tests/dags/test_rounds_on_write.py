@@ -24,7 +24,7 @@ from tests.support.airflow import EVENTS_DAG, events_batch, load_dagbag, read_so
 from tests.support.airflow_services import Services
 from tests.support.cli import cli
 
-RUN_TIMEOUT_S = 300  # about 20 s on an idle machine; 135 s measured at a load of 23 on 2 cores
+RUN_TIMEOUT_S = 300  # a ceiling: write to finished run took 135 s at a load of 23 on 2 cores
 
 
 def test_an_on_write_table_is_scheduled_on_its_writes_or_the_fallback(segrep_env: Any) -> None:
