@@ -50,12 +50,12 @@ from segrep_airflow.common import (
     segrep_context,
     spark_step,
     tables_to_build,
-    timetable,
     to_us,
     utc,
 )
 from segrep_airflow.forms import every_or_one, flag, form
 from segrep_airflow.rounds import PLAN_KEY, PLAN_TASK
+from segrep_airflow.schedules import replication_schedule
 
 ONE_TASK = "round"  # the task that runs a small round whole
 
@@ -70,7 +70,7 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
         dag_id=f"segrep_replicate_{name}",
         description=f"Replicate {name} from {table.leader} to {', '.join(table.replicas) or 'no replica'}",
         doc_md=__doc__,
-        schedule=timetable(policy.schedule),
+        schedule=replication_schedule(policy, name),
         start_date=utc(policy.start_date),
         end_date=utc(policy.end_date),
         catchup=False,
@@ -98,18 +98,23 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
             import structlog
 
             from segrep.replication.orchestrator import RoundPath, RoundSteps
+            from segrep.replication.spacing import wait_for_spacing
             from segrep_airflow.rounds import round_end
+            from segrep_airflow.schedules import spacing_s
 
             p = form()
             run_type = getattr(dag_run, "run_type", None)
             end = round_end(run_type, getattr(dag_run, "run_after", None), data_interval_end)
             with segrep_context() as (defs, catalog):
+                # on_write: a round starts at least min_interval after the previous one (bursts fold into it)
+                waited = wait_for_spacing(catalog, name, spacing_s(defs.policy(name), run_type))
                 steps = RoundSteps(catalog, defs, name)
                 planned = steps.plan(
                     to_us(end), start_us=to_us(data_interval_start), target=p["target"], reoffer=p["reoffer"]
                 )
             ti.xcom_push(key=PLAN_KEY, value=planned.to_dict())
-            structlog.get_logger("segrep.round").info(str(planned))
+            spaced = f" (after {waited:.1f} s of spacing)" if waited else ""
+            structlog.get_logger("segrep.round").info(f"{planned}{spaced}")
             if planned.path == RoundPath.ONE_TASK:
                 return [ONE_TASK]
             return sorted(set(task.downstream_task_ids) - {ONE_TASK})  # every first task of the mapped path

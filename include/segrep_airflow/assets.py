@@ -1,4 +1,5 @@
-"""Airflow Assets for replicas: ``segrep://<site>/<table>`` is "<table> as held at <site>".
+"""Airflow Assets for replicas: ``segrep://<site>/<table>`` is "<table> as held at <site>"; and for writes:
+``segrep-writes://<table>/`` is "writes committed to <table>" (:func:`writes_asset`).
 
 The replication DAG's ``commit`` and ``report`` tasks emit an event on it for each target site whose safe time
 advanced (through the table's :func:`alias`, because which sites advanced is known only when the task runs),
@@ -7,6 +8,12 @@ so a DAG scheduled on ``replica_asset("dr", "orders")`` runs when dr's copy of o
 Why this URI works: Airflow 3 accepts any scheme for an Asset; a scheme without a provider's normaliser is
 kept as written (no warning, nothing registered). ``airflow`` is the only reserved scheme. The name is the
 URI too, so ``Asset.ref(name=...)`` and the UI's asset list show the same string.
+
+The writes asset is what a table with ``schedule: on_write`` has its replication DAG scheduled on
+(``segrep_airflow.schedules``). Its URI comes from the package (``segrep.data.write_events.writes_uri``),
+which posts its events through the REST API after ``segrep write`` or ``write_batch``; a writer running in an
+Airflow task declares the asset as the task's outlet and adds the event itself (:func:`emit_write`). A scheme
+of its own, so no site name can make a replica asset equal a writes asset.
 """
 
 from __future__ import annotations
@@ -14,10 +21,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from segrep.core import hlc
+from segrep.data.write_events import writes_uri
 
 if TYPE_CHECKING:
     from airflow.sdk import Asset, AssetAlias
 
+    from segrep.data.writer import WriteResult
     from segrep.replication.reports import RoundReport
 
 SCHEME = "segrep"
@@ -33,6 +42,27 @@ def replica_asset(site: str, table: str) -> Asset:
 
     uri = asset_uri(site, table)
     return Asset(name=uri, uri=uri, group=SCHEME)
+
+
+def writes_asset(table: str) -> Asset:
+    """The Asset "writes committed to ``table``" (what an on_write table's replication DAG is scheduled on)."""
+    from airflow.sdk import Asset
+
+    uri = writes_uri(table)
+    return Asset(name=uri, uri=uri, group=SCHEME)
+
+
+def emit_write(outlet_events: Any, result: WriteResult) -> dict[str, Any] | None:
+    """For a writer running in an Airflow task (``outlets=[writes_asset(table)]``, ``write_batch`` without
+    ``defs`` so no REST call is made too): the task's event on the table's writes asset, carrying what the
+    REST path would (``segrep.data.writer.write_event_extra``). None when the write committed nothing."""
+    from segrep.data.writer import write_event_extra
+
+    if result.committed_us is None:
+        return None
+    extra = write_event_extra(result)
+    outlet_events[writes_asset(result.table)].extra = extra
+    return extra
 
 
 def alias(table: str) -> AssetAlias:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # the DAG file imports this module at parse time: the package
     from segrep.replication.orchestrator import PlannedRound
 
 MANUAL = "manual"
+ASSET_TRIGGERED = "asset_triggered"
 PLAN_TASK = "plan"
 PLAN_KEY = "planned_round"  # the plan task's XCom (its return value is the branch it chose)
 
@@ -53,8 +54,12 @@ def run_kind(run_type: object) -> str:
 def round_end(run_type: object, run_after: datetime | None, interval_end: datetime | None) -> datetime | None:
     """Where a run's round ends: a manual run (the Trigger button, ``airflow dags trigger``, the REST API,
     ``dag.test``) replicates up to the moment it was triggered (its ``run_after``), not to the end of the
-    last whole interval before it; scheduled and backfill runs end at their data interval's end. None: now
-    (``plan_round`` never looks past the present either way)."""
-    if run_kind(run_type) == MANUAL and run_after is not None:
+    last whole interval before it; an asset-triggered run (``schedule: on_write``) at the moment it plans, after
+    its spacing wait, so it covers every write committed until then; scheduled and backfill runs end at their
+    data interval's end. None: now (``plan_round`` never looks past the present either way)."""
+    kind = run_kind(run_type)
+    if kind == ASSET_TRIGGERED:
+        return None
+    if kind == MANUAL and run_after is not None:
         return run_after
     return interval_end

@@ -9,21 +9,23 @@ api-server; login and password of a user allowed to edit the DAG's runs (POST ``
 and FAB auth managers take them), or no login for the simple auth manager's all-admins mode (GET
 ``/auth/token``). ``make airflow`` defines it. Without it the note is not set, and the task log says so and
 how to fix it; the loss report is in the task log either way. The password never reaches a log or an error.
+The calls go through the package's REST client (``segrep.data.airflow_api``), which writes also use.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import quote
 
-import httpx
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from segrep.data.airflow_api import ApiAccess, ApiError, ApiSession, snippet
+
 CONN_ID = "segrep_airflow_api"
 NOTE_LIMIT = 1000  # Airflow's dag_run_note.content column
-TIMEOUT_S = 10.0
+TIMEOUT_S = 10.0  # all the calls of one note
 
 
 class NoteOutcome(StrEnum):
@@ -38,17 +40,8 @@ class NoteResult:
     detail: str
 
 
-@dataclass(frozen=True)
-class ApiAccess:
-    """Where the api-server is and who to log in as (the fields of the :data:`CONN_ID` connection)."""
-
-    base_url: str
-    login: str | None = None
-    password: str | None = field(default=None, repr=False)
-
-
 def api_access() -> ApiAccess | None:
-    """The :data:`CONN_ID` connection as :class:`ApiAccess` (None if it is not defined)."""
+    """The :data:`CONN_ID` connection as the package's ``ApiAccess`` (None if it is not defined)."""
     try:
         conn = BaseHook.get_connection(CONN_ID)
     except AirflowNotFoundException:
@@ -57,7 +50,7 @@ def api_access() -> ApiAccess | None:
     if "://" not in host:
         host = f"{'https' if conn.conn_type == 'https' else 'http'}://{host}"
     base = f"{host}:{conn.port}" if conn.port else host
-    return ApiAccess(base, conn.login or None, conn.password or None)
+    return ApiAccess(base.rstrip("/"), conn.login or None, conn.password or None, budget_s=TIMEOUT_S)
 
 
 def note_text(report: str, limit: int = NOTE_LIMIT) -> str:
@@ -82,33 +75,17 @@ def set_run_note(access: ApiAccess | None, dag_id: str, run_id: str, note: str) 
             f"the run's note was not set: no Airflow connection {CONN_ID!r} (http: the api-server's URL, and a "
             "login allowed to edit this DAG's runs); see docs/airflow.md",
         )
-    base = access.base_url.rstrip("/")
+    path = f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns/{quote(run_id, safe='')}"
     try:
-        with httpx.Client(base_url=base, timeout=TIMEOUT_S) as client:
-            if access.login:
-                got = client.post("/auth/token", json={"username": access.login, "password": access.password or ""})
-            else:
-                got = client.get("/auth/token")
-            if got.status_code not in (200, 201):
-                return NoteResult(
-                    NoteOutcome.FAILED,
-                    f"the run's note was not set: {base}/auth/token answered {got.status_code} for "
-                    f"{'user ' + repr(access.login) if access.login else 'a login without credentials'} "
-                    f"(connection {CONN_ID!r})",
-                )
-            token = got.json()["access_token"]
-            path = f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns/{quote(run_id, safe='')}"
-            done = client.patch(
-                path,
-                params={"update_mask": "note"},
-                json={"note": note_text(note)},
-                headers={"Authorization": f"Bearer {token}"},
-            )
-    except (httpx.HTTPError, ValueError, KeyError) as exc:
-        return NoteResult(NoteOutcome.FAILED, f"the run's note was not set: {base}: {type(exc).__name__}: {exc}")
-    if done.status_code != 200:
+        status, answer = ApiSession(access).call(
+            "PATCH", path, query={"update_mask": "note"}, body={"note": note_text(note)}
+        )
+    except ApiError as exc:
         return NoteResult(
-            NoteOutcome.FAILED,
-            f"the run's note was not set: PATCH {path} answered {done.status_code}: {done.text[:300]}",
+            NoteOutcome.FAILED, f"the run's note was not set: {access.shown}: {exc} (connection {CONN_ID!r})"
+        )
+    if status != 200:
+        return NoteResult(
+            NoteOutcome.FAILED, f"the run's note was not set: PATCH {path} answered {status}: {snippet(answer)}"
         )
     return NoteResult(NoteOutcome.SET, f"the loss report is the note of run {run_id}")

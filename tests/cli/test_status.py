@@ -105,3 +105,23 @@ def test_rpo_cell_reads_unknown_when_no_safe_time_yet(rpo_env: Env) -> None:
     assert rpo_cell(row) == "1h ?"
     row.rpo_s = None
     assert rpo_cell(row) == "-"
+
+
+def test_status_shows_the_tables_replicated_on_write(tmp_path: Path) -> None:
+    text = RPO_YAML.replace("policy: {rpo: 15m}", "policy: {rpo: 4m, schedule: on_write, min_interval: 30s}")
+    env = make_env(tmp_path, f"sqlite:///{tmp_path / 'catalog.db'}", text)
+    defs = load_definitions(env.config)
+
+    lines = status_output(env.catalog, defs, None, as_json=False).splitlines()
+    at = lines.index("rounds on write (schedule: on_write):")
+    assert (
+        lines[at + 1] == f"  {TABLE}: a round after each write, rounds at least 30s apart; every 2m if an event is lost"
+    )
+    doc = json.loads(status_output(env.catalog, defs, None, as_json=True))
+    assert doc["schedules"] == {
+        TABLE: {"schedule": "on_write", "min_interval_s": 30, "fallback_s": 120},
+        "orders": {"schedule": "@hourly"},
+    }
+    assert list(json.loads(status_output(env.catalog, defs, "orders", as_json=True))["schedules"]) == ["orders"]
+    assert "rounds on write" not in status_output(env.catalog, defs, "orders", as_json=False)
+    assert json.loads(status_output(env.catalog, None, None, as_json=True))["schedules"] == {}

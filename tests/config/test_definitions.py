@@ -288,6 +288,26 @@ def test_policy_full(tmp_path: Path) -> None:
     assert (Policy().verify_schedule, Policy().maintenance_schedule) == ("@daily", "@daily")
 
 
+def test_policy_on_write(tmp_path: Path) -> None:
+    """``schedule: on_write`` with ``min_interval`` (default 10 s); the fallback interval kept under it."""
+    doc = base_doc()
+    table(doc)["policy"] = {"schedule": "on_write"}
+    p = load(tmp_path, doc).table("orders").policy
+    assert (p.on_write, p.min_interval_s, p.write_fallback_s) == (True, 10, 300)
+    table(doc)["policy"] = {"schedule": "on_write", "min_interval": "2m", "rpo": "30m"}
+    p = load(tmp_path, doc).table("orders").policy
+    assert (p.min_interval_s, p.write_fallback_s) == (120, 300)  # half the RPO is longer than 5 min
+    table(doc)["policy"] = {"schedule": "on_write", "min_interval": 0, "rpo": "4m"}
+    p = load(tmp_path, doc).table("orders").policy
+    assert (p.min_interval_s, p.write_fallback_s) == (0, 120)  # half the RPO
+    table(doc)["policy"] = {"schedule": "on_write", "min_interval": "1h", "rpo": "30s"}
+    p = load(tmp_path, doc).table("orders").policy
+    assert (p.min_interval_s, p.write_fallback_s) == (3600, 3600)  # never more often than min_interval
+    table(doc)["policy"] = {"schedule": "on_write", "rpo": "30s"}
+    assert load(tmp_path, doc).table("orders").policy.write_fallback_s == 60  # at least a minute
+    assert not Policy().on_write and Policy().min_interval_s == 10
+
+
 def test_policy_schedule_null_and_yaml_date(tmp_path: Path) -> None:
     """A null schedule means trigger-only; an unquoted YAML date arrives as a date object."""
     doc = base_doc()

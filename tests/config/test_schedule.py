@@ -37,6 +37,16 @@ def test_null_is_manual() -> None:
     assert parse_schedule(None) is None
 
 
+def test_on_write_only_where_the_caller_allows_it() -> None:
+    """``on_write`` is a replication schedule only: the maintenance and verify schedules refuse it by name."""
+    assert parse_schedule(" on_write ", on_write=True) == Schedule(text="on_write", on_write=True)
+    assert parse_schedule("10m", on_write=True) == Schedule(text="10m", interval_s=600)
+    with pytest.raises(SegrepError, match=r"schedule 'on_write' is only for a table's replication `schedule`"):
+        parse_schedule("on_write")
+    with pytest.raises(SegrepError, match="is not a schedule"):
+        parse_schedule("on_write_", on_write=True)
+
+
 @pytest.mark.parametrize(
     ("value", "fragment"),
     [

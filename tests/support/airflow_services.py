@@ -63,7 +63,8 @@ class Services:
         """``apps``: "execution" (what task runners call) or "all" (the public REST API and the UI too)."""
         self.start("api-server", "api-server", "--apps", apps, "-H", "127.0.0.1", "-p", str(self.api_port), "-w", "1")
 
-    def wait_api_healthy(self, timeout_s: float = 90) -> None:
+    def wait_api_healthy(self, timeout_s: float = 240) -> None:
+        """Until the api-server answers: ~15 s on an idle machine, past 90 s seen on a busy one (2 cores)."""
         deadline = time.time() + timeout_s
         url = f"http://127.0.0.1:{self.api_port}/execution/health"
         while time.time() < deadline:

@@ -343,14 +343,17 @@ def table_describe(obj: Context, table: str) -> None:
 @click.pass_obj
 @_user_errors
 def write(obj: Context, table: str, file: Path, fmt: str | None, delete: bool, site: str | None) -> None:
-    """Write a batch of rows (upsert by primary key) or of keys to delete, at each partition's leader."""
+    """Write a batch of rows (upsert by primary key) or of keys to delete, at each partition's leader.
+
+    A table whose policy is `schedule: on_write` then tells Airflow (SEGREP_AIRFLOW_API_URL, _USER,
+    _PASSWORD); if that fails the write stays committed and a warning on stderr says why."""
     from segrep.data.writer import write_batch
 
     catalog = obj.catalog()
     with catalog.read() as s:
         info = q.table_info(s, table)
     batch = _read_input(file, fmt, info, keys_only=delete)
-    result = write_batch(catalog, table, batch, delete=delete, site=site)
+    result = write_batch(catalog, table, batch, delete=delete, site=site, defs=obj.defs_if_any())
     action = "deleted" if delete else "wrote"
     click.echo(
         f"{action} {result.rows_written} row(s) of {table} from {file} "
@@ -360,6 +363,10 @@ def write(obj: Context, table: str, file: Path, fmt: str | None, delete: bool, s
         click.echo(
             f"  partition {seg.partition_id} @ {seg.site}: segment {seg.segment_id} {seg.rows} rows {seg.byte_size} B"
         )
+    if result.event is not None and result.event.sent:
+        click.echo(f"  {result.event.detail}")
+    elif result.event is not None:
+        click.echo(f"segrep: warning: {result.event.detail}", err=True)
 
 
 def _read_input(file: Path, fmt: str | None, info: q.TableInfo, *, keys_only: bool) -> pa.Table:

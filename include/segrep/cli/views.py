@@ -20,7 +20,7 @@ from segrep.cli.format import (
     status_note,
     status_table,
 )
-from segrep.config.definitions import Definitions
+from segrep.config.definitions import Definitions, Policy
 from segrep.core.chain import is_reference_weak, is_referenced, visible_segments
 from segrep.core.errors import NotFoundError
 from segrep.replication.conflicts import recent_conflicts
@@ -185,6 +185,8 @@ def rpo_cell(state: TargetState) -> str:
 
 
 def _duration(seconds: int) -> str:
+    if seconds == 0:
+        return "0s"
     for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
         if seconds % size == 0:
             return f"{seconds // size}{unit}"
@@ -196,10 +198,27 @@ def status_objectives(defs: Definitions | None) -> dict[str, int | None]:
     return {} if defs is None else {name: t.policy.rpo_s for name, t in defs.tables.items()}
 
 
+def schedule_doc(policy: Policy) -> dict[str, object]:
+    """A table's replication schedule for ``segrep status --json``: with ``on_write``, its spacing and the
+    fallback interval that replicates a write whose event was lost."""
+    if not policy.on_write:
+        return {"schedule": policy.schedule}
+    return {"schedule": policy.schedule, "min_interval_s": policy.min_interval_s, "fallback_s": policy.write_fallback_s}
+
+
+def on_write_line(name: str, policy: Policy) -> str:
+    return (
+        f"  {name}: a round after each write, rounds at least {_duration(policy.min_interval_s)} apart; "
+        f"every {_duration(policy.write_fallback_s)} if an event is lost"
+    )
+
+
 def status_output(catalog: Catalog, defs: Definitions | None, table: str | None, *, as_json: bool) -> str:
     """``segrep status``: leadership, one row per table and replica site (with the RPO column, BREACHED when
-    the lag is past the table's objective) and the splits under way; or the same as one JSON document."""
+    the lag is past the table's objective), the tables replicated on write and the splits under way; or the
+    same as one JSON document (with every table's schedule)."""
     rows = status_rows(catalog, table, rpo=status_objectives(defs))
+    tables = {} if defs is None else {n: t for n, t in sorted(defs.tables.items()) if table in (None, n)}
     splits = split_progress(catalog, table)
     leaders = leadership(catalog, table)
     conflicts = recent_conflicts(catalog, table)
@@ -207,6 +226,7 @@ def status_output(catalog: Catalog, defs: Definitions | None, table: str | None,
         replication = [{**r.to_dict(), "note": status_note(r), "last_round": last_round(r)} for r in rows]
         doc = {
             "replication": replication,
+            "schedules": {name: schedule_doc(t.policy) for name, t in tables.items()},
             "splits": [sp.to_dict() for sp in splits],
             "leadership": [x.to_dict() for x in leaders],
             "conflicts": [c.to_dict() for c in conflicts],
@@ -219,6 +239,9 @@ def status_output(catalog: Catalog, defs: Definitions | None, table: str | None,
         lines.append(format_rows(header, cells))
     else:
         lines.append("no replicas")
+    on_write = [on_write_line(name, t.policy) for name, t in tables.items() if t.policy.on_write]
+    if on_write:
+        lines += ["rounds on write (schedule: on_write):", *on_write]
     if splits:
         lines.append(format_progress(splits))
     if conflicts:

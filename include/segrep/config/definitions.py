@@ -354,9 +354,10 @@ def _parse_policy(raw: Any, where: str) -> Policy:
 
 
 def schedule_interval_s(schedule: str | None) -> int | None:
-    """Seconds if the schedule is a fixed interval such as ``10m``; None for cron expressions, presets and null.
-    Prefer :func:`segrep.config.schedule.parse_schedule`, which also gives the cron expression."""
-    parsed = parse_schedule(schedule)
+    """Seconds if the schedule is a fixed interval such as ``10m``; None for cron expressions, presets,
+    ``on_write`` and null. Prefer :func:`segrep.config.schedule.parse_schedule`, which also gives the cron
+    expression."""
+    parsed = parse_schedule(schedule, on_write=True)
     return parsed.interval_s if parsed else None
 
 

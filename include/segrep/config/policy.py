@@ -1,5 +1,9 @@
 """A table's replication policy: schedules, retries, thresholds and retention, each bounded.
 
+``schedule: on_write`` (DESIGN section 15) runs a round after committed writes instead of on a clock: rounds
+start at most one per ``min_interval`` (a burst of writes gives few rounds), and a slow time schedule
+(:attr:`Policy.write_fallback_s`) stays underneath, so a write whose event was lost still replicates.
+
 Every value is checked here, when the definitions file is loaded (``segrep apply`` and the DAG files alike),
 with the parser the DAGs use for schedules: a value the DAGs cannot build (a schedule Airflow rejects, a
 ``retry_delay_s`` that overflows ``timedelta``) or one that silently never runs (``end_date`` before
@@ -13,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
 
-from segrep.config.schedule import parse_schedule
+from segrep.config.schedule import ON_WRITE, parse_schedule
 from segrep.core.errors import SegrepError
 
 DAY_S = 86400
@@ -41,16 +45,27 @@ _BOUNDS: dict[str, tuple[int, int, str]] = {
 }
 
 
+# rounds on write: the least time between the starts of two rounds (the plan step waits out the rest). Longer
+# spacings are a fixed-interval schedule's job: the wait holds a worker slot.
+MIN_INTERVAL_MAX_S = 3600
+# the time schedule under ``on_write`` (a lost event delays replication by at most this): 5 minutes, or half
+# the RPO when that is shorter, but at least a minute (idle runs cost the scheduler) and ``min_interval``
+WRITE_FALLBACK_S = 300
+WRITE_FALLBACK_FLOOR_S = 60
+
 ON_RETURN = ("rollback", "merge")
 # durations that may be absent (null: off), by their key in the definitions file -> the Policy field
 _OPTIONAL_DURATIONS = {"rpo": "rpo_s", "feeder_fallback": "feeder_fallback_s"}
+# durations named without their unit in the file -> (the Policy field, lowest, highest seconds)
+_DURATIONS = {"min_interval": ("min_interval_s", 0, MIN_INTERVAL_MAX_S)}
 
 
 @dataclass(frozen=True)
 class Policy:
     """How a table replicates: schedule and the thresholds rounds, compaction and GC obey."""
 
-    schedule: str | None = "@hourly"  # cron expression or preset, or a fixed interval such as "10m"; see schedule.py
+    # cron expression or preset, a fixed interval such as "10m", or "on_write"; see schedule.py
+    schedule: str | None = "@hourly"
     start_date: date | datetime = date(2026, 1, 1)  # a date means midnight UTC
     end_date: date | datetime | None = None  # no scheduled runs after this (backfills still work before it)
     maintenance_schedule: str | None = "@daily"  # compaction and GC (the maintenance DAG)
@@ -78,21 +93,39 @@ class Policy:
     # A cascaded replica (``from: <feeder>``) whose feeder has been unreachable this long is fed by the
     # leader instead until the feeder returns (DESIGN section 12); None: never (it waits for its feeder).
     feeder_fallback_s: int | None = None
+    # With ``schedule: on_write``: rounds start at least this far apart (0: back to back).
+    min_interval_s: int = 10
+
+    @property
+    def on_write(self) -> bool:
+        """Rounds run after committed writes (each write emits the table's Airflow asset event)."""
+        return self.schedule == ON_WRITE
+
+    @property
+    def write_fallback_s(self) -> int:
+        """The time schedule kept under ``on_write``: the longest a lost write event delays replication."""
+        fallback = WRITE_FALLBACK_S if self.rpo_s is None else min(WRITE_FALLBACK_S, self.rpo_s // 2)
+        return max(fallback, WRITE_FALLBACK_FLOOR_S, self.min_interval_s)
 
 
 # the keys a policy mapping may have in the definitions file
-POLICY_KEYS = frozenset(set(Policy.__dataclass_fields__) - set(_OPTIONAL_DURATIONS.values()) | set(_OPTIONAL_DURATIONS))
+_RENAMED = {**_OPTIONAL_DURATIONS, **{key: spec[0] for key, spec in _DURATIONS.items()}}
+POLICY_KEYS = frozenset(set(Policy.__dataclass_fields__) - set(_RENAMED.values()) | set(_RENAMED))
 
 
 def _optional_duration(value: Any, where: str) -> int | None:
     """A duration such as ``15m`` (at least one second), or null for off."""
-    if value is None:
-        return None
+    return None if value is None else _duration(value, where, 1, MAX_DURATION_S, "or null")
+
+
+def _duration(value: Any, where: str, low: int, high: int, alternative: str = "") -> int:
+    """Seconds from an integer or a duration such as ``15m``, ``low`` to ``high``."""
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise SegrepError(f"{where}: expected a duration like 30s, 15m, 12h, 7d, or null; got {value!r}")
-    seconds = value if isinstance(value, int) else parse_duration_s(value, where)
-    if not 1 <= seconds <= MAX_DURATION_S:
-        raise SegrepError(f"{where}: {value!r} is out of range: 1 to {MAX_DURATION_S} seconds")
+        shape = f"a duration like 30s, 15m, 12h, 7d{', ' + alternative if alternative else ''}"
+        raise SegrepError(f"{where}: expected {shape}; got {value!r}")
+    seconds = value if isinstance(value, int) else parse_duration_s(value, where, MAX_DURATION_S)
+    if not low <= seconds <= high:
+        raise SegrepError(f"{where}: {value!r} is out of range: {low} to {high} seconds")
     return seconds
 
 
@@ -102,7 +135,7 @@ def parse_policy(body: dict[str, Any], where: str) -> Policy:
     for key, value in body.items():
         if key in ("schedule", "maintenance_schedule", "verify_schedule"):
             try:
-                parse_schedule(value)
+                parse_schedule(value, on_write=key == "schedule")
             except SegrepError as exc:  # "schedule '10x' is not...": the other schedules say which one it is
                 raise SegrepError(f"{where}{'' if key == 'schedule' else ' ' + key}: {exc}") from None
             values[key] = value.strip() if isinstance(value, str) else None
@@ -112,11 +145,19 @@ def parse_policy(body: dict[str, Any], where: str) -> Policy:
             values[key] = value
         elif key in _OPTIONAL_DURATIONS:
             values[_OPTIONAL_DURATIONS[key]] = _optional_duration(value, f"{where} {key}")
+        elif key in _DURATIONS:
+            field_name, low, high = _DURATIONS[key]
+            values[field_name] = _duration(value, f"{where} {key}", low, high)
         elif key in ("start_date", "end_date"):
             values[key] = None if value is None and key == "end_date" else _date(value, f"{where} {key}")
         else:
             values[key] = _integer(key, value, f"{where} {key}")
     policy = Policy(**values)
+    if "min_interval" in body and not policy.on_write:
+        raise SegrepError(
+            f"{where} min_interval: only applies to `schedule: {ON_WRITE}` (the schedule is {policy.schedule!r}); "
+            "remove it or set the schedule to on_write"
+        )
     if policy.end_date is not None and utc(policy.end_date) < utc(policy.start_date):
         raise SegrepError(
             f"{where}: end_date {policy.end_date} is before start_date {policy.start_date}: the table would never run"

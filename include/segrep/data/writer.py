@@ -11,6 +11,9 @@ partition key to each partition's leader placement and stamped with a version fr
 logical clock. Files are written first (atomically, hashed); then one catalog transaction moves every touched
 placement's root with a conditional update and advances each clock. If another writer got there first, the
 new files are removed and the batch is re-planned: optimistic, never check-then-act.
+
+A table whose policy is ``schedule: on_write`` (given ``defs``) then tells Airflow, after the commit and best
+effort (``segrep.data.write_events``): the result's ``event`` says whether the asset event was sent.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,10 +36,12 @@ from segrep.catalog import queries as q
 from segrep.catalog.segments import register_segment
 from segrep.catalog.site_identity import open_site
 from segrep.catalog.sql import rowcount
+from segrep.config.definitions import Definitions
 from segrep.core import hlc
 from segrep.core import schema as sch
 from segrep.core.errors import ConflictError, SegrepError, WritesPausedError
 from segrep.core.ids import new_segment_id
+from segrep.data.write_events import WriteEvent, announce
 from segrep.storage.atomic import FileFacts
 from segrep.storage.segment_meta import SegmentEntry, entry_stats, stamp_rows
 from segrep.storage.site import Site, segment_relpath
@@ -43,6 +49,7 @@ from segrep.storage.site import Site, segment_relpath
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 20
 WRITE_THREADS = max(2, min(8, os.cpu_count() or 2))
+EXTRA_SEGMENTS = 100  # segments listed in a write's asset event
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,8 @@ class WriteResult:
     attempts: int = 0
     files_s: float = 0.0  # writing and hashing the segment files (last attempt)
     commit_s: float = 0.0  # the catalog transaction that registers them (last attempt)
+    committed_us: int | None = None  # the commit time recorded for the segments (None: nothing written)
+    event: WriteEvent | None = None  # the Airflow asset event of an on_write table (None: no event is due)
 
 
 @dataclass(frozen=True)
@@ -79,10 +88,21 @@ class _Target:
 
 
 def write_batch(
-    catalog: Catalog, table: str, batch: pa.Table, *, delete: bool = False, site: str | None = None
+    catalog: Catalog,
+    table: str,
+    batch: pa.Table,
+    *,
+    delete: bool = False,
+    site: str | None = None,
+    defs: Definitions | None = None,
 ) -> WriteResult:
     """Upsert ``batch`` (full rows), or delete the keys in it when ``delete`` is set; at each partition's
-    leader, or at ``site`` (which must lead the partitions written, unless the table takes writes anywhere)."""
+    leader, or at ``site`` (which must lead the partitions written, unless the table takes writes anywhere).
+
+    With ``defs`` (the definitions, which hold the policy), a write to a table with ``schedule: on_write`` then
+    sends the table's Airflow asset event (SEGREP_AIRFLOW_API_URL...): ``result.event`` says how that went,
+    and a failure there never fails the committed write. Without ``defs`` no event is sent (a writer inside an
+    Airflow task emits it as the task's outlet instead: ``segrep_airflow.assets.emit_write``)."""
     with catalog.read() as s:
         info = q.table_info(s, table)
     rows = sch.conform_batch(batch, info.schema, info.primary_key, keys_only=delete)
@@ -94,9 +114,14 @@ def write_batch(
         result.attempts = attempt
         try:
             result.segments = _attempt(catalog, info, rows, delete, result, site)
-            return result
         except ConflictError as exc:
             log.info("write to %s conflicted (attempt %d): %s", table, attempt, exc)
+            continue
+        policy = defs.policy(table) if defs is not None else None
+        if policy is not None and policy.on_write:
+            result.event = announce(table, write_event_extra(result), policy.write_fallback_s)
+            log.info("%s", result.event.detail)
+        return result
     raise SegrepError(f"write to {table} gave up after {MAX_ATTEMPTS} conflicting attempts; retry later")
 
 
@@ -158,10 +183,30 @@ def _attempt(
             store.delete(relpath)  # never referenced: safe to remove
         raise
     timing.commit_s = time.perf_counter() - started
+    timing.committed_us = committed_us
     return [
         WrittenSegment(e.partition_id, t.site.name, e.segment_id, e.row_count, f.byte_size, e.max_version)
         for t, e, _r, f, _s in written
     ]
+
+
+def write_event_extra(result: WriteResult) -> dict[str, Any]:
+    """What the table's writes asset event carries: the table, what was committed and when (ISO and µs)."""
+    if result.committed_us is None:
+        raise ValueError(f"the write to {result.table} committed nothing: there is no event to describe")
+    return {
+        "table": result.table,
+        "rows_written": result.rows_written,
+        "deleted": result.deleted,
+        "committed": hlc.iso(result.committed_us),
+        "committed_us": result.committed_us,
+        "max_version": max(seg.version for seg in result.segments),
+        "segment_count": len(result.segments),
+        "segments": [  # the first EXTRA_SEGMENTS: an event stays small whatever the write touched
+            {"partition_id": seg.partition_id, "site": seg.site, "segment_id": seg.segment_id, "rows": seg.rows}
+            for seg in result.segments[:EXTRA_SEGMENTS]
+        ],
+    }
 
 
 def _targets(catalog: Catalog, info: q.TableInfo, site: str | None = None) -> list[_Target]:
