@@ -62,6 +62,21 @@ def test_only_asset_triggered_runs_are_spaced() -> None:
     assert spacing_s(Policy(), DagRunType.ASSET_TRIGGERED) == 0
 
 
+def test_an_asset_triggered_round_ends_when_it_plans() -> None:
+    """After its spacing wait the round covers every write committed until it plans: its end is now (None),
+    not the events' interval; a manual run ends when triggered, a scheduled one at its interval's end."""
+    from datetime import UTC, datetime
+
+    from airflow.utils.types import DagRunType
+
+    from segrep_airflow.rounds import round_end
+
+    after, end = datetime(2026, 11, 28, 7, 0, tzinfo=UTC), datetime(2026, 11, 28, 6, 55, tzinfo=UTC)
+    assert round_end(DagRunType.ASSET_TRIGGERED, after, end) is None
+    assert round_end(DagRunType.MANUAL, after, end) == after
+    assert round_end(DagRunType.SCHEDULED, after, end) == end
+
+
 def test_a_writer_inside_a_task_emits_the_same_event_as_its_outlet(segrep_env: Any) -> None:
     from airflow.sdk.execution_time.context import OutletEventAccessors
 
