@@ -87,14 +87,13 @@ def segrep_bootstrap() -> None:
 
     @task
     def report(b: dict[str, Any]) -> dict[str, Any]:
-        from segrep.cli.format import status_note
         from segrep.replication.join import target_state
 
         with segrep_context() as (_defs, catalog):
             state = target_state(catalog, b["table"], b["site"])
         print(state)
         if state.joining or state.needs_bootstrap:
-            raise RuntimeError(f"{b['site']} has not finished joining {b['table']}: {status_note(state)} (re-run)")
+            raise RuntimeError(f"{b['site']} has not finished joining {b['table']}: {state.note()} (re-run)")
         return state.to_dict()
 
     joined = bootstrap()

@@ -73,7 +73,6 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
     def failover_dag() -> None:
         @task
         def assess(dag_run: Any = None) -> dict[str, Any]:
-            from segrep.cli.format import format_failover
             from segrep.core.errors import SegrepError
             from segrep.failover.promote import Cut, failover
             from segrep_airflow.run_note import api_access, set_run_note
@@ -83,7 +82,7 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
                 raise SegrepError("a switchover needs the site that takes the lead")
             with segrep_context() as (defs, catalog):
                 report = failover(catalog, defs, p["tables"], to=p["site"] or None, cut=Cut(p["at"]), dry_run=True)
-            text = format_failover(report)
+            text = str(report)
             print(text)
             if dag_run is not None:  # the loss, where the run's page shows it first
                 print(set_run_note(api_access(), dag_run.dag_id, dag_run.run_id, text).detail)
@@ -96,7 +95,6 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
 
         @task(task_id="failover")
         def promote(plan: dict[str, Any]) -> dict[str, Any]:
-            from segrep.cli.format import format_failover
             from segrep.failover.promote import Cut, failover
             from segrep_airflow.common import hook_submit
 
@@ -104,12 +102,11 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
                 report = failover(
                     catalog, defs, plan["tables"], to=plan["site"], cut=Cut(plan["at"]), submit=hook_submit
                 )
-            print(format_failover(report))
+            print(report)
             return report.to_dict()
 
         @task(task_id="switchover")
         def switch(plan: dict[str, Any]) -> dict[str, Any]:
-            from segrep.cli.format import format_failover
             from segrep.config.policy import parse_duration_s
             from segrep.failover.switchover import switchover
             from segrep_airflow.common import hook_submit
@@ -120,8 +117,8 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
                     catalog, defs, plan["tables"], plan["site"], timeout_s=seconds, submit=hook_submit
                 )
             for d in drained:
-                print(f"drain {d.table}: copied {d.segments_copied} segment(s), {d.lacking} still lacking")
-            print(format_failover(report))
+                print(d)
+            print(report)
             return report.to_dict()
 
         @task(trigger_rule="none_failed_min_one_success")

@@ -133,15 +133,14 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
 
         @task
         def finish(ref: dict[str, Any]) -> dict[str, Any]:
-            from segrep.cli.format import format_progress
             from segrep.replication.unload import finish as run
-            from segrep.split.progress import split_progress
+            from segrep.split.progress import progress_text, split_progress
             from segrep.split.run import require_done
 
             with segrep_context() as (defs, catalog):
                 finished = run(catalog, defs, ref["split_id"])
                 progress = split_progress(catalog, name, include_done=True)
-            print(format_progress([r for r in progress if r.split_id == ref["split_id"]]))
+            print(progress_text([r for r in progress if r.split_id == ref["split_id"]]))
             return require_done(finished, name).to_dict()
 
         ref = start()

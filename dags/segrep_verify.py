@@ -52,7 +52,6 @@ def build_verify_dag(table: TableDef):  # type: ignore[no-untyped-def]
     def verification() -> None:
         @task
         def verify() -> dict[str, Any]:
-            from segrep.cli.format import format_verify
             from segrep.maintenance.verify import verify as run
             from segrep.maintenance.verify_spark import SparkDigests
             from segrep.storage.pacing import scrub_rate
@@ -62,7 +61,7 @@ def build_verify_dag(table: TableDef):  # type: ignore[no-untyped-def]
             with segrep_context() as (defs, catalog):
                 spark = SparkDigests.for_table(defs, name, hook_submit)
                 report = run(catalog, name, files=params["files"], rate=rate, spark=spark)
-            print(format_verify(report))
+            print(report)
             if report.differences:
                 problems = report.problems()
                 raise RuntimeError(

@@ -22,7 +22,6 @@ from sqlalchemy import select
 
 from segrep.catalog import models as m
 from segrep.catalog.apply import apply_definitions
-from segrep.cli.format import status_note
 from segrep.core import faults, hlc
 from segrep.core.errors import RefusedError, SegrepError
 from segrep.data.reader import placement_files
@@ -96,7 +95,7 @@ def add_edge(env: Env) -> list[str]:
 
 
 def note(env: Env, site: str) -> str:
-    return next(status_note(r) for r in status_rows(env.catalog, TABLE) if r.target == site)
+    return next(r.note() for r in status_rows(env.catalog, TABLE) if r.target == site)
 
 
 def with_majors(env: Env, model: Model) -> None:

@@ -20,7 +20,6 @@ import pytest
 from sqlalchemy import select
 
 from segrep.catalog import models as m
-from segrep.cli.format import status_note
 from segrep.core import faults, hlc
 from segrep.core import schema as sch
 from segrep.maintenance import compaction as compaction_mod
@@ -275,7 +274,7 @@ def test_past_the_grace_a_replica_with_an_old_fork_is_rebootstrapped_not_merged(
         "older than the tombstone grace" in x for x in report.needs_bootstrap
     )
     assert sum(segs[-1].deleted_rows for _l, segs in leader_rows(env).values()) == 0  # tombstones dropped
-    note = {r.target: status_note(r) for r in status_rows(env.catalog, TABLE)}
+    note = {r.target: r.note() for r in status_rows(env.catalog, TABLE)}
     assert "NEEDS BOOTSTRAP" in note["dr"] and "NEEDS BOOTSTRAP" not in note["edge"]
 
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # no push from dr, so no merge

@@ -24,7 +24,6 @@ import pytest
 from sqlalchemy import select
 
 from segrep.catalog import models as m
-from segrep.cli.format import status_note
 from segrep.core import hlc
 from segrep.maintenance import gc as gc_mod
 from segrep.maintenance.bootstrap import bootstrap
@@ -207,7 +206,7 @@ def test_an_offline_replica_holds_gc_until_retention_ends(gc_env: Env) -> None:
     retention_us = env.defs.table(TABLE).policy.max_retention_s * 1_000_000
     almost = collect(env.catalog, env.defs, TABLE, now_us=hlc.now_us() + retention_us - 60_000_000)
     assert almost.needs_bootstrap == [] and len(almost.held) == 2 and almost.deletions == []
-    assert not any("NEEDS BOOTSTRAP" in status_note(r) for r in status_rows(env.catalog, TABLE))
+    assert not any("NEEDS BOOTSTRAP" in r.note() for r in status_rows(env.catalog, TABLE))
 
     past = hlc.now_us() + retention_us + 60_000_000
     code, out, err = cli(env, "gc", TABLE, "--dry-run")  # (real time: still held)
@@ -217,7 +216,7 @@ def test_an_offline_replica_holds_gc_until_retention_ends(gc_env: Env) -> None:
         " at dr " in x and "needs a bootstrap" in x for x in report.needs_bootstrap
     )
     assert {d.site for d in report.deletions} == {"primary"}
-    notes = {r.target: status_note(r) for r in status_rows(env.catalog, TABLE)}
+    notes = {r.target: r.note() for r in status_rows(env.catalog, TABLE)}
     assert "NEEDS BOOTSTRAP: run segrep bootstrap events dr" in notes["dr"] and "NEEDS" not in notes["edge"]
     code, out, err = cli(env, "status", TABLE)
     assert code == 0 and "NEEDS BOOTSTRAP" in out
@@ -315,7 +314,7 @@ def test_a_caught_up_replica_is_never_out_of_retention(gc_sqlite: Env) -> None:
     retention_us = env.defs.table(TABLE).policy.max_retention_s * 1_000_000
     report = collect(env.catalog, env.defs, TABLE, now_us=hlc.now_us() + 10 * retention_us)
     assert report.needs_bootstrap == [] and report.held == []
-    assert not any(status_note(r) for r in status_rows(env.catalog, TABLE))
+    assert not any(r.note() for r in status_rows(env.catalog, TABLE))
     assert_lists_hold_exactly_what_chains_need(env)
     model.upsert(env, range(100, 120), "d")
     reports = round_until_idle(env)
@@ -333,7 +332,7 @@ def test_a_leader_change_does_not_send_caught_up_replicas_to_a_bootstrap(gc_sqli
     far = hlc.now_us() + 10 * env.defs.table(TABLE).policy.max_retention_s * 1_000_000
     report = collect(env.catalog, env.defs, TABLE, now_us=far)
     assert report.needs_bootstrap == [], report.needs_bootstrap
-    assert not any("NEEDS BOOTSTRAP" in status_note(r) for r in status_rows(env.catalog, TABLE))
+    assert not any("NEEDS BOOTSTRAP" in r.note() for r in status_rows(env.catalog, TABLE))
     assert {d.site for d in report.deletions} == {"primary", "edge"}  # the new leader waits for acks
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # they answer SEGMENT_EXISTS: acks
     assert rep.status == "ok" and rep.targets["edge"].outcomes == {"SEGMENT_EXISTS": 2}

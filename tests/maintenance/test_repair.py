@@ -11,7 +11,6 @@ import pytest
 from sqlalchemy import select
 
 from segrep.catalog import models as m
-from segrep.cli.format import format_repair
 from segrep.maintenance.repair import repair
 from segrep.maintenance.verify import Verdict, verify
 from tests.support.badinput import catalog_rows, tree_state, unchanged
@@ -160,7 +159,7 @@ def test_repair_mends_the_leader_from_the_replicas_and_rebuilds_no_replica_from_
     assert dry.rebootstraps == [] and {r.site for r in dry.held_back} == {"dr", "edge"} and not dry.clean
 
     done = repair(env.catalog, env.defs, TABLE, submit=no_spark)
-    text = format_repair(done)
+    text = str(done)
     assert done.rebootstraps == [] and done.clean, text
     assert f"LEADER LACKS segment {lost.segment_id}" in text and "fetched to the leader from dr" in text, text
     for site in ("primary", "dr", "edge"):
@@ -183,7 +182,7 @@ def test_a_replica_holding_a_fork_the_leader_lacks_is_never_rebootstrapped(outag
     set_leader(env.catalog, "primary")
     model.upsert(env, range(0, 104, 7), "p-")  # the leader goes on: dr's write is a fork of its chain
     report = repair(env.catalog, env.defs, TABLE, submit=no_spark)
-    text = format_repair(report)
+    text = str(report)
     assert report.rebootstraps == [] and not report.clean, text
     assert report.leader and report.after is not None, text
     assert all(not x.relinks and x.holders == ("dr",) for x in report.leader), text

@@ -15,7 +15,6 @@ import pytest
 from sqlalchemy import select, update
 
 from segrep.catalog import models as m
-from segrep.cli.format import status_note
 from segrep.core.errors import SegrepError
 from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport, RoundStatus
@@ -138,7 +137,7 @@ def test_a_corrupt_copy_is_named_with_what_to_run(env: Env) -> None:
 
     row = next(r for r in status_rows(env.catalog, TABLE) if r.target == "dr")  # from the stored report
     assert row.invalid == invalid
-    assert f"segrep round {TABLE} --target dr --reoffer" in status_note(row)
+    assert f"segrep round {TABLE} --target dr --reoffer" in row.note()
     code, out, err = cli(env, "status", TABLE)
     assert code == 0, err
     dr_line = next(line for line in out.splitlines() if line.split()[:2] == [TABLE, "dr"])
@@ -148,7 +147,7 @@ def test_a_corrupt_copy_is_named_with_what_to_run(env: Env) -> None:
     assert retry.status == "ok" and not retry.has_problems, str(retry)
     assert_replicas_equal_leader(env.catalog)
     row = next(r for r in status_rows(env.catalog, TABLE) if r.target == "dr")
-    assert row.invalid == [] and "INVALID" not in status_note(row)
+    assert row.invalid == [] and "INVALID" not in row.note()
 
 
 def test_a_round_with_only_declines_that_clear_by_themselves_has_no_problems(env: Env) -> None:

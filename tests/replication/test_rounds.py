@@ -21,7 +21,6 @@ from sqlalchemy import delete, func, select
 from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
-from segrep.cli.format import last_round, status_note
 from segrep.core import hlc
 from segrep.data.writer import write_batch
 from segrep.replication.commit import commit_round
@@ -206,7 +205,7 @@ def test_corruption_in_transit_is_invalid_backs_off_and_a_retry_replicates(env: 
     # dr lacks the write in both partitions: its safe time stops just before the write's oldest version
     assert rep.safe_time_us == {"dr": min(seg.version for seg in written.segments) - 1, "edge": plan.end_us - 1}
     row = next(r for r in status_rows(env.catalog, TABLE) if r.target == "dr")
-    assert row.declines == {"INVALID": 2} and "backing off (INVALID)" in status_note(row) and row.pending_segments == 2
+    assert row.declines == {"INVALID": 2} and "backing off (INVALID)" in row.note() and row.pending_segments == 2
 
     held_off = run_round(env.catalog, env.defs, TABLE, submit=no_spark)  # still inside the back-off window
     assert held_off.targets["dr"].status == "backoff" and held_off.targets["dr"].segments_copied == 0
@@ -315,7 +314,7 @@ def test_outage_fails_one_target_and_a_backfill_catches_up_in_order(outage_env: 
         backoff = s.scalars(select(m.Backoff)).one()
         assert backoff.failures == 4 and backoff.last_reason.startswith("unreachable")
     row = next(r for r in status_rows(env.catalog, TABLE) if r.target == "dr")
-    assert row.last_status == "failed" and last_round(row).endswith("failed") and row.pending_segments > 0
+    assert row.last_status == "failed" and row.last_round_text().endswith("failed") and row.pending_segments > 0
     code, out, err = cli(env, "status", TABLE)
     assert code == 0, err
     dr_line = next(line for line in out.splitlines() if line.split()[:2] == [TABLE, "dr"])
@@ -551,7 +550,7 @@ def test_outage_status_rows_name_the_failure(env: Env) -> None:
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
     assert rep.failed == ["dr"]
     row = next(r for r in status_rows(env.catalog, TABLE) if r.target == "dr")
-    assert status_note(row).startswith("backing off (unreachable") and row.last_status == "failed"
+    assert row.note().startswith("backing off (unreachable") and row.last_status == "failed"
     bring_up(env, "dr", aside)
     held = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
     assert held.targets["dr"].status == "backoff"

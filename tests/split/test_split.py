@@ -17,7 +17,6 @@ import pytest
 from sqlalchemy import select
 
 from segrep.catalog import models as m
-from segrep.cli.format import format_progress
 from segrep.core import faults
 from segrep.core.errors import SegrepError, SplitIncompleteError
 from segrep.core.states import SplitState
@@ -25,7 +24,7 @@ from segrep.replication.orchestrator import run_round
 from segrep.replication.unload import FinishReport, finish, finish_unloaded
 from segrep.spark.jobs import run_manifest
 from segrep.spark.manifest import Manifest
-from segrep.split.progress import split_progress
+from segrep.split.progress import progress_text, split_progress
 from segrep.split.run import run_split
 from segrep.split.workflow import commit_pass, finalize, plan_pass, start_split
 from segrep.storage.atomic import write_json_atomic
@@ -130,7 +129,7 @@ def test_split_while_writes_continue(env: Env, spark: Any) -> None:
     with env.catalog.read() as s:
         parts = s.scalars(select(m.Segment.partition_id).order_by(m.Segment.entry_id.desc()).limit(3)).all()
     assert PARENT not in parts and set(parts) & set(ref.children)  # the writer routes to the children now
-    assert "lacking" in format_progress(split_progress(env.catalog, TABLE))
+    assert "lacking" in progress_text(split_progress(env.catalog, TABLE))
 
     unload = plan_pass(env.catalog, env.defs, ref.split_id)
     assert unload.phase == "unload" and unload.rewrites == 0 and unload.merges == 2  # after_cut, per child

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.core import hlc
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,25 @@ class Leadership:
     max_epoch: int
     paused_since_us: int | None  # writes paused by a switchover under way
     last_move: LastMove | None
+
+    def __str__(self) -> str:
+        """One line: the leader site(s), epochs, a switchover's pause, and the last leader move."""
+        leads = ", ".join(f"{site} ({n} partition{'s' if n != 1 else ''})" for site, n in sorted(self.leaders.items()))
+        epochs = (
+            f"epoch {self.max_epoch}"
+            if self.min_epoch == self.max_epoch
+            else f"epochs {self.min_epoch}-{self.max_epoch}"
+        )
+        line = f"{self.table}: leader {leads or '-'}, {epochs}"
+        if self.paused_since_us is not None:
+            line += f"; SWITCHING OVER: writes paused since {hlc.iso(self.paused_since_us)}"
+        if self.last_move is not None:
+            mv = self.last_move
+            line += (
+                f"; last {mv.kind} {hlc.iso(mv.done_us)} {mv.from_site} -> {mv.to_site} at {mv.cut}, "
+                f"given up {mv.segments_lost} segment(s), {mv.rows_lost:,} rows (on return: {mv.on_return})"
+            )
+        return line
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

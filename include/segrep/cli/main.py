@@ -535,11 +535,10 @@ def failover_(obj: Context, tables: tuple[str, ...], to: str | None, cut: str, d
     the old leader can no longer commit. The loss (segments the new leader lacks) is printed first, exactly."""
     import json
 
-    from segrep.cli.format import format_failover
     from segrep.failover.promote import Cut, failover
 
     report = failover(obj.catalog(), obj.defs, list(tables), to=to, cut=Cut(cut), dry_run=dry_run)
-    click.echo(json.dumps(report.to_dict(), indent=2, default=str) if as_json else format_failover(report))
+    click.echo(json.dumps(report.to_dict(), indent=2, default=str) if as_json else str(report))
 
 
 @main.command("switchover")
@@ -562,7 +561,6 @@ def switchover_(obj: Context, tables: tuple[str, ...], to: str, timeout: str, as
     fast-forward. On timeout or error writes resume at the old leader and nothing else changes."""
     import json
 
-    from segrep.cli.format import format_failover
     from segrep.config.policy import parse_duration_s
     from segrep.failover.switchover import switchover
 
@@ -572,8 +570,8 @@ def switchover_(obj: Context, tables: tuple[str, ...], to: str, timeout: str, as
         click.echo(json.dumps(report.to_dict(), indent=2, default=str))
         return
     for d in drained:
-        click.echo(f"drain {d.table}: copied {d.segments_copied} segment(s) to {to}, {d.lacking} still lacking")
-    click.echo(format_failover(report))
+        click.echo(str(d))
+    click.echo(str(report))
 
 
 @main.group("rollback")
@@ -722,9 +720,8 @@ def split_(
     Exits 1 if the split is still waiting for a parent replica to push (its site is down)."""
     import json
 
-    from segrep.cli.format import format_progress
     from segrep.core.states import SplitState
-    from segrep.split.progress import split_progress
+    from segrep.split.progress import progress_text, split_progress
     from segrep.split.run import run_split
 
     obj.defs.table(table)
@@ -736,7 +733,7 @@ def split_(
             plan = p.plan
             held = f"{plan.exists} already held"
             click.echo(f"{plan.phase} pass: {plan.rewrites} rewrite(s), {plan.merges} merge(s), {held}")
-        click.echo(format_progress(split_progress(obj.catalog(), table, include_done=True)[-1:]))
+        click.echo(progress_text(split_progress(obj.catalog(), table, include_done=True)[-1:]))
     if report.state != SplitState.DONE and not report.finish.replicas_only:
         _fail(f"split {report.split_id} of {table} waits: {report.finish.waiting}; re-run to continue", 1)
 
@@ -772,7 +769,6 @@ def verify_(
     with the catalog. Exits 1 naming each differing key and bad file; 0 when all is equal."""
     import json
 
-    from segrep.cli.format import format_verify
     from segrep.maintenance.verify import parse_at, verify
     from segrep.maintenance.verify_spark import SparkDigests
     from segrep.spark import launch
@@ -781,7 +777,7 @@ def verify_(
     pin, pace = parse_at(at), scrub_rate(rate)
     spark = SparkDigests.for_table(obj.defs, table, launch.submit)
     report = verify(obj.catalog(), table, site=site, at=pin, files=files, rate=pace, spark=spark)
-    click.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True) if as_json else format_verify(report))
+    click.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True) if as_json else str(report))
     if report.differences:
         _fail(f"verify of {table}: {report.differences} difference(s); see above, then `segrep repair {table}`", 1)
 
@@ -806,14 +802,13 @@ def repair_(obj: Context, table: str, site: str | None, dry_run: bool, rate: int
     Exits 1 unless the table verifies clean afterwards (a dry run: unless there is nothing to do)."""
     import json
 
-    from segrep.cli.format import format_repair
     from segrep.maintenance.repair import repair
     from segrep.storage.pacing import scrub_rate
 
     pace = scrub_rate(rate)
     obj.defs.table(table)
     report = repair(obj.catalog(), obj.defs, table, site=site, dry_run=dry_run, rate=pace)
-    click.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True) if as_json else format_repair(report))
+    click.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True) if as_json else str(report))
     if not report.clean:
         what = "has something to repair" if dry_run else "is not clean after repair"
         _fail(f"{table} {what}; see above", 1)

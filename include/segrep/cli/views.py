@@ -11,21 +11,13 @@ from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.leadership import leadership
-from segrep.cli.format import (
-    STATUS_HEADER,
-    format_leadership,
-    format_progress,
-    format_rows,
-    last_round,
-    status_note,
-    status_table,
-)
+from segrep.cli.format import STATUS_HEADER, format_rows, status_table
 from segrep.config.definitions import Definitions, Policy
 from segrep.core.chain import is_reference_weak, is_referenced, visible_segments
 from segrep.core.errors import NotFoundError
 from segrep.replication.conflicts import recent_conflicts
 from segrep.replication.status import TargetState, status_rows
-from segrep.split.progress import split_progress
+from segrep.split.progress import progress_text, split_progress
 
 
 def _range(info: q.TableInfo, begin: object, end: object) -> str:
@@ -82,7 +74,7 @@ def describe_table(catalog: Catalog, table: str) -> str:
         )
     )
     lines += ["", f"primary key ({', '.join(info.primary_key)}), partitioned by {info.partition_key}"]
-    lines += [format_leadership(leadership(catalog, table)), ""]
+    lines += ["\n".join(map(str, leadership(catalog, table))), ""]
     rows = []
     for part in parts:
         for pl in (x for x in placements if x.partition_id == part.partition_id):
@@ -223,7 +215,7 @@ def status_output(catalog: Catalog, defs: Definitions | None, table: str | None,
     leaders = leadership(catalog, table)
     conflicts = recent_conflicts(catalog, table)
     if as_json:
-        replication = [{**r.to_dict(), "note": status_note(r), "last_round": last_round(r)} for r in rows]
+        replication = [{**r.to_dict(), "note": r.note(), "last_round": r.last_round_text()} for r in rows]
         doc = {
             "replication": replication,
             "schedules": {name: schedule_doc(t.policy) for name, t in tables.items()},
@@ -233,7 +225,7 @@ def status_output(catalog: Catalog, defs: Definitions | None, table: str | None,
         }
         return json.dumps(doc, indent=2, sort_keys=True)
     header = [*STATUS_HEADER[:4], "rpo", *STATUS_HEADER[4:]]
-    lines = [format_leadership(leaders)]
+    lines = ["\n".join(map(str, leaders))]
     if rows:
         cells = [[*row[:4], rpo_cell(r), *row[4:]] for r, row in zip(rows, status_table(rows), strict=True)]
         lines.append(format_rows(header, cells))
@@ -243,7 +235,7 @@ def status_output(catalog: Catalog, defs: Definitions | None, table: str | None,
     if on_write:
         lines += ["rounds on write (schedule: on_write):", *on_write]
     if splits:
-        lines.append(format_progress(splits))
+        lines.append(progress_text(splits))
     if conflicts:
         lines.append("conflicts in the last 24 h (active-active: rows overwritten by a concurrent write elsewhere):")
         for c in conflicts:

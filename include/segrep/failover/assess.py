@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.snapshot import RECEIVING_STATES, REPLICATING_STATES, given_up_segments
+from segrep.core import hlc
 from segrep.core.errors import NotFoundError, RefusedError
 from segrep.core.states import PlacementState
 
@@ -44,6 +45,13 @@ class PartitionLoss:
     # (their rows stay in the fold unless superseded there), and a return sets aside only the rows the new
     # leader lacks, so at most ``rows``; exactly how many needs the lost files. False in records written before.
     rows_at_most: bool = False
+
+    def summary(self) -> str:
+        """``n segment(s), [at most] r rows, b bytes, versions lo .. hi``: the loss as a report prints it."""
+        rows = f"at most {self.rows:,} rows" if self.rows_at_most else f"{self.rows:,} rows"
+        lo, hi = self.min_version, self.max_version
+        versions = "-" if lo is None or hi is None else f"versions {hlc.iso(lo)} .. {hlc.iso(hi)}"
+        return f"{self.segments} segment(s), {rows}, {self.bytes:,} bytes, {versions}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,6 +96,20 @@ class Assessment:
     @property
     def bytes_lost(self) -> int:
         return sum(p.bytes for p in self.loss)
+
+    def total_loss(self) -> PartitionLoss | None:
+        """The loss over every partition as one (partition id 0; its version range spans them all), or None."""
+        if not self.loss:
+            return None
+        return PartitionLoss(
+            0,
+            self.segments_lost,
+            self.rows_lost,
+            self.bytes_lost,
+            min(x.min_version for x in self.loss if x.min_version is not None),
+            max(x.max_version for x in self.loss if x.max_version is not None),
+            rows_at_most=any(x.rows_at_most for x in self.loss),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -71,6 +71,63 @@ class FailoverReport:
     cut_us: int | None = None  # --at safe-time: the instant every listed table was cut at
     cuts: list[CutReport] = field(default_factory=list)  # --at safe-time: what each table's cut set aside (or would)
 
+    def __str__(self) -> str:
+        """What a failover or switchover did (or, dry run, would do): per table the site chosen and why, every
+        candidate, and the loss (the RPO) partition by partition, exact from the catalog."""
+        lines = []
+        for move in self.moves:
+            lines += self._move_lines(move)
+        if self.cut_us is not None:
+            lines.append(f"cut at {hlc.iso(self.cut_us)} (the smallest safe time of these tables at {self.to_site})")
+            for cut in self.cuts:
+                if self.dry_run:
+                    lines.append(
+                        f"  {cut.table}: {cut.partitions_cut} partition(s) would be folded as of the cut, "
+                        f"{cut.rows_set_aside:,} newer row(s) set aside at {self.to_site}"
+                    )
+                else:
+                    where = ", ".join(cut.rollback_files) or "-"
+                    lines.append(
+                        f"  {cut.table}: {cut.partitions_cut} partition(s) folded as of the cut, "
+                        f"{cut.rows_set_aside:,} newer row(s) set aside ({where})"
+                    )
+                lines += [
+                    f"    partition {p.partition_id}: {p.rows:,} row(s) from {len(p.segment_ids)} segment(s)"
+                    for p in cut.partitions
+                ]
+        return "\n".join(lines)
+
+    def _move_lines(self, move: Move) -> list[str]:
+        a = move.assessment
+        head = f"{self.kind} of {a.table}: {a.from_site} -> {a.to_site}, at {self.cut}"
+        if self.dry_run:
+            head += " (dry run: nothing changed)"
+        else:
+            head += f": {move.partitions_moved} partition(s) moved, epochs raised (failover id {move.failover_id})"
+        lines = [head, f"  why {a.to_site}: {a.reason}"]
+        for c in a.candidates:
+            verdict = "can lead" if c.eligible else f"cannot lead: {c.why_not}"
+            lines.append(f"  candidate {c.site}: holds {c.rows_held:,} rows, lacks {c.rows_lacking:,} ({verdict})")
+        total = a.total_loss()
+        if total is None:
+            lines.append(f"  loss: none ({a.to_site} holds every segment of the leaders' chains)")
+            return lines
+        would = "would be " if self.dry_run else ""
+        lines.append(f"  loss ({would}given up): {total.summary()}")
+        lines += [f"    partition {x.partition_id}: {x.summary()}" for x in a.loss]
+        if move.on_return == "rollback":
+            fate = "set aside in the rollback area of each site holding them, when it returns"
+            fate += " (after a cut, whatever the table's policy)" if self.cut_us is not None else ""
+        else:
+            fate = f"pushed to {a.to_site} and merged (last writer wins) when the sites holding them return"
+        lines.append(f"  on return ({move.on_return}): these rows {would or 'are '}{fate}")
+        if total.rows_at_most:
+            lines.append(
+                f"  (at most: a lost major or merge output folds segments {a.to_site} holds already; their rows in "
+                "it are counted, though not lost)"
+            )
+        return lines
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

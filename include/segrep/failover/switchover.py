@@ -33,8 +33,15 @@ from segrep.spark.launch import Submit
 @dataclass(frozen=True)
 class DrainRound:
     table: str
+    to_site: str
     segments_copied: int
     lacking: int  # segments of the leaders' chains the new leader still lacks after this round
+
+    def __str__(self) -> str:
+        return (
+            f"drain {self.table}: copied {self.segments_copied} segment(s) to {self.to_site}, "
+            f"{self.lacking} still lacking"
+        )
 
 
 def switchover(
@@ -69,7 +76,7 @@ def switchover(
                 with catalog.read() as s:
                     lacking = assess(s, table, to).segments_lost
                 copied = report.targets[to].segments_copied if to in report.targets else 0
-                drained.append(DrainRound(table, copied, lacking))
+                drained.append(DrainRound(table, to, copied, lacking))
                 if not lacking:
                     pending.remove(table)
             if pending and time.monotonic() > deadline:

@@ -118,6 +118,56 @@ class RepairReport:
             return not (self.files or self.rebootstraps or self.leader)
         return self.after is not None and self.after.differences == 0
 
+    def __str__(self) -> str:
+        """What ``segrep repair`` did (or would do): files fetched again, LOST segments, replicas re-bootstrapped."""
+        verb = "would " if self.dry_run else ""
+        lines = [f"repair of {self.table}{' (dry run: nothing changed)' if self.dry_run else ''}:"]
+        for x in self.leader:
+            if not x.relinks:
+                lines.append(
+                    f"  LEADER LACKS {x.describe()}: a fork of the leader's chain; rounds push it to the leader, "
+                    "which merges it (nothing is discarded)"
+                )
+            elif x.source is None:
+                lines.append(f"  LEADER LACKS {x.describe()}: no intact copy to fetch; nothing is discarded")
+            elif not x.fetched:
+                lines.append(f"  LEADER LACKS {x.describe()}: not fetched (its leader is not at the --site given)")
+            else:
+                done = "would fetch it to the leader" if self.dry_run else "fetched to the leader"
+                lines.append(f"  LEADER LACKS {x.describe()}: {done} from {x.source}, on its chain again")
+        for f in self.files:
+            p = f.problem
+            fixed = "; its catalog row set back to the leader's" if f.catalog_fixed else ""
+            lines.append(
+                f"  {verb}fetch {p.path} at {p.site} ({p.state}) again from {f.source}{fixed}"
+                if self.dry_run
+                else f"  fetched {p.path} at {p.site} ({p.state}) again from {f.source}{fixed}"
+            )
+        for lost in self.lost:
+            lines.append(
+                f"  LOST: segment {lost.segment_id} of partition {lost.partition_id} ({lost.row_count} row(s), "
+                f"{lost.deleted_rows} tombstone(s), versions {lost.min_version}..{lost.max_version}): no intact "
+                f"copy at any site; bad at {', '.join(lost.sites)}; nothing was deleted"
+            )
+        for r in self.rebootstraps:
+            lines.append(
+                f"  {verb}re-bootstrap partition {r.partition_id} at {r.site}: {r.differences} key(s) differ from "
+                "the leader with every file intact"
+            )
+            lines += r.lines()[1:]
+        for r in self.unmended:
+            lines.append(f"  not mended: partition {r.partition_id} at {r.site}: {r.detail}")
+        for r in self.held_back:
+            lines.append(
+                f"  not re-bootstrapped: partition {r.partition_id} at {r.site} holds segments the leader lacks "
+                f"({r.differences} key(s) differ); rounds push them to the leader first"
+            )
+        if not (self.files or self.lost or self.rebootstraps or self.unmended or self.leader or self.held_back):
+            lines.append("  nothing to repair")
+        if self.after is not None:
+            lines.append(str(self.after))
+        return "\n".join(lines)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "table": self.table,

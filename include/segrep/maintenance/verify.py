@@ -73,6 +73,28 @@ class RowCheck:
         doc["replica"] = None if self.replica is None else self.replica.hex()
         return doc
 
+    def lines(self) -> list[str]:
+        """Nothing when equal, else the head line (partition, site, leader, pin, verdict) and what differs,
+        key by key."""
+        pin = "-" if self.as_of_us is None else hlc.iso(self.as_of_us)
+        head = (
+            f"  partition {self.partition_id} at {self.site} (leader {self.leader_site}, as of {pin}): "
+            f"{self.verdict.upper()}"
+        )
+        if self.verdict == Verdict.EQUAL:
+            return []
+        if self.verdict != Verdict.DIFFERENT:
+            return [f"{head}: {self.detail}"]
+        lines = [f"{head}: {self.differences} key(s) differ"]
+        for label, found in (
+            (f"only at the leader {self.leader_site}", self.only_at_leader),
+            (f"only at {self.site}", self.only_at_replica),
+            ("different", self.different),
+        ):
+            if found:
+                lines.append(f"    {label}: {', '.join(str(k) for k in found)}")
+        return lines
+
 
 @dataclass
 class VerifyReport:
@@ -81,6 +103,28 @@ class VerifyReport:
     rows: list[RowCheck] = field(default_factory=list)
     files_checked: bool = False
     scrub: ScrubResult = field(default_factory=ScrubResult)
+
+    def __str__(self) -> str:
+        """What ``segrep verify`` found: each difference by partition, site and key, each bad file by path."""
+        verdict = f"{self.differences} difference(s)" if self.differences else "all equal"
+        lines = [f"verify of {self.table} at {', '.join(self.sites) or 'no replica'}: {verdict}"]
+        equal = sum(1 for r in self.rows if r.verdict == Verdict.EQUAL)
+        spark = sum(1 for r in self.rows if r.on_spark)
+        on_spark = f" ({spark} digested on Spark, one application)" if spark else ""
+        lines.append(f"  rows: {equal} of {len(self.rows)} replica partition(s) equal to their leader{on_spark}")
+        for r in self.rows:
+            lines += r.lines()
+        if self.files_checked:
+            lines.append(f"  files: {self.scrub.files} checked, {self.scrub.bytes:,} bytes, {len(self.files)} bad")
+            for f in self.files:
+                whose = "the leader's copy" if f.is_leader else "a replica's copy"
+                lines.append(
+                    f"    {f.state.upper()}: {f.path} at {f.site} (segment {f.segment_id} of partition "
+                    f"{f.partition_id}, {whose}): {f.detail}"
+                )
+        if self.differences:
+            lines.append(f"  to do: segrep repair {self.table} (or --dry-run first to see what it would do)")
+        return "\n".join(lines)
 
     @property
     def files(self) -> list[FileProblem]:

@@ -32,7 +32,7 @@ from segrep.catalog.verifications import VerificationState, last_verifications
 from segrep.core import hlc
 from segrep.core.chain import Chain, SegmentRef, offer_order
 from segrep.core.states import Outcome, PlacementState
-from segrep.replication.reports import InvalidSegment, TargetReport, TargetStatus
+from segrep.replication.reports import InvalidSegment, TargetReport, TargetStatus, invalid_advice
 from segrep.replication.waits import held_by, round_ids
 
 
@@ -99,6 +99,50 @@ class TargetState:
     def caught_up(self) -> bool:
         """Nothing pending and a member of the table (not joining, not stalled)."""
         return self.pending_segments == 0 and not self.joining and not self.needs_bootstrap
+
+    def note(self) -> str:
+        """Why this target is not catching up, and what to run about it ("" when nothing stands in its way)."""
+        notes = []
+        if self.invalid:
+            files = ", ".join(f"segment {bad.segment_id} ({bad.path})" for bad in self.invalid)
+            notes.append(f"INVALID copy of {files}: {invalid_advice(self.table, self.target, self.invalid)}")
+        elif self.backing_off is not None and self.backing_off.startswith("INVALID"):
+            retry = f"segrep round {self.table} --target {self.target} --reoffer"
+            notes.append(f"a copy failed verification: run `{retry}` to copy again now")
+        if self.backing_off is not None:
+            notes.append(f"backing off ({self.backing_off})")
+        for hold in self.leases:
+            notes.append(hold.describe())
+        if self.waited and not self.leases:  # the leases it waited for have lapsed or been let go since
+            notes.append(f"last round {self.waited}")
+        checked = self.last_verified
+        if checked is not None and checked.differences:
+            notes.append(
+                f"verify at {hlc.iso(checked.finished_us)} found {checked.differences} difference(s): "
+                f"run segrep repair {self.table} --site {self.target}"
+            )
+        for site, n in self.unmerged.items():  # outside this target's safe time until the leader merges them
+            notes.append(f"unmerged at {site}: {n} segments")
+        if self.needs_major:
+            notes.append(f"needs a major segment for partitions {self.needs_major}")
+        if self.joining:
+            notes.append("joining")
+        if self.needs_bootstrap:
+            notes.append(f"NEEDS BOOTSTRAP: run segrep bootstrap {self.table} {self.target}")
+        return "; ".join(notes)
+
+    def last_verified_text(self) -> str | None:
+        """When this site was last verified, and what was found (``equal``, or the number of differences)."""
+        v = self.last_verified
+        if v is None:
+            return None
+        return f"{hlc.iso(v.finished_us)} {v.differences} diff" if v.differences else f"{hlc.iso(v.finished_us)} equal"
+
+    def last_round_text(self) -> str | None:
+        """When the table's last round ended, and its status."""
+        if self.last_round_end_us is None:
+            return None
+        return f"{hlc.iso(self.last_round_end_us)} {self.last_round_status}"
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "last_round_seconds": self.last_round_seconds}

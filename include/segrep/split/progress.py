@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -24,6 +25,12 @@ class ChildProgress:
     acked: int  # the sources' segments it holds
     lacking: int  # the sources' segments it still lacks
 
+    @property
+    def key_range(self) -> str:
+        """``[lo, hi)``, an unbounded end as -inf or +inf."""
+        lo, hi = self.begin_key, self.end_key
+        return f"[{'-inf' if lo is None else lo}, {'+inf' if hi is None else hi})"
+
 
 @dataclass(frozen=True)
 class SplitProgress:
@@ -40,8 +47,34 @@ class SplitProgress:
     finished_us: int | None
     replicas_behind: dict[str, int]  # "<child>@<site>" -> parent-derived segments that replica still lacks
 
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def lines(self) -> list[str]:
+        """The split's state and sources, one line per child (acked, lacking), and what retiring the parent
+        waits for: what ``segrep split``, ``segrep status`` and the split DAG print."""
+        mode = "async" if self.is_async else "sync"
+        lines = [
+            f"split {self.split_id} of {self.table} partition {self.parent_partition_id} at {self.split_keys} "
+            f"({mode}): {self.state}, parent {self.parent_state}, pushing from {', '.join(self.sources) or '-'}"
+        ]
+        for c in self.children:
+            lines.append(
+                f"  child {c.partition_id} {c.key_range} {c.state} at {c.site}: {c.acked} segment(s) acked, "
+                f"{c.lacking} lacking"
+            )
+        if self.replicas_behind:
+            waits = ", ".join(f"{where} lacks {n}" for where, n in sorted(self.replicas_behind.items()))
+            lines.append(f"  the parent is retired once rounds carry the children to their replicas ({waits})")
+        return lines
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def progress_text(rows: Sequence[SplitProgress]) -> str:
+    """Several splits' progress, one after the other."""
+    return "\n".join(line for r in rows for line in r.lines())
 
 
 def split_progress(catalog: Catalog, table: str | None = None, *, include_done: bool = False) -> list[SplitProgress]:
