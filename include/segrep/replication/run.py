@@ -1,7 +1,8 @@
 """A whole round without Airflow (``segrep round``): the same steps, in the order the DAG runs them.
 
 Airflow runs each step as its own task (fast-forward mapped per target, the merge as SparkSubmitOperator);
-here they run one after another, with Spark launched by ``spark-submit`` through :mod:`segrep.spark.launch`.
+here they run one after another, a small merge in process and a large one with Spark launched by
+``spark-submit`` through :mod:`segrep.spark.launch` (:mod:`segrep.spark.merge_runner` decides).
 A target that fails does not stop the others; the report says which failed.
 """
 
@@ -21,6 +22,7 @@ from segrep.replication.reports import RoundReport
 from segrep.replication.round import TargetUnreachable, round_key
 from segrep.spark import launch
 from segrep.spark.launch import Submit
+from segrep.spark.merge_runner import MergeLimits, MergeRun, run_merge_manifest
 from segrep.storage.atomic import write_json_atomic
 from segrep.storage.workdir import copy_batch_paths, result_path
 
@@ -42,10 +44,13 @@ def spark_copier(defs: Definitions, table: str, end_us: int, site: str, submit: 
     return copy
 
 
-def run_merge(defs: Definitions, table: str, end_us: int, manifest: str, submit: Submit = launch.submit) -> None:
-    submit(
-        "merge",
-        ["--manifest", manifest, "--result", str(result_path(defs, table, end_us))],
+def run_merge(defs: Definitions, table: str, end_us: int, manifest: str, submit: Submit = launch.submit) -> MergeRun:
+    """The round's merge manifest, in process or on Spark by the table's policy (``spark.merge_runner``)."""
+    return run_merge_manifest(
+        manifest,
+        result_path(defs, table, end_us),
+        submit=submit,
+        limits=MergeLimits.of(defs.policy(table)),
         name=f"segrep-merge-{table}",
     )
 
