@@ -49,6 +49,7 @@ bench: venv
 bench-rounds: venv
 	@scripts/ensure_postgres.sh
 	$(BIN)/python bench/rounds.py --scale 1
+	$(BIN)/python bench/merge_crossover.py
 
 bench-maintenance: venv
 	$(BIN)/python bench/maintenance.py --scale 1

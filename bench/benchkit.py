@@ -32,6 +32,18 @@ from segrep.config.definitions import Definitions, load_definitions
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 PG_CONNINFO = "postgresql://postgres@127.0.0.1:5432/test"
+# TPC-H orders as a table's columns (bench/topologies.py, bench/merge_crossover.py)
+ORDERS_COLUMNS = {
+    "o_orderkey": "int64",
+    "o_custkey": "int64",
+    "o_orderstatus": "string",
+    "o_totalprice": "decimal(15,2)",
+    "o_orderdate": "date",
+    "o_orderpriority": "string",
+    "o_clerk": "string",
+    "o_shippriority": "int32",
+    "o_comment": "string",
+}
 
 
 def log(msg: str) -> None:

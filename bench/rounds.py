@@ -14,7 +14,8 @@ a. fast-forward: lineitem written through ``write_batch`` (4 partitions, ``--bat
    Spark applications are counted through the ``submit`` function (must be 0).
 b. a round with nothing to do after (a): plan_round + fast_forward_target (every target) + commit_round.
 c. Spark merge: lineitem written while the replica site led, leadership switched back in the catalog; the next
-   round pushes every row and merges it with one spark-submit (wall time, start-up included) vs row-based
+   round pushes every row and merges it with one spark-submit (wall time, start-up included; the merge engine is
+   pinned to Spark, ``SEGREP_MERGE_ENGINE``: bench/merge_crossover.py compares it with the in-process one) vs row-based
    upserts into PostgreSQL through SQLAlchemy: batched executemany (INSERT ... ON CONFLICT DO UPDATE,
    ``--batch-rows`` per transaction) and one statement per row committed every 100 rows, on samples.
 d. fast-forward rows/s (a, cold-ish median) vs the batched row-based rate of (c).
@@ -58,6 +59,7 @@ from segrep.replication.orchestrator import run_round
 from segrep.replication.plan import plan_round
 from segrep.replication.run import spark_copier
 from segrep.spark import launch
+from segrep.spark.merge_runner import ENGINE_ENV
 
 TABLE = "lineitem"
 PK = ["l_orderkey", "l_linenumber"]
@@ -242,6 +244,7 @@ def bench_merge(rows: pa.Table, source: Path, work: Path, args: argparse.Namespa
         set_leader(catalog, 1)  # the operator moves leadership back: dr now holds a fork of every partition
         log(f"(c) {rows.num_rows:,} rows written at dr in {out['write_s']:.1f} s; leadership back to primary")
         submit = CountingSubmit()
+        os.environ[ENGINE_ENV] = "spark"  # this part measures the Spark merge, whatever its size
         try:
             report, round_s = timed(run_round, catalog, defs, TABLE, submit=submit)
         except SegrepError as exc:
@@ -250,6 +253,8 @@ def bench_merge(rows: pa.Table, source: Path, work: Path, args: argparse.Namespa
             log(f"(c) merge FAILED after {submit.calls[-1]['seconds'] if submit.calls else 0:.0f} s: {exc}")
             catalog.dispose()
             return out
+        finally:
+            os.environ.pop(ENGINE_ENV)
         merges = report.merges
         apps = [c for c in submit.calls if c["app"] == "merge"]
         if report.status != "ok" or merges.rows_merged != rows.num_rows or len(apps) != 1:

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
-from benchkit import log, pg_schema, print_table, timed, verdict
+from benchkit import ORDERS_COLUMNS, log, pg_schema, print_table, timed, verdict
 
 from segrep.catalog import Catalog
 from segrep.catalog.apply import apply_definitions
@@ -56,19 +56,8 @@ Results = dict[str, Any]
 
 
 def definitions(sites: tuple[str, ...], replicas: Any, split_points: list[int], **extra: Any) -> str:
-    columns = {
-        "o_orderkey": "int64",
-        "o_custkey": "int64",
-        "o_orderstatus": "string",
-        "o_totalprice": "decimal(15,2)",
-        "o_orderdate": "date",
-        "o_orderpriority": "string",
-        "o_clerk": "string",
-        "o_shippriority": "int32",
-        "o_comment": "string",
-    }
     table = {
-        "columns": columns,
+        "columns": ORDERS_COLUMNS,
         "primary_key": [KEY],
         "split_points": split_points,
         "leader": sites[0],

@@ -3,7 +3,8 @@
 Their figures are measured by hand on an idle machine (README, Benchmarks); here only that each script runs to
 the end and prints its table, so a change to the catalog or an API cannot leave a benchmark broken until the
 next time someone measures (a join made ambiguous by a new foreign key, a failover refused by a new rule,
-both happened). The Spark-heavy ones (topologies, maintenance, the merge of rounds) and the long ones
+both happened). The Spark-heavy ones (topologies, maintenance, the merge of rounds, the Spark side of
+merge_crossover) and the long ones
 (chaos, airflow_lag: its short version is ``tests/replication/test_chaos.py``) are not run here.
 """
 
@@ -29,6 +30,7 @@ SCRIPTS = {
         *("--partitions", "20", "--segments", "100", "--new", "5", "--days", "1", "--round-every-s", "3600"),
         *("--repeats", "1"),
     ],
+    "merge_crossover": ["--sizes", "10,1000", "--repeats", "1", "--skip-spark"],
     "rounds": [
         *("--scale", "0.01", "--batches", "2", "--repeats", "1", "--noop-repeats", "1", "--skip-merge"),
         *("--batched-sample", "200", "--row-sample", "100", "--batch-rows", "50", "--plan-partitions", "20"),
@@ -41,6 +43,7 @@ OPTIONS = {
     "failover": ("--tpch-dir", "--work-dir"),
     "write_read": ("--tpch-dir",),
     "operator_page": (),
+    "merge_crossover": ("--work-dir", "--results-dir"),
     "rounds": ("--tpch-dir", "--work-dir", "--results-dir"),
 }
 

@@ -11,6 +11,7 @@ reading environment variables; nothing builds a catalog engine outside a running
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -221,6 +222,26 @@ def merge_job(
     )
 
 
+def merged_in_process(p: dict[str, Any], policy: Policy, name: str) -> bool:
+    """Run the manifest in ``p`` (its ``manifest`` and ``result`` paths) here when ``spark.merge_runner`` says it
+    is small enough, keeping the round's leases (``lease_holder``) alive meanwhile; False: it needs Spark."""
+    from segrep.replication.heartbeat import heartbeat
+    from segrep.spark.manifest import Manifest
+    from segrep.spark.merge_items import MergeEngine
+    from segrep.spark.merge_runner import MergeLimits, choose_engine, run_merge_manifest
+
+    limits = MergeLimits.of(policy)
+    if choose_engine(Manifest.load(p["manifest"]), limits).engine == MergeEngine.SPARK:
+        return False
+    with segrep_context() as (_defs, catalog):
+        holder = p.get("lease_holder") or ""
+        with heartbeat(catalog, holder) if holder else contextlib.nullcontext():
+            run_merge_manifest(
+                p["manifest"], p["result"], submit=hook_submit, limits=limits, name=name, force="in_process"
+            )
+    return True
+
+
 def spark_step(
     plan: Any,
     commit: Callable[[dict[str, Any]], Any],
@@ -236,7 +257,8 @@ def spark_step(
 ) -> TaskGroup:
     """The "branch, Spark, commit" step of every DAG, as one task group: ``choose_id`` (a branch) runs the
     SparkSubmitOperator ``spark_id`` (spark_jobs/merge.py, :func:`merge_job`) when the ``plan`` task's XCom
-    names a manifest, else goes straight to ``commit_id``, which runs ``commit(plan's XCom)`` either way.
+    names a manifest too big to merge in process (:func:`merged_in_process` merges a small one in the branch
+    task itself), else goes straight to ``commit_id``, which runs ``commit(plan's XCom)`` either way.
 
     ``plan`` is the XComArg of the task that wrote the manifest (a dict with ``manifest`` and ``result``).
     The group does not prefix its task ids: they are exactly ``choose_id``, ``spark_id`` and ``commit_id``.
@@ -255,7 +277,9 @@ def spark_step(
             from airflow.sdk.exceptions import AirflowSkipException
 
             raise AirflowSkipException(f"{plan_task_id} did not finish: nothing to merge or commit (see its log)")
-        return spark_id if p["manifest"] else commit_id
+        if not p["manifest"]:
+            return commit_id
+        return spark_id if not merged_in_process(p, policy, name) else commit_id
 
     with TaskGroup(
         group_id, prefix_group_id=False, tooltip=f"{choose_id} -> {spark_id} (Spark) -> {commit_id}"

@@ -25,7 +25,7 @@ from segrep.spark import launch
 from tests.support.badinput import assert_user_error, tree_state, unchanged
 from tests.support.cli import cli, cli_command
 from tests.support.env import Env
-from tests.support.maintenance import arrow_submit
+from tests.support.rounds import no_spark
 from tests.support.tables import orders
 
 FUNCTION_SCOPED = settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -152,7 +152,7 @@ def test_compaction_of_a_truncated_segment_fails_naming_the_file(
         (loaded_sqlite.site_dir("primary") / "orders" / "1").glob("*.parquet"), key=lambda p: p.stat().st_mtime
     )
     victim.write_bytes(victim.read_bytes()[:200])
-    monkeypatch.setattr(launch, "submit", arrow_submit())
+    monkeypatch.setattr(launch, "submit", no_spark)  # a small fold runs in process
     sites_before = tree_state(loaded_sqlite.root / "data" / "sites")
     code, _out, err = cli(loaded_sqlite, "compact", "orders", "--force")
     assert code == 1, err

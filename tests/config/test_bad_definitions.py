@@ -94,6 +94,9 @@ CASES: list[tuple[str, bytes | Callable[[Doc], None], str | None, tuple[str, ...
     ("grace-huge", policy(orphan_grace_s="999999w"), "orders", ("orphan_grace_s", "out of range")),
     ("incoming-zero", policy(max_incoming_segments=0), "orders", ("max_incoming_segments", "out of range")),
     ("threshold-huge", policy(spark_copy_threshold_bytes=2**70), "orders", ("spark_copy_threshold_bytes",)),
+    ("merge-rows-negative", policy(in_process_merge_max_rows=-1), "orders", ("in_process_merge_max_rows", "range")),
+    ("merge-bytes-text", policy(in_process_merge_max_bytes="1G"), "orders", ("in_process_merge_max_bytes", "'1G'")),
+    ("merge-engine-bogus", policy(merge_engine="jvm"), "orders", ("merge_engine", "auto, spark, in_process", "'jvm'")),
     (
         "end-before-start",
         policy(start_date="2026-06-01", end_date="2026-05-31"),

@@ -276,6 +276,9 @@ def test_policy_full(tmp_path: Path) -> None:
         "max_retention_s": "7d",
         "verify_schedule": " 15m ",
         "verify_spark_threshold_bytes": 1,
+        "in_process_merge_max_rows": 0,
+        "in_process_merge_max_bytes": 2048,
+        "merge_engine": "spark",
     }
     p = load(tmp_path, doc).table("orders").policy
     assert p.schedule == "*/5 * * * *"
@@ -285,6 +288,8 @@ def test_policy_full(tmp_path: Path) -> None:
     assert (p.tombstone_grace_s, p.max_retention_s) == (14 * 86400, 7 * 86400)
     assert p.orphan_grace_s == Policy().orphan_grace_s
     assert (p.verify_schedule, p.verify_spark_threshold_bytes) == ("15m", 1)
+    assert (p.in_process_merge_max_rows, p.in_process_merge_max_bytes, p.merge_engine) == (0, 2048, "spark")
+    assert Policy().merge_engine == "auto"
     assert (Policy().verify_schedule, Policy().maintenance_schedule) == ("@daily", "@daily")
 
 

@@ -33,7 +33,7 @@ from tests.support.airflow import (
 )
 from tests.support.s3 import BUCKETS, S3Endpoint, s3_events_yaml, secrets_of
 
-POLICY = "{schedule: 5m, start_date: '2026-11-01', retries: 0, retry_delay_s: 0}"
+POLICY = "{schedule: 5m, start_date: '2026-11-01', retries: 0, retry_delay_s: 0, merge_engine: spark}"
 CONNECTIONS = {"dr": "dr_store", "edge": "edge.store-b"}  # ids with the characters Airflow allows
 
 

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.spark
 
 # dag.test(logical_date=now) covers [now - 5 min, now): everything written so far is due. No retry: a failing
 # merge fails the run at once (with spark-submit's log in the task's).
-POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 0, "retry_delay_s": 0}
+POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 0, "retry_delay_s": 0, "merge_engine": "spark"}
 PYTHON_ENV = "SEGREP_SPARK_PYTHON"  # launch.python(): the interpreter of Spark's driver and executors
 
 

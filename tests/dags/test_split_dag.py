@@ -23,7 +23,7 @@ from tests.support.airflow import (
     ti_states,
 )
 
-POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 0}
+POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 0, "merge_engine": "spark"}
 PARENT = 5  # events [-inf, m): tenants a0, a1, a2
 SPLIT_DAG = "segrep_split_events"
 SITES = ("primary", "dr", "edge")

@@ -32,7 +32,6 @@ from segrep.replication.rollback import list_rollbacks, roll_back_returned, roll
 from segrep.storage.site import Site
 from tests.support.cli import cli
 from tests.support.env import OUTAGE_YAML, Env, make_env
-from tests.support.maintenance import arrow_submit
 from tests.support.models import Model
 from tests.support.rounds import bring_up, inprocess_submit, no_spark, take_down
 from tests.support.tables import TABLE, orders
@@ -217,7 +216,7 @@ def test_a_lost_major_folding_what_the_new_leader_holds_is_an_upper_bound(tmp_pa
     run_round(env.catalog, env.defs, TABLE, submit=no_spark)
     for i in range(3, 5):
         model.upsert(env, range(i * 4 - 2, i * 4 + 2), f"b{i}")  # half of them new keys
-    assert compact(env.catalog, env.defs, TABLE, force=True, submit=arrow_submit()).commit.committed == 2
+    assert compact(env.catalog, env.defs, TABLE, force=True, submit=no_spark).commit.committed == 2
     code, out, err = cli(env, "failover", TABLE, "--to", "dr", "--dry-run")
     assert code == 0 and "loss (would be given up): 2 segment(s), at most 18 rows" in out, out + err
     assert "(at most: a lost major or merge output folds segments dr holds already" in out, out

@@ -56,7 +56,7 @@ def test_two_tables_fail_over_cut_at_their_common_safe_time(sqlite_env: Env, spa
     by_table = {c.table: c for c in report.cuts}
     assert by_table["orders"].partitions_cut == 0  # nothing of orders at dr is newer than the cut
     assert by_table[TABLE].partitions_cut == 2 and by_table[TABLE].rows_set_aside == 20 + 2
-    assert len(calls) == 1  # one Spark application folds the cut partitions
+    assert calls == []  # one merge job folds the cut partitions, in process (a small fold: no Spark application)
     assert triples(env.catalog) == kept  # events at dr as of the cut
     with env.catalog.read() as s:
         assert set(s.scalars(select(m.Partition.paused_us))) == {None}  # writes resumed

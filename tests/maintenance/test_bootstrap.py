@@ -6,7 +6,7 @@ holds the leader's newest segment. A target that already holds files of the tabl
 says ``adopt`` (only if the files resolve to the leader's rows) or ``replace`` (moved aside under
 ``.replaced/``). A replica that stayed away past the retention is re-bootstrapped into a new placement. A
 crash inside a bootstrap changes nothing; a crash in a round that feeds a joining site is retried.
-Majors are made with the pyarrow stand-in for the Spark row step (tests.support.maintenance.arrow_submit; see test_gc).
+Majors are folded in process (small merges need no Spark: ``spark.merge_runner``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ from tests.support.cli import cli
 from tests.support.env import ORDERS_YAML, Env, env_fixture, make_env, sqlite_url
 from tests.support.maintenance import (
     all_sites_read_the_model,
-    arrow_submit,
     assert_lists_hold_exactly_what_chains_need,
     assert_sites_hold_exactly_the_catalog,
     catalog_relpaths,
@@ -105,7 +104,7 @@ def with_majors(env: Env, model: Model) -> None:
     assert run_round(env.catalog, env.defs, TABLE, submit=no_spark).status == "ok"
     model.upsert(env, range(40, 90), "b")
     model.delete(env, range(0, 10))
-    assert compact(env.catalog, env.defs, TABLE, submit=arrow_submit()).committed == 2
+    assert compact(env.catalog, env.defs, TABLE, submit=no_spark).committed == 2
     round_until_idle(env)
     collect(env.catalog, env.defs, TABLE)
 
@@ -157,7 +156,7 @@ def out_of_retention(env: Env, model: Model) -> None:
     aside = take_down(env, "dr")
     model.upsert(env, range(30, 70), "b")
     model.delete(env, range(0, 5))
-    assert compact(env.catalog, env.defs, TABLE, submit=arrow_submit()).committed == 2
+    assert compact(env.catalog, env.defs, TABLE, submit=no_spark).committed == 2
     assert run_round(env.catalog, env.defs, TABLE, submit=no_spark).failed == ["dr"]
     retention_us = env.defs.table(TABLE).policy.max_retention_s * 1_000_000
     report = collect(env.catalog, env.defs, TABLE, now_us=hlc.now_us() + retention_us + 60_000_000)

@@ -1,7 +1,8 @@
 """Compaction on Spark (DESIGN sections 7 and 9): majors, fast-forward to replicas, GC after them, tombstones.
 
 One test runs the real ``spark-submit`` path through ``segrep compact`` (one Spark application); the others run
-the merge job (:func:`segrep.spark.jobs.run_manifest`) in the session's SparkSession. Checked: compaction leaves
+the merge job (:func:`segrep.spark.jobs.run_manifest`) in the session's SparkSession. Every merge here is pinned
+to Spark (``SEGREP_MERGE_ENGINE``): these folds are small enough to run in process otherwise. Checked: compaction leaves
 every site's resolved rows unchanged; replicas take each major by fast-forward (no merge, no Spark); after GC
 each site holds exactly the files its catalog lists, and each list exactly what its chain needs; a crash in
 the job or before its commit is repaired by a re-run (the dead outputs are orphans GC removes after the
@@ -29,15 +30,16 @@ from segrep.maintenance.gc import collect
 from segrep.replication.orchestrator import run_round
 from segrep.replication.status import status_rows
 from segrep.spark import jobs as merge_mod
+from segrep.spark.in_process import item_rows
 from segrep.spark.manifest import Manifest
+from segrep.spark.merge_items import segment_table
+from segrep.spark.merge_runner import ENGINE_ENV
 from segrep.spark.results import CommitSummary
 from tests.support.checks import assert_files_match_catalog, partitions, triples
 from tests.support.cli import cli
 from tests.support.env import ORDERS_YAML, Env, make_env
 from tests.support.maintenance import (
     all_sites_read_the_model,
-    arrow_major_rows,
-    arrow_segment_table,
     assert_lists_hold_exactly_what_chains_need,
     assert_sites_hold_exactly_the_catalog,
     files_at,
@@ -48,6 +50,12 @@ from tests.support.spark import spark_submit_in
 from tests.support.tables import TABLE
 
 pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(autouse=True)
+def on_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENGINE_ENV, "spark")
+
 
 SITES = ("primary", "dr", "edge")
 YAML = ORDERS_YAML.replace(
@@ -165,8 +173,8 @@ def test_compact_with_spark_submit_then_gc_through_the_cli(tmp_path: Path) -> No
 # -- in the session's SparkSession ----------------------------------------------------------------------------------
 
 
-def test_spark_major_rows_equal_the_pyarrow_stand_in(tmp_path: Path, spark: Any) -> None:
-    """The integration tests fold majors with pyarrow; the Spark step must produce the very same rows."""
+def test_spark_major_rows_equal_the_in_process_ones(tmp_path: Path, spark: Any) -> None:
+    """Small compactions fold in process elsewhere; the Spark row step must produce the very same rows."""
     env = env_of(tmp_path)
     history(env, Model())
     later = hlc.now_us() + 30 * 86400 * 1_000_000  # every tombstone is past the grace then
@@ -175,11 +183,10 @@ def test_spark_major_rows_equal_the_pyarrow_stand_in(tmp_path: Path, spark: Any)
     for item in Manifest.load(plan.manifest).items:
         for it in (item, replace(item, tombstone_cutoff_us=None)):  # tombstones dropped, then kept
             schema = sch.schema_from_columns(dict(it.columns))
-            df, n_spark = merge_mod._major_rows(spark, it)
-            got = merge_mod._to_segment_table(df, schema, it.primary_key)
-            rows, n_arrow = arrow_major_rows(None, it)
-            want = arrow_segment_table(rows, schema, it.primary_key)
-            assert n_spark == n_arrow and got.equals(want), it.tombstone_cutoff_us
+            on_spark, in_process = merge_mod._item_rows(spark, it), item_rows(it)
+            got = segment_table(on_spark.rows, schema, it.primary_key)
+            want = segment_table(in_process.rows, schema, it.primary_key)
+            assert on_spark.rows_in == in_process.rows_in and got.equals(want), it.tombstone_cutoff_us
             deleted = sum(got[sch.DELETED_COL].to_pylist())
             assert deleted == (0 if it.tombstone_cutoff_us else DELETED[pid_index(env, it.partition_id)])
     env.catalog.dispose()

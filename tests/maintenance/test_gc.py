@@ -1,9 +1,8 @@
 """Garbage collection with retention (DESIGN sections 6, 7 and 9.7), on SQLite and PostgreSQL, without Spark.
 
-Majors are made by ``segrep.maintenance.compaction.compact`` with a ``submit`` that runs the real merge job entry point
-(:func:`segrep.spark.jobs.run_manifest`: verification of the inputs, the segment entry, the output path, the
-result file) with only its row step done by pyarrow in this process instead of Spark; the commit is the
-real one. tests/maintenance/test_compaction.py covers the Spark row step itself.
+Majors are made by ``segrep.maintenance.compaction.compact``, small enough to run in process
+(``spark.in_process``; tests/spark/test_in_process_merge.py shows it writes what the Spark job writes); the
+commit is the real one.
 
 What is checked: a dry run lists every file that would go with its reason and changes nothing; a real run
 deletes exactly those, after which every site holds exactly the files its catalog lists and every list holds
@@ -38,7 +37,6 @@ from tests.support.cli import cli
 from tests.support.env import ORDERS_YAML, Env, env_fixture, sqlite_url
 from tests.support.maintenance import (
     all_sites_read_the_model,
-    arrow_submit,
     assert_lists_hold_exactly_what_chains_need,
     assert_sites_hold_exactly_the_catalog,
     catalog_relpaths,
@@ -70,8 +68,8 @@ def compacted(env: Env, model: Model) -> None:
     assert run_round(env.catalog, env.defs, TABLE, submit=no_spark).status == "ok"
     model.upsert(env, range(80, 100), "c")
     model.delete(env, range(0, 10))
-    report = compact(env.catalog, env.defs, TABLE, submit=arrow_submit())
-    assert report.committed == 2 and report.spark_apps == 1, report
+    report = compact(env.catalog, env.defs, TABLE, submit=no_spark)  # small: folded in process
+    assert report.committed == 2 and report.spark_apps == 0, report
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
     for site in REPLICAS:  # the c batch and the delete are behind the majors: only the majors travel
         assert rep.targets[site].outcomes == {"FAST_FORWARD": 2}, rep.targets[site]
@@ -193,7 +191,7 @@ def test_an_offline_replica_holds_gc_until_retention_ends(gc_env: Env) -> None:
     aside = take_down(env, "dr")
     model.upsert(env, range(30, 70), "b")
     model.delete(env, range(0, 5))
-    assert compact(env.catalog, env.defs, TABLE, submit=arrow_submit()).committed == 2
+    assert compact(env.catalog, env.defs, TABLE, submit=no_spark).committed == 2
     rep = run_round(env.catalog, env.defs, TABLE, submit=no_spark)
     assert rep.failed == ["dr"] and rep.targets["edge"].status == "ok"
     leader_before = set(catalog_relpaths(env, "primary"))
@@ -358,10 +356,8 @@ def test_compact_cli_selects_partitions_and_launches_nothing_when_nothing_is_due
     assert (code, out.strip()) == (0, f"{TABLE}: no partition is due for compaction"), err
     code, out, err = cli(env, "compact", TABLE)  # one minor < compact_min_segments 2
     assert (code, out.strip()) == (0, f"{TABLE}: no partition is due for compaction"), err
-    calls: list[str] = []
-    report = compact(env.catalog, env.defs, TABLE, partitions=[p0], force=True, submit=arrow_submit(calls))
+    report = compact(env.catalog, env.defs, TABLE, partitions=[p0], force=True, submit=no_spark)
     assert [c.partition_id for c in report.candidates] == [p0] and report.committed == 1
-    assert calls == [f"segrep-compact-{TABLE}"]
     code, _out, err = cli(env, "compact", "nope")
     assert code == 2 and err.startswith("segrep: error: unknown table 'nope'")
     round_until_idle(env)

@@ -5,9 +5,9 @@ A hypothesis state machine on a two-partition table replicated primary -> dr, ed
 so that every tombstone is past the grace and dropped); GC runs (now, or hours later so that a lagging
 replica falls out of retention; some killed between the catalog delete and the file delete); replicas going
 offline (the site directory replaced by a file) and coming back; bootstraps of replicas marked as needing one.
-Rounds run :func:`segrep.spark.jobs.run_manifest` in the session's SparkSession; so does every third compaction,
-the others fold their majors with the pyarrow stand-in of its row step (shown to give the same rows in
-test_compaction), which keeps the test within a minute.
+Rounds merge in process (small merges: ``spark.merge_runner``); every third compaction runs the Spark job
+(:func:`segrep.spark.jobs.run_manifest` in the session's SparkSession), the others fold in process (the same
+outputs: tests/spark/test_in_process_merge.py), which keeps the test within a minute.
 
 After every step: each committed file exists with its sha256 (invariant 1); the leaders resolve to exactly the
 replay of the writes (2: nothing lost to GC or compaction); no GC took a segment that a LIVE or JOINING replica
@@ -55,15 +55,15 @@ from segrep.maintenance.bootstrap import bootstrap
 from segrep.maintenance.compaction import compact, plan_compaction
 from segrep.maintenance.gc import collect
 from segrep.replication.orchestrator import run_round
+from segrep.spark.merge_runner import MergeLimits, run_merge_manifest
 from segrep.spark.results import commit_results
 from segrep.storage.identity import MARKER_NAME
 from segrep.storage.site import Site
 from tests.support.checks import assert_acks_are_prefixes, assert_safe_time_honest, safe_times
 from tests.support.env import KV_YAML as ROUND_MODEL_YAML
 from tests.support.env import make_env
-from tests.support.maintenance import arrow_submit
 from tests.support.rounds import bring_up, take_down
-from tests.support.spark import spark_submit_in
+from tests.support.spark import merge_engine, spark_submit_in
 
 pytestmark = pytest.mark.spark
 
@@ -87,9 +87,7 @@ class MaintenanceMachine(RuleBasedStateMachine):
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp(prefix="segrep-maint-"))
         self.env = make_env(self.tmp, f"sqlite:///{self.tmp}/catalog.db", MODEL_YAML)
-        self.submit = spark_submit_in(self.spark)  # rounds (majors for stuck replicas, merges)
-        # compactions: the Spark job every third time, else its row step in pyarrow (the same rows: test_compaction)
-        self.compact_submits = [self.submit, arrow_submit(), arrow_submit()]
+        self.submit = spark_submit_in(self.spark)  # the merge job when a merge runs on Spark
         self.expected: dict[int, str | None] = {}  # key -> value, None once deleted
         self.written: set[tuple[int, str]] = set()
         self.down: dict[str, Path] = {}  # site -> where its directory is while it is down
@@ -142,17 +140,22 @@ class MaintenanceMachine(RuleBasedStateMachine):
     @rule(force=st.sampled_from([True, True, False]), later=st.booleans())
     def compaction(self, force: bool, later: bool) -> None:
         self.stats["compactions"] += 1
-        submit = self.compact_submits[self.stats["compactions"] % 3]
+        # the Spark job every third time, else in process (the same outputs: tests/spark/test_in_process_merge.py)
+        engine = "spark" if self.stats["compactions"] % 3 == 0 else "in_process"
         if later:  # planned as if hours had passed: every tombstone is past the grace and is dropped
             later_us = hlc.now_us() + 2 * HOUR_US
             plan = plan_compaction(self.env.catalog, self.env.defs, TABLE, force=True, now_us=later_us)
             committed = 0
             if plan.manifest and plan.result:
-                submit("merge", ["--manifest", plan.manifest, "--result", plan.result], name="compact")
+                limits = MergeLimits.of(self.env.defs.policy(TABLE))
+                run_merge_manifest(
+                    plan.manifest, plan.result, submit=self.submit, limits=limits, name="compact", force=engine
+                )
                 committed = commit_results(self.env.catalog, Path(plan.manifest), Path(plan.result)).committed
             self.log.append(f"compaction later: {len(plan.candidates)} candidate(s), {committed} committed")
         else:
-            report = compact(self.env.catalog, self.env.defs, TABLE, force=force, submit=submit)
+            with merge_engine(engine):
+                report = compact(self.env.catalog, self.env.defs, TABLE, force=force, submit=self.submit)
             committed = report.committed
             self.stats["compaction candidates"] += len(report.candidates)
             self.stats["majors dropped"] += len(report.dropped)

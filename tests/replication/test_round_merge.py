@@ -4,7 +4,8 @@ A follower that led for a while holds segments the leader lacks; the round pushe
 merges them (last writer wins: newer versions win, deletes stay deleted), and the stuck follower is given a
 major segment. The merge job is also crashed after its first output file (``in_merge_job``): the retried round
 writes the same deterministic output and registers it once. Three Spark applications in all (~20 s each); the
-repeated-merge check runs in the session's SparkSession instead.
+repeated-merge check runs in the session's SparkSession instead. Every merge here is pinned to Spark
+(``SEGREP_MERGE_ENGINE``): these forks are small enough to merge in process otherwise.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from segrep.core.errors import SegrepError
 from segrep.replication.orchestrator import run_round
 from segrep.replication.plan import plan_round
 from segrep.spark.manifest import Manifest
+from segrep.spark.merge_runner import ENGINE_ENV
 from segrep.spark.results import commit_results
 from segrep.storage.workdir import manifest_path, result_path
 from tests.support.checks import (
@@ -40,6 +42,11 @@ from tests.support.rounds import inprocess_submit, no_spark, set_leader
 from tests.support.tables import REPLICAS, TABLE
 
 pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(autouse=True)
+def on_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENGINE_ENV, "spark")
 
 
 def fork(env: Env) -> Model:

@@ -51,7 +51,7 @@ from tests.support.checks import (
     triples,
 )
 from tests.support.env import Env, make_env, sqlite_url
-from tests.support.maintenance import arrow_submit, assert_lists_hold_exactly_what_chains_need, catalog_relpaths
+from tests.support.maintenance import assert_lists_hold_exactly_what_chains_need, catalog_relpaths
 from tests.support.models import Model
 from tests.support.rounds import no_spark, ok_or_waiting_for_a_merge, set_leader
 from tests.support.s3 import BUCKETS, S3Endpoint
@@ -427,7 +427,7 @@ def test_a_new_replica_with_foreign_files_is_bootstrapped_with_replace_and_joins
     rounds(env)
     model.upsert(env, range(40, 90), "b")
     model.delete(env, range(0, 10))
-    assert compact(env.catalog, env.defs, TABLE, force=True, submit=arrow_submit()).committed == 2
+    assert compact(env.catalog, env.defs, TABLE, force=True, submit=no_spark).committed == 2
     rounds(env)
 
     changes = sites.reconfigure(env, REPLICAS)
@@ -462,7 +462,7 @@ def test_a_new_replica_with_foreign_files_is_bootstrapped_with_replace_and_joins
 
 def test_gc_removes_the_folded_segments_files_at_every_site_and_orphans_after_the_grace(sites: Sites) -> None:
     env, model = sites.start(), Model()
-    compacted(env, model, arrow_submit())
+    compacted(env, model, no_spark)
     before = {site: sites.files(site) for site in SITES}
     for site in SITES:
         assert before[site] == catalog_relpaths(env, site), site
@@ -525,7 +525,7 @@ def lose_lists(env: Env) -> None:
 
 def test_catalog_rebuild_from_each_sites_files_restores_the_lists(sites: Sites) -> None:
     env, model = sites.start(), Model()
-    compacted(env, model, arrow_submit())  # majors on minors on majors: chains to rebuild
+    compacted(env, model, no_spark)  # majors on minors on majors: chains to rebuild
     model.upsert(env, range(95, 120), "d")
     rounds(env)
     before = segment_lists(env)

@@ -10,7 +10,8 @@ keys in the environment the application inherited. No secret is in any manifest 
 
 The session's JVM was started before this test set its variables, so the test hands them to the Python
 workers through the SparkContext's executor environment (as `spark.executorEnv.*` would); spark-submit, the
-production path, simply inherits them.
+production path, simply inherits them. The merges are pinned to Spark (``SEGREP_MERGE_ENGINE``): they are small
+enough to run in process otherwise (tests/replication/test_site_kinds.py merges on S3 sites in process).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from segrep.replication.orchestrator import run_round
 from segrep.replication.unload import finish_unloaded
 from segrep.spark import launch
 from segrep.spark.manifest import Manifest
+from segrep.spark.merge_runner import ENGINE_ENV
 from segrep.split.run import run_split
 from segrep.split.workflow import find_split
 from tests.support.checks import assert_replicas_equal_leader, partitions, triples
@@ -138,6 +140,7 @@ def test_spark_jobs_read_and_write_segments_on_s3_sites(
     env, model = s3_led, Model()
     manifests: list[Manifest] = []
     submit = recording(spark, manifests)
+    monkeypatch.setenv(ENGINE_ENV, "spark")
 
     # a fork merge at the S3 leader, reading forks on the local site and on the other endpoint
     fork_everywhere(env, model)

@@ -1,5 +1,6 @@
 """Partition splits (issue 5, EventQL 3.8) on the `events` table, with the Spark job run in this process's
-SparkSession (the real spark-submit path runs in the TPC-H split test and the split DAG's e2e test).
+SparkSession (the real spark-submit path runs in the TPC-H split test and the split DAG's e2e test). Every merge
+here is pinned to Spark (``SEGREP_MERGE_ENGINE``): these splits are small enough to run in process otherwise.
 
 Partition [-inf, m) holds tenants 'a' and 'b'; it is split at 'b' (two children) or at 'aa' and 'b' (three,
 one of them empty at first). Every test ends with every site reading exactly the model's rows and the
@@ -24,6 +25,7 @@ from segrep.replication.orchestrator import run_round
 from segrep.replication.unload import FinishReport, finish, finish_unloaded
 from segrep.spark.jobs import run_manifest
 from segrep.spark.manifest import Manifest
+from segrep.spark.merge_runner import ENGINE_ENV
 from segrep.split.progress import progress_text, split_progress
 from segrep.split.run import run_split
 from segrep.split.workflow import commit_pass, finalize, plan_pass, start_split
@@ -36,6 +38,12 @@ from tests.support.rounds import bring_up, no_spark, set_leader, take_down
 from tests.support.tables import REPLICAS, TABLE
 
 pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(autouse=True)
+def on_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENGINE_ENV, "spark")
+
 
 PARENT = 5  # events [-inf, m): tenants "a" and "b" (orders has partitions 1-4)
 

@@ -1,83 +1,22 @@
-"""Compaction without Spark, and what GC must leave behind.
-
-``arrow_submit`` runs the real merge job entry point (:func:`segrep.spark.jobs.run_manifest`: verification of
-the inputs, the segment entry, the output path, the result file) with only its row step done by pyarrow in this
-process instead of Spark (tests/maintenance/test_compaction.py shows both give the same rows).
-"""
+"""What compaction and GC must leave behind. (Small compactions run in process: ``spark.merge_runner``.)"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
-from unittest import mock
+from collections.abc import Iterable
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from sqlalchemy import select
 
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.snapshot import snapshot
-from segrep.core import schema as sch
 from segrep.core.chain import visible_segments
-from segrep.spark import jobs as merge_mod
-from segrep.spark.manifest import Manifest
-from segrep.storage.atomic import write_json_atomic
 from segrep.storage.identity import MARKER_NAME
-from segrep.storage.site import Site
 from tests.support.checks import partitions, triples
 from tests.support.env import Env
 from tests.support.models import Model
 from tests.support.tables import REPLICAS, TABLE
 
 SITES = ("primary", *REPLICAS)
-
-
-def latest_with_tombstones(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:
-    """One row per primary key, the highest (_version, _origin); tombstones kept."""
-    sort_keys = [(k, "ascending") for k in primary_key] + [
-        (sch.VERSION_COL, "descending"),
-        (sch.ORIGIN_COL, "descending"),
-    ]
-    ordered = rows.take(pc.sort_indices(rows, sort_keys=sort_keys))
-    keys = list(zip(*(ordered[k].to_pylist() for k in primary_key), strict=True))
-    first = [i for i, key in enumerate(keys) if i == 0 or key != keys[i - 1]]
-    return ordered.take(pa.array(first, pa.int64()))
-
-
-def arrow_major_rows(_spark: Any, item: merge_mod.MergeItem) -> tuple[pa.Table, int]:
-    tables = [Site(r.site, r.uri).read_segment(r.relpath).replace_schema_metadata(None) for r in item.visible]
-    rows = pa.concat_tables(tables)
-    latest = latest_with_tombstones(rows, item.primary_key)
-    if item.tombstone_cutoff_us is not None:
-        expired = pc.and_(latest[sch.DELETED_COL], pc.less(latest[sch.VERSION_COL], item.tombstone_cutoff_us))
-        latest = latest.filter(pc.invert(expired))
-    return latest, rows.num_rows
-
-
-def arrow_segment_table(rows: pa.Table, schema: pa.Schema, primary_key: list[str]) -> pa.Table:
-    target = sch.segment_schema(schema)
-    return rows.select(target.names).cast(target).sort_by([(k, "ascending") for k in primary_key]).combine_chunks()
-
-
-def arrow_submit(calls: list[str] | None = None) -> Any:
-    """A ``submit`` for the merge job's *major* items, run in this process with pyarrow doing the row step."""
-
-    def submit(app: str, args: Sequence[str], *, name: str, master: str | None = None) -> None:
-        assert app == "merge", app
-        manifest, result = args[args.index("--manifest") + 1], args[args.index("--result") + 1]
-        loaded = Manifest.load(manifest)
-        assert {it.kind for it in loaded.items} == {"major"}, "this double only folds majors"
-        if calls is not None:
-            calls.append(name)
-        with (
-            mock.patch.object(merge_mod, "_major_rows", arrow_major_rows),
-            mock.patch.object(merge_mod, "_to_segment_table", arrow_segment_table),
-        ):
-            doc = merge_mod.run_manifest(None, loaded)  # type: ignore[arg-type]
-        write_json_atomic(result, doc)
-
-    return submit
 
 
 def files_at(env: Env, site: str) -> set[str]:

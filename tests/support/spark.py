@@ -1,9 +1,12 @@
 """Spark in tests: a ``submit`` that runs the merge or verify job in the session's SparkSession (the ``spark``
-fixture of tests/conftest.py) instead of launching spark-submit."""
+fixture of tests/conftest.py) instead of launching spark-submit, and the merge engine pinned for a while
+(small merges otherwise run in process: ``spark.merge_runner``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from segrep.core import faults
@@ -12,6 +15,7 @@ from segrep.spark.digest_job import run_digests
 from segrep.spark.digest_manifest import DigestManifest, write_outcomes
 from segrep.spark.jobs import run_manifest
 from segrep.spark.manifest import Manifest
+from segrep.spark.merge_runner import ENGINE_ENV
 from segrep.storage.atomic import write_json_atomic
 
 
@@ -35,3 +39,17 @@ def spark_submit_in(spark: Any) -> Any:
         write_json_atomic(result, doc)
 
     return submit
+
+
+@contextlib.contextmanager
+def merge_engine(engine: str) -> Iterator[None]:
+    """Every merge manifest inside runs on ``engine`` (``spark``, ``in_process`` or ``auto``)."""
+    before = os.environ.get(ENGINE_ENV)
+    os.environ[ENGINE_ENV] = engine
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[ENGINE_ENV]
+        else:
+            os.environ[ENGINE_ENV] = before

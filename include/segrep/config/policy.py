@@ -35,6 +35,8 @@ _BOUNDS: dict[str, tuple[int, int, str]] = {
     "spark_copy_threshold_bytes": (1, MAX_BYTES, "bytes"),
     "verify_spark_threshold_bytes": (1, MAX_BYTES, "bytes"),
     "one_task_round_max_bytes": (0, MAX_BYTES, "bytes (0: every round takes the mapped tasks)"),
+    "in_process_merge_max_rows": (0, 10**12, "rows"),
+    "in_process_merge_max_bytes": (0, MAX_BYTES, "bytes"),
     "retries": (0, 100, "retries"),
     "retry_delay_s": (0, BACKOFF_CAP_S, "seconds (the back-off is capped at one hour)"),
     "compact_min_segments": (1, 1_000_000, "segments"),
@@ -54,6 +56,8 @@ WRITE_FALLBACK_S = 300
 WRITE_FALLBACK_FLOOR_S = 60
 
 ON_RETURN = ("rollback", "merge")
+# where merges run: "auto" by the in_process_merge_* thresholds, or always on one engine
+MERGE_ENGINES = ("auto", "spark", "in_process")
 # durations that may be absent (null: off), by their key in the definitions file -> the Policy field
 _OPTIONAL_DURATIONS = {"rpo": "rpo_s", "feeder_fallback": "feeder_fallback_s"}
 # durations named without their unit in the file -> (the Policy field, lowest, highest seconds)
@@ -77,6 +81,13 @@ class Policy:
     # A round that copies at most this many bytes (and whose merges, if any, run in process) runs whole in one
     # Airflow task; a bigger one maps its fast-forward per target and merges on Spark (DESIGN section 15)
     one_task_round_max_bytes: int = 256 * 1024 * 1024
+    # A merge manifest (round forks, compaction and cut majors, split rewrites) whose input files hold at most
+    # this many rows and bytes runs in the segrep process with pyarrow instead of as a Spark application
+    # (``spark.merge_runner``; defaults from bench/merge_crossover.py, docs/benchmarks.md). ``merge_engine``:
+    # "auto" decides by them; "spark" or "in_process" always uses that engine (SEGREP_MERGE_ENGINE overrides).
+    in_process_merge_max_rows: int = 1_000_000
+    in_process_merge_max_bytes: int = 256 * 1024 * 1024
+    merge_engine: str = "auto"
     retries: int = 3
     retry_delay_s: int = 30
     compact_min_segments: int = 10
@@ -139,9 +150,10 @@ def parse_policy(body: dict[str, Any], where: str) -> Policy:
             except SegrepError as exc:  # "schedule '10x' is not...": the other schedules say which one it is
                 raise SegrepError(f"{where}{'' if key == 'schedule' else ' ' + key}: {exc}") from None
             values[key] = value.strip() if isinstance(value, str) else None
-        elif key == "on_return":
-            if value not in ON_RETURN:
-                raise SegrepError(f"{where} on_return: expected one of {', '.join(ON_RETURN)}; got {value!r}")
+        elif key in ("on_return", "merge_engine"):
+            allowed = ON_RETURN if key == "on_return" else MERGE_ENGINES
+            if value not in allowed:
+                raise SegrepError(f"{where} {key}: expected one of {', '.join(allowed)}; got {value!r}")
             values[key] = value
         elif key in _OPTIONAL_DURATIONS:
             values[_OPTIONAL_DURATIONS[key]] = _optional_duration(value, f"{where} {key}")

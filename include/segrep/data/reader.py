@@ -267,6 +267,25 @@ def resolve(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:
     """Last writer wins per primary key over segment-layout rows; tombstones hidden, internal columns dropped."""
     if rows.num_rows == 0:
         return rows.drop_columns(list(sch.INTERNAL_COLUMNS))
+    order, first = newest_first(rows, primary_key)
+    deleted = rows.column(sch.DELETED_COL).take(order).to_numpy(zero_copy_only=False)
+    winners = pc.filter(order, pa.array(first & ~deleted))
+    return rows.take(winners).drop_columns(list(sch.INTERNAL_COLUMNS))
+
+
+def latest(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:
+    """One row per primary key, the highest ``(_version, _origin)``, in key order; tombstones and internal
+    columns kept (what a merge or a major segment holds). Rows alike in key, version and origin are one write
+    seen twice: the first in ``rows`` is kept."""
+    if rows.num_rows == 0:
+        return rows
+    order, first = newest_first(rows, primary_key)
+    return rows.take(pc.filter(order, pa.array(first)))
+
+
+def newest_first(rows: pa.Table, primary_key: Sequence[str]) -> tuple[pa.Array, np.ndarray]:
+    """The rows' order by key, then ``(_version, _origin)`` descending (a stable sort), and which positions in
+    that order begin a key (its winner under last-writer-wins)."""
     sort_keys = [(k, "ascending") for k in primary_key] + [
         (sch.VERSION_COL, "descending"),
         (sch.ORIGIN_COL, "descending"),
@@ -280,19 +299,22 @@ def resolve(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:
             col = ordered_keys.column(name)
             changed |= pc.not_equal(col.slice(1), col.slice(0, rows.num_rows - 1)).to_numpy(zero_copy_only=False)
         first[1:] = changed
-    deleted = rows.column(sch.DELETED_COL).take(order).to_numpy(zero_copy_only=False)
-    winners = pc.filter(order, pa.array(first & ~deleted))
-    return rows.take(winners).drop_columns(list(sch.INTERNAL_COLUMNS))
+    return order, first
 
 
 def _range_filter(info: q.TableInfo, begin: Any, end: Any) -> pc.Expression | None:
-    """Rows with partition key in [begin, end) (bounds in JSON form; None is unbounded)."""
-    lo, hi = info.decode_key(begin), info.decode_key(end)
+    return key_range(info.partition_key, info.key_type, begin, end)
+
+
+def key_range(partition_key: str, key_type: pa.DataType, begin: Any, end: Any) -> pc.Expression | None:
+    """Rows with ``begin <= partition_key < end`` (bounds in JSON form, ``core.keys``; None is unbounded);
+    None when both are unbounded."""
+    lo, hi = keys.decode(begin, key_type), keys.decode(end, key_type)
     expr = None
-    key = pc.field(info.partition_key)
+    key = pc.field(partition_key)
     if lo is not None:
-        expr = key >= pa.scalar(lo, info.key_type)
+        expr = key >= pa.scalar(lo, key_type)
     if hi is not None:
-        upper = key < pa.scalar(hi, info.key_type)
+        upper = key < pa.scalar(hi, key_type)
         expr = upper if expr is None else expr & upper
     return expr

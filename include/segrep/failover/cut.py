@@ -2,7 +2,7 @@
 tables at the new site, so that they are consistent with each other (YugabyteDB restores to the safe time).
 
 At the new leader, each partition whose visible chain holds rows newer than T gets a major segment built as of
-T (the Spark merge job's ``as_of_us``), on top of its chain: readers and followers see the rows as of T. The
+T (the merge job's ``as_of_us``), on top of its chain: readers and followers see the rows as of T. The
 newer rows are not destroyed: they are written first to the new leader site's rollback area
 (``.rollback/<table>/<partition>/<failover id>-cut.parquet``), listed by ``segrep rollback list``. Writes stay
 paused (``paused_us``, set by the promotion) until the cut is committed, so no new write lands under it.
@@ -33,6 +33,7 @@ from segrep.replication.rollback import rollback_relpath, stored_rows, write_rol
 from segrep.spark.items import round_item
 from segrep.spark.launch import Submit
 from segrep.spark.manifest import Manifest, MergeItem
+from segrep.spark.merge_runner import MergeLimits, run_merge_manifest
 from segrep.spark.results import commit_results
 from segrep.storage.site import Site
 from segrep.storage.workdir import compaction_paths
@@ -107,8 +108,8 @@ def cut_table(
     catalog: Catalog, defs: Definitions, table: str, site: str, cut_us: int, failover_id: int, submit: Submit
 ) -> CutReport:
     """Set aside the rows newer than ``cut_us`` at the table's new leader ``site`` and fold each such partition
-    as of ``cut_us``, on Spark; then lift the pause. SegrepError (writes still paused, nothing lost) if a fold
-    fails."""
+    as of ``cut_us`` (one merge job, in process or on Spark); then lift the pause. SegrepError (writes still
+    paused, nothing lost) if a fold fails."""
     key = f"{table}-cut-{failover_id}"
     with catalog.read() as s:
         snap = snapshot(s, table)
@@ -141,7 +142,8 @@ def cut_table(
     if items:
         mpath, rpath = compaction_paths(defs, table, key)
         Manifest(key, items).write(mpath)
-        submit("merge", ["--manifest", str(mpath), "--result", str(rpath)], name=f"segrep-cut-{table}")
+        limits = MergeLimits.of(defs.policy(table))
+        run_merge_manifest(mpath, rpath, submit=submit, limits=limits, name=f"segrep-cut-{table}")
         summary = commit_results(catalog, mpath, rpath)
         if summary.committed != len(items):
             problems = "; ".join(f"{p.item}: {p.reason}" for p in (*summary.invalid, *summary.dropped))

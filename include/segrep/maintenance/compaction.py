@@ -4,9 +4,10 @@ The major segment holds the last-writer-wins rows of the leader's visible chain;
 the newest folded minor (the root when planned) and ``included_segment_ids`` lists the folded segments, as
 in the seed. A tombstone is dropped only once its version is older than the table's tombstone grace period
 (at least the maximum retention), so a replica back from a long absence cannot resurrect the row with a late
-merge. The fold runs as the same Spark job as round merges; the commit is conditional on the root not having
-moved, so compaction is safe while rounds and writes run (a moved root just means "plan again"). Replicas
-take the major by fast-forward: a follower always accepts a major segment.
+merge. The fold runs as the same merge job as round merges (in process when small, else on Spark:
+``spark.merge_runner``); the commit is conditional on the root not having moved, so compaction is safe while
+rounds and writes run (a moved root just means "plan again"). Replicas take the major by fast-forward: a
+follower always accepts a major segment.
 
 Before tombstones go, every replica still holding rows the leader has not merged that are older than the
 cutoff (a fork written while it led, then away longer than the grace) is marked ``needs_bootstrap``: pushed
@@ -34,6 +35,7 @@ from segrep.replication.offers import pushes_from
 from segrep.spark import launch
 from segrep.spark.items import round_item
 from segrep.spark.manifest import Manifest, MergeItem
+from segrep.spark.merge_runner import MergeLimits, run_merge_manifest
 from segrep.spark.results import CommitSummary, ItemProblem, commit_results
 from segrep.storage.workdir import compaction_paths
 
@@ -194,13 +196,17 @@ def compact(
     force: bool = False,
     submit: Callable[..., None] | None = None,
 ) -> CompactionReport:
-    """Plan, fold on Spark (one application for every partition due; ``submit`` defaults to
-    :func:`segrep.spark.launch.submit`, looked up when called), commit. Returns a report."""
+    """Plan, fold (one merge job for every partition due, in process or on Spark by the policy; ``submit``
+    defaults to :func:`segrep.spark.launch.submit`, looked up when called), commit. Returns a report."""
     plan = plan_compaction(catalog, defs, table, partitions=partitions, force=force)
     if plan.manifest is None or plan.result is None:
         return CompactionReport(table, plan.candidates, plan.needs_bootstrap, CommitSummary())
-    (submit or launch.submit)(
-        "merge", ["--manifest", plan.manifest, "--result", plan.result], name=f"segrep-compact-{table}"
+    run_merge_manifest(
+        plan.manifest,
+        plan.result,
+        submit=submit or launch.submit,
+        limits=MergeLimits.of(defs.policy(table)),
+        name=f"segrep-compact-{table}",
     )
     result = commit_results(catalog, Path(plan.manifest), Path(plan.result))
     return CompactionReport(table, plan.candidates, plan.needs_bootstrap, result)

@@ -32,6 +32,9 @@ from segrep.replication.run import run_merge, spark_copier
 from segrep.replication.view import RoundView, round_view
 from segrep.spark import launch
 from segrep.spark.launch import Submit
+from segrep.spark.manifest import Manifest
+from segrep.spark.merge_items import MergeEngine
+from segrep.spark.merge_runner import MergeLimits, choose_engine
 from segrep.storage.transport import Copier
 from segrep.storage.workdir import result_path
 
@@ -39,7 +42,7 @@ from segrep.storage.workdir import result_path
 class RoundPath(StrEnum):
     """How a round's copies and merges run once it is planned."""
 
-    ONE_TASK = "one_task"  # every step in one process: copies in threads, merges in process
+    ONE_TASK = "one_task"  # every step in one process: copies in threads, a small merge in process
     MAPPED = "mapped"  # a fast-forward per target (mapped tasks) and the merge as a Spark application
 
 
@@ -145,11 +148,16 @@ class RoundSteps:
         return PlannedRound(plan, self.choose_path(plan), reoffer, result, key)
 
     def choose_path(self, plan: RoundPlan) -> RoundPath:
-        """ONE_TASK when the copies fit under ``one_task_round_max_bytes`` and no merge is planned (merges run
-        as Spark applications); else MAPPED."""
+        """ONE_TASK when the copies fit under ``one_task_round_max_bytes`` and the merge, if one is planned,
+        runs in process (``spark.merge_runner.choose_engine``: its input rows and bytes under the policy's
+        thresholds); else MAPPED (a task per target, and the merge on Spark)."""
         size = round_size(plan)
-        if size.has_merges or size.copy_bytes > self.policy.one_task_round_max_bytes:
+        if size.copy_bytes > self.policy.one_task_round_max_bytes:
             return RoundPath.MAPPED
+        if plan.manifest is not None:
+            engine = choose_engine(Manifest.load(plan.manifest), MergeLimits.of(self.policy)).engine
+            if engine == MergeEngine.SPARK:
+                return RoundPath.MAPPED
         return RoundPath.ONE_TASK
 
     def copy(self, planned: PlannedRound, target: str) -> TargetReport | None:

@@ -1,7 +1,8 @@
 """The Spark applications a round's steps start: the distributed copy of a big batch, and the merge.
 
 ``submit`` starts them: ``spark-submit`` through :mod:`segrep.spark.launch` in ``segrep round``, the Airflow
-connection's hook inside a task. The steps themselves are in :mod:`segrep.replication.orchestrator`.
+connection's hook inside a task; a merge runs in process when small (:mod:`segrep.spark.merge_runner`
+decides). The steps themselves are in :mod:`segrep.replication.orchestrator`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import asdict
 from segrep.config.definitions import Definitions
 from segrep.spark import launch
 from segrep.spark.launch import Submit
+from segrep.spark.merge_runner import MergeLimits, MergeRun, run_merge_manifest
 from segrep.storage.atomic import write_json_atomic
 from segrep.storage.transport import Copier, CopyItem, CopyOutcome
 from segrep.storage.workdir import copy_batch_paths, result_path
@@ -34,9 +36,12 @@ def spark_copier(defs: Definitions, table: str, end_us: int, site: str, submit: 
     return copy
 
 
-def run_merge(defs: Definitions, table: str, end_us: int, manifest: str, submit: Submit = launch.submit) -> None:
-    submit(
-        "merge",
-        ["--manifest", manifest, "--result", str(result_path(defs, table, end_us))],
+def run_merge(defs: Definitions, table: str, end_us: int, manifest: str, submit: Submit = launch.submit) -> MergeRun:
+    """The round's merge manifest, in process or on Spark by the table's policy (``spark.merge_runner``)."""
+    return run_merge_manifest(
+        manifest,
+        result_path(defs, table, end_us),
+        submit=submit,
+        limits=MergeLimits.of(defs.policy(table)),
         name=f"segrep-merge-{table}",
     )

@@ -20,19 +20,16 @@ without it.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from segrep.core import faults, keys
+from segrep.core import keys
 from segrep.core import schema as sch
-from segrep.core.chain import MAX_SEGMENT_HISTORY
-from segrep.core.errors import CorruptSegmentError
 from segrep.data.spark_files import SegmentFile, segment_frame
 from segrep.spark.conflicts import Conflict, merge_conflicts
-from segrep.spark.manifest import MANIFEST_FORMAT, FileRef, Manifest, MergeItem
-from segrep.storage.segment_meta import SegmentEntry, entry_stats
+from segrep.spark.manifest import FileRef, Manifest, MergeItem
+from segrep.spark.merge_items import ItemRows, MergeEngine, row_count, run_items
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -41,69 +38,17 @@ if TYPE_CHECKING:
 
 
 def run_manifest(spark: SparkSession, manifest: Manifest) -> dict[str, Any]:
-    """Execute every item; return the result document the commit step records."""
-    results = []
-    for n, item in enumerate(manifest.items):
-        results.append(_run_item(spark, item))
-        if n == 0:
-            faults.point("in_merge_job")
-    return {"format": MANIFEST_FORMAT, "round_key": manifest.round_key, "items": results}
+    """Execute every item; return the result document the commit step records (``spark.merge_items``)."""
+    return run_items(manifest, MergeEngine.SPARK, lambda item: _item_rows(spark, item))
 
 
-def _run_item(spark: SparkSession, item: MergeItem) -> dict[str, Any]:
-    base = {"item_id": item.item_id, "kind": item.kind, "partition_id": item.partition_id}
-    try:
-        for ref in (*item.incoming, *item.visible):
-            ref.open_site().verify(ref.relpath, ref.byte_size, ref.sha256)
-    except (CorruptSegmentError, OSError) as exc:  # a corrupt file, or a site that is down: this item only
-        return {**base, "status": "invalid", "error": str(exc), "output": None, "rows_in": 0, "rows_out": 0}
+def _item_rows(spark: SparkSession, item: MergeItem) -> ItemRows:
     schema = sch.schema_from_columns(dict(item.columns))
     if item.kind == "merge":
-        rows_df, rows_in, conflicts = _merge_rows(spark, item)
-        base = {**base, "conflicts": [asdict(c) for c in conflicts]}
-    else:
-        rows_df, rows_in = _item_rows(spark, item)
-    rows = _to_segment_table(rows_df, schema, item.primary_key)
-    # Nothing to write, except where the output's place in the chain matters even empty: a split rewrite, and
-    # a major as of a failover's cut (every row of the partition newer than the cut: as of it, none is there)
-    if rows.num_rows == 0 and item.kind != "split" and item.as_of_us is None:
-        return {**base, "status": "ok", "output": None, "rows_in": rows_in, "rows_out": 0}
-    if item.kind == "split":
-        is_major, included = item.is_major, tuple(item.included_segment_ids)
-    else:
-        is_major = item.kind == "major"
-        # a major folds the visible chain; a merge output names the pushed segments it merged, so a site
-        # that wrote one (active-active) sees it on its chain once the output arrives (DESIGN 12)
-        folded = item.visible if is_major else item.incoming
-        included = tuple(ref.segment_id for ref in folded)[-MAX_SEGMENT_HISTORY:]
-    entry = SegmentEntry(
-        segment_id=item.output_segment_id,
-        table=item.table,
-        partition_id=item.partition_id,
-        base_segment_id=item.base_segment_id,
-        is_major=is_major,
-        origin_site_id=item.leader_site_id,
-        epoch=item.epoch,
-        schema_fingerprint=item.schema_fingerprint,
-        partition_begin=item.partition_begin,
-        partition_end=item.partition_end,
-        included_segment_ids=included,
-        **entry_stats(rows, item.primary_key),
-    )
-    facts = item.leader().write_segment(item.output_relpath, rows, entry.to_meta())
-    output = {"entry": entry.to_meta(), "relpath": item.output_relpath, **asdict(facts)}
-    return {**base, "status": "ok", "output": output, "rows_in": rows_in, "rows_out": rows.num_rows}
-
-
-def _row_count(refs: list[FileRef]) -> int:
-    """Rows in the files, from their Parquet footers (no data pass)."""
-    import pyarrow.parquet as pq
-
-    total = 0
-    for r in refs:
-        site = r.open_site()
-        total += pq.read_metadata(site.path(r.relpath), filesystem=site.fs).num_rows
-    return total
+        df, rows_in, conflicts = _merge_rows(spark, item)
+        return ItemRows(_to_arrow(df, schema), rows_in, conflicts)
+    df, rows_in = _split_rows(spark, item) if item.kind == "split" else _major_rows(spark, item)
+    return ItemRows(_to_arrow(df, schema), rows_in)
 
 
 def file_frame(
@@ -132,7 +77,7 @@ def _merge_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int, l
 
     schema = sch.schema_from_columns(dict(item.columns))
     incoming_all = _in_range(file_frame(spark, item.incoming, schema), item)
-    rows_in = _row_count(item.incoming)
+    rows_in = row_count(item.incoming)
     incoming = latest_rows(incoming_all, item.primary_key)
     if not item.visible:
         return incoming, rows_in, merge_conflicts(incoming_all, incoming, None, item.primary_key, item.origin_forks)
@@ -162,13 +107,13 @@ def _major_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
     if item.tombstone_cutoff_us is not None:
         expired = F.col(sch.DELETED_COL) & (F.col(sch.VERSION_COL) < F.lit(item.tombstone_cutoff_us))
         latest = latest.where(~expired)
-    return latest, _row_count(item.visible)
+    return latest, row_count(item.visible)
 
 
 def _split_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
     """The source segment's rows inside the child's key range, as they are (each key occurs once)."""
     rows = file_frame(spark, item.incoming, sch.schema_from_columns(dict(item.columns)))
-    return _in_range(rows, item), _row_count(item.incoming)
+    return _in_range(rows, item), row_count(item.incoming)
 
 
 def _in_range(df: DataFrame, item: MergeItem) -> DataFrame:
@@ -192,14 +137,6 @@ def in_key_range(df: DataFrame, schema: pa.Schema, partition_key: str, begin: An
     return df
 
 
-def _item_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
-    if item.kind == "split":
-        return _split_rows(spark, item)
-    return _major_rows(spark, item)
-
-
-def _to_segment_table(df: DataFrame, schema: pa.Schema, primary_key: list[str]) -> pa.Table:
-    target = sch.segment_schema(schema)
-    table = df.select(*target.names).toArrow()
-    table = table.cast(target) if table.schema != target else table
-    return table.sort_by([(k, "ascending") for k in primary_key]).combine_chunks()
+def _to_arrow(df: DataFrame, schema: pa.Schema) -> pa.Table:
+    """The output rows, collected to the driver as Arrow (``merge_items.segment_table`` orders them)."""
+    return df.select(*sch.segment_schema(schema).names).toArrow()

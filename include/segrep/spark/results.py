@@ -26,6 +26,7 @@ from segrep.core import hlc
 from segrep.core.errors import SegrepError
 from segrep.spark.conflicts import SAMPLE_KEYS
 from segrep.spark.manifest import Manifest, MergeItem
+from segrep.spark.merge_items import MergeEngine
 from segrep.storage.atomic import FileFacts
 from segrep.storage.segment_meta import SegmentEntry
 from segrep.storage.site import Site
@@ -53,8 +54,9 @@ class ConflictCount:
 
 @dataclass
 class CommitSummary:
-    """What recording one Spark job's results did. ``ran`` is False when a manifest exists but its job has
-    not written a result (the Spark step failed or was skipped)."""
+    """What recording one merge job's results did. ``ran`` is False when a manifest exists but its job has
+    not written a result (the Spark step failed or was skipped); ``spark_apps`` is 0 when the manifest ran in
+    process (``spark.merge_runner``)."""
 
     items: int = 0
     committed: int = 0
@@ -104,7 +106,8 @@ def commit_results(catalog: Catalog, mpath: Path, rpath: Path) -> CommitSummary:
     result = _load_result(rpath)
     by_id = {it.item_id: it for it in manifest.items}
     key = manifest.round_key
-    summary = CommitSummary(items=len(manifest.items), spark_apps=1)
+    in_process = result.get("engine") == MergeEngine.IN_PROCESS  # older results have none: Spark's
+    summary = CommitSummary(items=len(manifest.items), spark_apps=0 if in_process else 1)
     with catalog.read() as s:
         names = {row.site_id: row.name for row in s.scalars(select(m.Site))}
     for res in result["items"]:

@@ -17,6 +17,7 @@ from segrep.core.states import SplitPhase, SplitState
 from segrep.replication.unload import FinishReport, finish
 from segrep.spark import launch
 from segrep.spark.launch import Submit
+from segrep.spark.merge_runner import MergeLimits, run_merge_manifest
 from segrep.spark.results import CommitSummary
 from segrep.split import workflow as sp
 from segrep.split.progress import split_progress
@@ -112,17 +113,20 @@ def run_split(
     max_passes: int = 3,
 ) -> SplitRunReport:
     """A whole split without Airflow (``segrep split``): :func:`begin_split`, copy passes until
-    :func:`finalize_split` succeeds, an unload pass, UNLOAD_FINAL. One Spark application per pass that has
-    rewrites or merges to run. The split DAG runs the same steps, one task each, one copy pass per run.
-    If a parent placement cannot push yet (its site is down), the split stays in UNLOAD and a re-run
-    continues it."""
+    :func:`finalize_split` succeeds, an unload pass, UNLOAD_FINAL. One merge job per pass that has rewrites or
+    merges to run (in process or a Spark application: ``spark.merge_runner``). The split DAG runs the same
+    steps, one task each, one copy pass per run. If a parent placement cannot push yet (its site is down), the
+    split stays in UNLOAD and a re-run continues it."""
     ref = begin_split(catalog, table, partition_id, split_keys, is_async=is_async)
     passes: list[SplitPass] = []
+    limits = MergeLimits.of(defs.policy(table))
 
     def one_pass() -> sp.PassPlan:
         plan = sp.plan_pass(catalog, defs, ref.split_id)
         if plan.manifest:
-            submit("merge", ["--manifest", plan.manifest, "--result", str(plan.result)], name=f"segrep-split-{table}")
+            run_merge_manifest(
+                plan.manifest, str(plan.result), submit=submit, limits=limits, name=f"segrep-split-{table}"
+            )
         passes.append(SplitPass(plan, sp.commit_pass(catalog, plan)))
         return plan
 
