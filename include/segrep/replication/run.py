@@ -7,6 +7,7 @@ decides). The steps themselves are in :mod:`segrep.replication.orchestrator`.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import asdict
 
@@ -21,12 +22,10 @@ from segrep.storage.workdir import copy_batch_paths, result_path
 
 def spark_copier(defs: Definitions, table: str, end_us: int, site: str, submit: Submit = launch.submit) -> Copier:
     """A copier that runs one Spark distributed-copy application per batch it is given."""
-    calls = 0
+    numbers = itertools.count(1)  # the partitions' threads call at once: each batch takes its own number
 
     def copy(items: list[CopyItem]) -> list[CopyOutcome]:
-        nonlocal calls
-        calls += 1
-        items_file, result_file = copy_batch_paths(defs, table, end_us, site, calls)
+        items_file, result_file = copy_batch_paths(defs, table, end_us, site, next(numbers))
         write_json_atomic(items_file, [asdict(i) for i in items])
         submit(
             "distributed_copy", ["--items", str(items_file), "--result", str(result_file)], name=f"segrep-copy-{table}"
