@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 SCRIPTS = {
     "object_store": ["--scale", "0.01", "--batches", "2", "--repeats", "1"],
+    "copy_cpu": ["--files", "2", "--size-mb", "1", "--repeats", "1"],
     "failover": [
         *("--scale", "0.01", "--repeats", "1", "--promote-partitions", "20", "--promote-segments", "300"),
         *("--promote-new", "5", "--switch-partitions", "10", "--switch-mb", "100", "--switch-batches", "2"),
@@ -40,6 +41,7 @@ SCRIPTS = {
 # where a script writes by default (its TPC-H cache, its results), sent to the test's directory instead
 OPTIONS = {
     "object_store": ("--tpch-dir", "--work-dir"),
+    "copy_cpu": ("--work-dir",),
     "failover": ("--tpch-dir", "--work-dir"),
     "write_read": ("--tpch-dir",),
     "operator_page": (),

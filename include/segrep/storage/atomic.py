@@ -111,7 +111,7 @@ def atomic_local_write_stream(
     removes the temporary file, so nothing unverified ever gets the final name. With ``expected`` (a copy of
     a known file), the bytes are hashed by the one digest ``check_copy`` compares (CRC-64/NVME when the
     catalog has it, else sha256), facts that differ raise CorruptSegmentError before the rename, and the
-    catalog's facts are returned. With ``root`` (a site's),
+    facts ``check_copy`` gives are returned. With ``root`` (a site's),
     directories are made below it only: a vanished root is never made again (``ensure_dirs_below``, below).
     """
     only_crc = expected is not None and expected.crc64nvme is not None
@@ -171,11 +171,13 @@ def _temporary_beside(final: str, root: str | None = None) -> Iterator[tuple[str
 
 
 def check_copy(facts: FileFacts, expected: FileFacts, where: str, what: str = "the copy") -> FileFacts:
-    """The catalog's facts (``expected``) if a copy's (``facts``, of the bytes it hashed) match them, compared by
+    """A copy's facts if they (``facts``, of the bytes it hashed) match the catalog's (``expected``), compared by
     size and the cheapest digest both have: CRC-64/NVME when the catalog recorded one (equal CRCs of the
-    writer's bytes and of the copy mean the copy is the bytes the sha256 names: ``storage.crc64nvme``), else
-    sha256. CorruptSegmentError, naming ``where`` and ``what``, if they differ."""
-    if expected.crc64nvme is not None and facts.crc64nvme is not None:
+    writer's bytes and of the copy mean the copy is the bytes the sha256 names: ``storage.crc64nvme``; the
+    catalog's facts are returned, sha256 included), else sha256 (the copy's facts are returned, with the CRC
+    it computed, if any). CorruptSegmentError, naming ``where`` and ``what``, if they differ."""
+    by_crc = expected.crc64nvme is not None and facts.crc64nvme is not None
+    if by_crc:
         got, want = f"crc64nvme {facts.crc64nvme}", f"crc64nvme {expected.crc64nvme}"
         same = (facts.byte_size, facts.crc64nvme) == (expected.byte_size, expected.crc64nvme)
     else:
@@ -186,7 +188,7 @@ def check_copy(facts: FileFacts, expected: FileFacts, where: str, what: str = "t
             f"{where}: {what} ({facts.byte_size} bytes, {got}) does not match the catalog "
             f"({expected.byte_size} bytes, {want})"
         )
-    return expected
+    return expected if by_crc else facts
 
 
 def _publish(tmp: str, final: str, facts: FileFacts, expected: FileFacts | None, what: str) -> FileFacts:

@@ -134,8 +134,8 @@ def _b64(digest: bytes) -> str:
 
 def put_verified(target: S3Target, path: str, chunks: Iterator[bytes], expected: FileFacts | None) -> FileFacts:
     """Store the bytes of ``chunks`` under ``path`` (``bucket/key``), visible only once complete and equal to
-    ``expected`` (when given, ``atomic.check_copy``); return their size and digests (the catalog's, for a
-    copy).
+    ``expected`` (when given, ``atomic.check_copy``); return their size and digests (for a copy, those
+    ``check_copy`` gives).
 
     Up to PART_BYTES: one PUT. Larger: a multipart upload, PARTS_IN_FLIGHT parts at once, aborted on any
     failure. CorruptSegmentError if the bytes are not ``expected`` (nothing is made visible);
