@@ -38,6 +38,7 @@ from segrep.maintenance.gc import collect
 from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport
 from segrep.replication.unload import finish_unloaded
+from segrep.spark.merge_runner import ENGINE_ENV
 from segrep.split.run import run_split
 from segrep.storage.site import Site
 from tests.support.checks import (
@@ -345,7 +346,10 @@ def test_rounds_converge_and_a_second_round_is_idle(sites: Sites) -> None:
 # -- fork merge -----------------------------------------------------------------------------------------------
 
 
-def test_forks_at_two_replicas_are_merged_by_spark_and_converge(sites: Sites, spark: Any) -> None:
+def test_forks_at_two_replicas_are_merged_by_spark_and_converge(
+    sites: Sites, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENGINE_ENV, "spark")  # this test is about the Spark job: small merges would run in process
     env, model = sites.start(), Model()
     apps: list[str] = []
     model.upsert(env, range(60), "a")
@@ -370,7 +374,10 @@ def test_forks_at_two_replicas_are_merged_by_spark_and_converge(sites: Sites, sp
 # -- compaction -----------------------------------------------------------------------------------------------
 
 
-def test_compaction_on_spark_then_rounds_fast_forward_the_majors(sites: Sites, spark: Any) -> None:
+def test_compaction_on_spark_then_rounds_fast_forward_the_majors(
+    sites: Sites, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENGINE_ENV, "spark")  # this test is about the Spark job: small merges would run in process
     env, model = sites.start(), Model()
     apps: list[str] = []
     compacted(env, model, counted(spark, apps))
@@ -384,7 +391,10 @@ def test_compaction_on_spark_then_rounds_fast_forward_the_majors(sites: Sites, s
 # -- split ----------------------------------------------------------------------------------------------------
 
 
-def test_split_then_rounds_retire_the_parent_at_every_site(sites: Sites, spark: Any) -> None:
+def test_split_then_rounds_retire_the_parent_at_every_site(
+    sites: Sites, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENGINE_ENV, "spark")  # this test is about the Spark job: small merges would run in process
     env, model = sites.start(), Model()
     apps: list[str] = []
     for n in range(3):
