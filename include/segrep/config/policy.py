@@ -86,7 +86,7 @@ class Policy:
     # (``spark.merge_runner``; defaults from bench/merge_crossover.py, docs/benchmarks.md). ``merge_engine``:
     # "auto" decides by them; "spark" or "in_process" always uses that engine (SEGREP_MERGE_ENGINE overrides).
     in_process_merge_max_rows: int = 1_000_000
-    in_process_merge_max_bytes: int = 256 * 1024 * 1024
+    in_process_merge_max_bytes: int = 64 * 1024 * 1024  # ~12 x the input in memory (bench/merge_crossover.py)
     merge_engine: str = "auto"
     retries: int = 3
     retry_delay_s: int = 30
