@@ -302,7 +302,9 @@ class RoundReport:
     def stored(self) -> dict[str, Any]:
         """The report as the catalog keeps it in ``rounds.report`` (the round's identity is in its row)."""
         doc = self.to_dict()
-        for key in ("round_id", "table", "end_us", "status", "failed"):
+        # the identity is in the row; advanced and duration_s are this commit's, not the round's (a repeated
+        # commit moves nothing and must leave the row as it was)
+        for key in ("round_id", "table", "end_us", "status", "failed", "advanced", "duration_s"):
             doc.pop(key)
         if self.plan is None:
             doc.pop("plan")
