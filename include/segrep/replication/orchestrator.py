@@ -14,7 +14,7 @@ runs them, logs the result and raises on failure, nothing more.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -99,9 +99,6 @@ class RoundSize:
     targets: int
     has_merges: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def round_size(plan: RoundPlan) -> RoundSize:
     """From the plan's forecast (no catalog read): fast-forward bytes summed over the targets."""
@@ -179,7 +176,10 @@ class RoundSteps:
         """Run the round's merge manifest, if it has one; True if a merge ran."""
         if planned.manifest is None:
             return False
-        run_merge(self.defs, self.table, planned.end_us, planned.manifest, self.submit)
+        # the one-task path was chosen because its merge runs in process (choose_path read the inputs' footers
+        # then): not decided, nor the footers read, again
+        engine = MergeEngine.IN_PROCESS if planned.path == RoundPath.ONE_TASK else "auto"
+        run_merge(self.defs, self.table, planned.end_us, planned.manifest, self.submit, force=engine)
         return True
 
     def commit(self, planned: PlannedRound) -> RoundReport:

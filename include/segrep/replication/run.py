@@ -35,12 +35,16 @@ def spark_copier(defs: Definitions, table: str, end_us: int, site: str, submit: 
     return copy
 
 
-def run_merge(defs: Definitions, table: str, end_us: int, manifest: str, submit: Submit = launch.submit) -> MergeRun:
-    """The round's merge manifest, in process or on Spark by the table's policy (``spark.merge_runner``)."""
+def run_merge(
+    defs: Definitions, table: str, end_us: int, manifest: str, submit: Submit = launch.submit, *, force: str = "auto"
+) -> MergeRun:
+    """The round's merge manifest, in process or on Spark by the table's policy (``spark.merge_runner``), or on
+    the engine ``force`` names."""
     return run_merge_manifest(
         manifest,
         result_path(defs, table, end_us),
         submit=submit,
         limits=MergeLimits.of(defs.policy(table)),
         name=f"segrep-merge-{table}",
+        force=force,
     )
