@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from segrep.spark.merge_runner import ENGINE_ENV
 from segrep.storage.stores import set_connection_resolver
 from tests.support.env import ORDERS_YAML, OUTAGE_YAML, Env, env_fixture, make_env, pg_schema_url, sqlite_url
 from tests.support.jvm_start import JvmArchive, speed_up_jvm_start
@@ -185,3 +186,9 @@ def spark() -> Iterator[Any]:
     )
     yield session
     session.stop()
+
+
+@pytest.fixture
+def merge_on_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Merges run as the Spark job even when small (tests about the Spark job: small ones would run in process)."""
+    monkeypatch.setenv(ENGINE_ENV, "spark")

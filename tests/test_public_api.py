@@ -12,7 +12,7 @@ def test_every_public_name_resolves_to_its_defining_module() -> None:
     for name in segrep.__all__:
         value = getattr(segrep, name)
         assert value is not None, name
-    assert segrep.run_round.__module__ == "segrep.replication.run"
+    assert segrep.run_round.__module__ == "segrep.replication.orchestrator"
     assert segrep.Catalog.__module__ == "segrep.catalog.engine"
 
 

@@ -33,7 +33,6 @@ from segrep.spark import jobs as merge_mod
 from segrep.spark.in_process import item_rows
 from segrep.spark.manifest import Manifest
 from segrep.spark.merge_items import segment_table
-from segrep.spark.merge_runner import ENGINE_ENV
 from segrep.spark.results import CommitSummary
 from tests.support.checks import assert_files_match_catalog, partitions, triples
 from tests.support.cli import cli
@@ -49,12 +48,7 @@ from tests.support.rounds import no_spark, round_until_idle, set_leader
 from tests.support.spark import spark_submit_in
 from tests.support.tables import TABLE
 
-pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(autouse=True)
-def on_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENGINE_ENV, "spark")
+pytestmark = [pytest.mark.spark, pytest.mark.usefixtures("merge_on_spark")]
 
 
 SITES = ("primary", "dr", "edge")

@@ -112,7 +112,7 @@ def test_spark_and_in_process_digests_are_equal_for_every_column_type(tmp_path: 
 
 
 @pytest.fixture
-def on_spark(tmp_path: Path) -> Any:
+def digest_env(tmp_path: Path) -> Any:
     env = make_env(tmp_path, f"sqlite:///{tmp_path}/catalog.db", ON_SPARK_YAML)
     model = Model()
     model.upsert(env, range(300), "a")
@@ -131,8 +131,8 @@ def _facts(rows: list[RowCheck]) -> list[tuple[Any, ...]]:
     )
 
 
-def test_one_spark_submit_digests_every_large_partition_and_finds_a_planted_difference(on_spark: Env) -> None:
-    env = on_spark
+def test_one_spark_submit_digests_every_large_partition_and_finds_a_planted_difference(digest_env: Env) -> None:
+    env = digest_env
     calls: list[str] = []
 
     def counting_submit(app: str, args: list[str], *, name: str, master: str | None = None) -> None:
@@ -169,9 +169,9 @@ def _found(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_only_partitions_whose_digests_differ_are_read_in_process(
-    on_spark: Env, spark: Any, monkeypatch: pytest.MonkeyPatch
+    digest_env: Env, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    env = on_spark
+    env = digest_env
     reads: list[int] = []
     real = verify_module.placement_rows
 

@@ -22,7 +22,6 @@ from segrep.core.errors import SegrepError
 from segrep.replication.orchestrator import run_round
 from segrep.replication.plan import plan_round
 from segrep.spark.manifest import Manifest
-from segrep.spark.merge_runner import ENGINE_ENV
 from segrep.spark.results import commit_results
 from segrep.storage.workdir import manifest_path, result_path
 from tests.support.checks import (
@@ -41,12 +40,7 @@ from tests.support.models import Model
 from tests.support.rounds import inprocess_submit, no_spark, set_leader
 from tests.support.tables import REPLICAS, TABLE
 
-pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(autouse=True)
-def on_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENGINE_ENV, "spark")
+pytestmark = [pytest.mark.spark, pytest.mark.usefixtures("merge_on_spark")]
 
 
 def fork(env: Env) -> Model:

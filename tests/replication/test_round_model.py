@@ -231,7 +231,7 @@ class RoundsMachine(RuleBasedStateMachine):
             submit=self.submit,
             copier=copier,
             away=self.away,
-            failure="Spark job merge failed",
+            failure="Spark job merge failed|merge job .* failed in process",  # on Spark, or in process when small
         )
         if report is None:
             self.pending_end = end

@@ -25,7 +25,6 @@ from segrep.replication.orchestrator import run_round
 from segrep.replication.unload import FinishReport, finish, finish_unloaded
 from segrep.spark.jobs import run_manifest
 from segrep.spark.manifest import Manifest
-from segrep.spark.merge_runner import ENGINE_ENV
 from segrep.split.progress import progress_text, split_progress
 from segrep.split.run import run_split
 from segrep.split.workflow import commit_pass, finalize, plan_pass, start_split
@@ -37,12 +36,7 @@ from tests.support.models import Model
 from tests.support.rounds import bring_up, no_spark, set_leader, take_down
 from tests.support.tables import REPLICAS, TABLE
 
-pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(autouse=True)
-def on_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENGINE_ENV, "spark")
+pytestmark = [pytest.mark.spark, pytest.mark.usefixtures("merge_on_spark")]
 
 
 PARENT = 5  # events [-inf, m): tenants "a" and "b" (orders has partitions 1-4)
