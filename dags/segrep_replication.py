@@ -6,19 +6,20 @@ a **scheduled** run ends at its data interval's end; a **manual** run (Trigger) 
 triggered, not at the end of the last whole interval before it. Steps (DESIGN sections 6 and 15), each one of
 the package's round steps (`segrep.replication.orchestrator`, the same as `segrep round`):
 
-1. **plan** (a branch): reads the catalog, predicts every offer per target, leases the segments followers must
-   push, writes the merge manifest when a chain has forked, and chooses the round's path from its size
-   (retried as the policy says). The graph shows both paths; the one not taken is skipped.
-2. A small round (its copies under the policy's `one_task_round_max_bytes`, no Spark merge) runs whole in
-   **round**: every target's fast-forward, the merge, the commit and the report, in one task.
-3. A big round takes the mapped path: **fast_forward** (one instance per target site: copies each new segment
+1. **round** (a branch): reads the catalog, predicts every offer per target, leases the segments followers
+   must push, writes the merge manifest when a chain has forked, and chooses the round's path from its size
+   (retried as the policy says). A small round (its copies under the policy's `one_task_round_max_bytes`, its
+   merge, if any, in process) runs whole right there: every target's fast-forward, the merge, the commit and
+   the report, in one task process; the branch then goes to **done_in_round** (marked done by the scheduler,
+   no process). The graph shows both paths; the one not taken is skipped.
+2. A big round takes the mapped path: **fast_forward** (one instance per target site: copies each new segment
    file, verifies it, registers it and moves the replica's root; no row is read; a target that is down fails
    only its own instance, after retries with exponential back-off), **merge** (SparkSubmitOperator, one Spark
    application for the whole round; skipped when nothing forked), **commit** (merge results, checkpoints, safe
    time, splits whose parents can go), **report**.
-4. **round** and **report** log one line per target (copied, safe time, lag, still pending), send the
-   metrics, emit an Asset event on `segrep://<site>/<table>` for each site whose safe time advanced, and fail
-   the run if a target failed, a copied file failed verification, or a target ends behind the table's RPO
+3. **round** (small) and **report** (big) log one line per target (copied, safe time, lag, still pending), send
+   the metrics, emit an Asset event on `segrep://<site>/<table>` for each site whose safe time advanced, and
+   fail the run if a target failed, a copied file failed verification, or a target ends behind the table's RPO
    (`policy: {rpo: 15m}`), naming the table, site and lag. The report commits again from the catalog
    (idempotent: after "Clear only failed tasks" it counts the re-run copies).
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import dag, task
 from airflow.sdk.definitions.xcom_arg import XComArg
 
@@ -54,10 +56,10 @@ from segrep_airflow.common import (
     utc,
 )
 from segrep_airflow.forms import every_or_one, flag, form
-from segrep_airflow.rounds import PLAN_KEY, PLAN_TASK
+from segrep_airflow.rounds import PLAN_KEY, ROUND_TASK, VIEW_KEY
 from segrep_airflow.schedules import replication_schedule
 
-ONE_TASK = "round"  # the task that runs a small round whole
+IN_ONE_TASK = "done_in_round"  # the branch a small round takes: it ran whole in the task `round`
 
 
 def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
@@ -87,13 +89,14 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
         default_args={"retries": 0},
     )
     def replication() -> None:
-        @task.branch(task_id=PLAN_TASK, **retry)
-        def plan(
+        @task.branch(task_id=ROUND_TASK, outlets=[alias], **retry)
+        def round_(
             ti: Any = None,
             task: Any = None,
             data_interval_start: Any = None,
             data_interval_end: Any = None,
             dag_run: Any = None,
+            outlet_events: Any = None,
         ) -> list[str]:
             import structlog
 
@@ -108,26 +111,18 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
             with segrep_context() as (defs, catalog):
                 # on_write: a round starts at least min_interval after the previous one (bursts fold into it)
                 waited = wait_for_spacing(catalog, name, spacing_s(defs.policy(name), run_type))
-                steps = RoundSteps(catalog, defs, name)
+                steps = RoundSteps(catalog, defs, name, submit=hook_submit)
                 planned = steps.plan(
                     to_us(end), start_us=to_us(data_interval_start), target=p["target"], reoffer=p["reoffer"]
                 )
-            ti.xcom_push(key=PLAN_KEY, value=planned.to_dict())
-            spaced = f" (after {waited:.1f} s of spacing)" if waited else ""
-            structlog.get_logger("segrep.round").info(f"{planned}{spaced}")
-            if planned.path == RoundPath.ONE_TASK:
-                return [ONE_TASK]
-            return sorted(set(task.downstream_task_ids) - {ONE_TASK})  # every first task of the mapped path
-
-        @task(task_id=ONE_TASK, outlets=[alias], **retry)
-        def whole_round(ti: Any = None, outlet_events: Any = None) -> dict[str, Any]:
-            from segrep.replication.orchestrator import RoundSteps
-            from segrep_airflow.rounds import required_plan
-
-            planned = required_plan(ti, name)
-            with segrep_context() as (defs, catalog):
-                view = RoundSteps(catalog, defs, name, submit=hook_submit).finish(planned)
-            return _reported(view, outlet_events)
+                ti.xcom_push(key=PLAN_KEY, value=planned.to_dict())
+                spaced = f" (after {waited:.1f} s of spacing)" if waited else ""
+                structlog.get_logger("segrep.round").info(f"{planned}{spaced}")
+                if planned.path == RoundPath.MAPPED:
+                    return sorted(set(task.downstream_task_ids) - {IN_ONE_TASK})  # the mapped path's first tasks
+                view = steps.finish(planned)  # a small round: the rest of it here, no other task process
+            ti.xcom_push(key=VIEW_KEY, value=_reported(view, outlet_events))
+            return [IN_ONE_TASK]
 
         @task
         def targets_of(ti: Any = None) -> list[str]:
@@ -184,9 +179,9 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
             view.raise_on_problems()  # a failed target, a file that failed verification, a target behind its RPO
             return view.to_xcom()
 
-        planned = plan()
+        planned = round_()
         plan_doc = XComArg(planned.operator, key=PLAN_KEY)
-        one_task = whole_round()
+        one_task = EmptyOperator(task_id=IN_ONE_TASK, doc_md="A small round ran whole in the task `round`.")
         targets = targets_of()
         copied = fast_forward.expand(target=targets)
         # choose decides even when a target failed (all_done): the merge and commit concern the leader only.

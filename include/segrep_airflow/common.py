@@ -181,7 +181,7 @@ class LeasedSparkSubmitOperator(SparkSubmitOperator):
 
     The round's leases are short and renewed only by processes working for the round (see
     ``segrep.replication.heartbeat``); this task is one of them while the merge runs. ``lease_holder`` is
-    templated (the round's key, from the plan task's XCom); empty means there is nothing to keep alive."""
+    templated (the round's key, from the planning task's XCom); empty means there is nothing to keep alive."""
 
     template_fields = (*SparkSubmitOperator.template_fields, "lease_holder")
 

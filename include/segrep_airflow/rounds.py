@@ -16,8 +16,9 @@ if TYPE_CHECKING:  # the DAG file imports this module at parse time: the package
 
 MANUAL = "manual"
 ASSET_TRIGGERED = "asset_triggered"
-PLAN_TASK = "plan"
-PLAN_KEY = "planned_round"  # the plan task's XCom (its return value is the branch it chose)
+ROUND_TASK = "round"  # plans the round; runs a small one whole, or branches to the mapped path
+PLAN_KEY = "planned_round"  # the round task's XComs (its return value is the branch it chose)
+VIEW_KEY = "round_view"  # a small round's view (RoundView.to_xcom), pushed when it ran whole in the task
 
 
 class XComReader(Protocol):
@@ -27,20 +28,20 @@ class XComReader(Protocol):
 
 
 def planned_round(ti: XComReader) -> PlannedRound | None:
-    """The plan task's planned round, or None if the plan task did not finish."""
+    """The round task's planned round, or None if it did not get as far as planning."""
     from segrep.replication.orchestrator import PlannedRound
 
-    doc = ti.xcom_pull(task_ids=PLAN_TASK, key=PLAN_KEY)
+    doc = ti.xcom_pull(task_ids=ROUND_TASK, key=PLAN_KEY)
     return None if not doc else PlannedRound.from_dict(doc)
 
 
 def required_plan(ti: XComReader, table: str) -> PlannedRound:
-    """The planned round, or the error a task raises when the plan task did not finish."""
+    """The planned round, or the error a task raises when the round task did not plan."""
     planned = planned_round(ti)
     if planned is None:
         raise RuntimeError(
-            f"round of {table}: the plan task did not finish, so there is no round to run or report "
-            "(see the plan task's log; clear it to run the round again)"
+            f"round of {table}: the task round did not plan, so there is no round to run or report "
+            "(see its log; clear it to run the round again)"
         )
     return planned
 

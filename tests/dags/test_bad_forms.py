@@ -83,7 +83,7 @@ REFUSED: dict[str, list[tuple[dict[str, Any], str]]] = {
 
 # (DAG, its first task, a conf with a misspelled key, the key); every other key of the form keeps its default.
 UNKNOWN_KEY = {
-    "segrep_replicate_events": ("plan", {"reofer": True}, "reofer"),
+    "segrep_replicate_events": ("round", {"reofer": True}, "reofer"),
     "segrep_maintain_events": ("plan_compaction", {"gc_dryrun": True}, "gc_dryrun"),
     "segrep_verify_events": ("verify", {"file": False}, "file"),
     "segrep_bootstrap": ("bootstrap", {"table": "events", "site": "edge", "sites": "dr"}, "sites"),

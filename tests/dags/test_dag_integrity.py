@@ -17,20 +17,20 @@ from tests.support.airflow import DAGS, EVENTS_DAG, REPO, load_dag
 from tests.support.golden import EXPECTED, PLACEHOLDERS, assert_matches_expected, machine_paths, normalise
 
 DEFAULT_CONFIG = REPO / "include" / "segrep.yaml"
-TASKS = {"plan", "round", "targets_of", "fast_forward", "choose", "merge", "commit", "report"}
+TASKS = {"round", "done_in_round", "targets_of", "fast_forward", "choose", "merge", "commit", "report"}
 UPSTREAM = {
-    "plan": set(),
-    "round": {"plan"},  # a small round, whole in one task
-    "targets_of": {"plan"},
+    "round": set(),
+    "done_in_round": {"round"},  # a small round ran whole in the task round
+    "targets_of": {"round"},
     "fast_forward": {"targets_of"},
-    "choose": {"plan", "fast_forward"},
+    "choose": {"round", "fast_forward"},
     "merge": {"choose"},
-    "commit": {"plan", "choose", "merge"},
+    "commit": {"round", "choose", "merge"},
     "report": {"commit", "fast_forward"},
 }
 TRIGGER_RULES = {
-    "plan": "all_success",
     "round": "all_success",
+    "done_in_round": "all_success",
     "targets_of": "all_success",
     "fast_forward": "all_success",
     "choose": "all_done",  # decides even when a target failed
@@ -201,6 +201,7 @@ def test_a_task_refuses_a_catalog_missing_a_table(segrep_env: Any) -> None:
 def test_replication_dag_structure(default_definitions: Path) -> None:
     import pendulum
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from airflow.providers.standard.operators.empty import EmptyOperator
     from airflow.sdk import CronDataIntervalTimetable
 
     dag = load_dag("segrep_replicate_orders")
@@ -215,10 +216,11 @@ def test_replication_dag_structure(default_definitions: Path) -> None:
     assert dag.get_task("fast_forward").partial_kwargs["retries"] == 3
     assert dag.get_task("merge").retries == 3
     assert dag.get_task("report").retries == 0
-    assert dag.get_task("plan").retries == 3  # plan_round finds its round again: a retry is safe
-    assert dag.get_task("round").retries == 3  # every step of a round is idempotent
-    # the plan is a branch: the graph shows the one-task path and the mapped path side by side
-    assert dag.get_task("plan").downstream_task_ids == {"round", "targets_of", "choose", "commit"}
+    assert dag.get_task("round").retries == 3  # plan_round finds its round again, every step is idempotent
+    # round is a branch: the graph shows the one-task path and the mapped path side by side; a small round
+    # runs whole in it, and the branch it takes then (an EmptyOperator) costs no task process
+    assert dag.get_task("round").downstream_task_ids == {"done_in_round", "targets_of", "choose", "commit"}
+    assert isinstance(dag.get_task("done_in_round"), EmptyOperator)
     group = dag.task_group.get_task_group_dict()["merge_step"]  # segrep_airflow.common.spark_step
     assert set(group.children) == {"choose", "merge", "commit"} and not group.prefix_group_id
 
@@ -331,7 +333,7 @@ def test_malformed_params_are_rejected_before_any_task(segrep_env: Any, conf: di
 SAMPLE_END_US = 1795334400000000  # 2026-11-22T08:00:00Z, a round's interval end and a pass's start
 SPARK_TASKS: dict[tuple[str, str], tuple[str, Callable[[Any], tuple[Path, Path]]]] = {
     ("segrep_replicate_events", "merge"): (
-        "plan",
+        "round",
         lambda defs: (manifest_path(defs, "events", SAMPLE_END_US), result_path(defs, "events", SAMPLE_END_US)),
     ),
     ("segrep_maintain_events", "compact"): (

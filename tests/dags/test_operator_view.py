@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from segrep_airflow.rounds import VIEW_KEY
 from tests.support.airflow import AIRFLOW, EVENTS_DAG, events_batch, load_dag, load_dagbag, rounds, ti_states
 
 POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 0, "retry_delay_s": 0}
@@ -90,7 +91,7 @@ def test_a_target_behind_its_rpo_fails_the_report_and_the_metrics_reach_statsd(
 
     states = ti_states(run)
     assert str(run.state) == "failed", states
-    assert states[("plan", -1)] == "success" and states[("round", -1)] == "failed", states
+    assert states[("round", -1)] == "failed" and states[("done_in_round", -1)] == "upstream_failed", states
     out = capsys.readouterr()
     log = out.out + out.err
     for site in ("dr", "edge"):
@@ -130,7 +131,7 @@ def test_the_report_logs_one_line_per_target_and_returns_machine_values(
     run = dag.test(logical_date=pendulum.now("UTC"))  # @hourly: its data interval ended at the last full hour
 
     assert str(run.state) == "success", ti_states(run)
-    value = _ti(run, "round").xcom_pull(task_ids="round")  # a small round: one task
+    value = _ti(run, "round").xcom_pull(task_ids="round", key=VIEW_KEY)  # a small round: one task
     rnd = rounds(env)[-1]
     assert value["end_us"] == rnd.interval_end_us > int(pendulum.now("UTC").start_of("hour").timestamp() * 1e6)
     for site in ("dr", "edge"):
@@ -278,6 +279,6 @@ def test_a_failed_plan_runs_no_step_after_it(segrep_env: Any, monkeypatch: pytes
     run = load_dag(EVENTS_DAG).test(logical_date=pendulum.now("UTC"))
 
     states = ti_states(run)
-    assert states[("plan", -1)] == "failed" and str(run.state) == "failed", states
+    assert states[("round", -1)] == "failed" and str(run.state) == "failed", states
     # nothing after the plan did any work: the branch's XCom is missing, so no step copies, merges or commits
     assert not any(state == "success" for state in states.values()), states

@@ -81,11 +81,11 @@ def test_fork_is_merged_and_replicas_match_the_leader(segrep_env: Any, engine: s
     if engine == "spark":
         assert states[("merge", -1)] == "success"
         assert {states[("fast_forward", i)] for i in range(len(REPLICAS))} == {"success"}
-        assert {states[(t, -1)] for t in ("plan", "targets_of", "choose", "commit", "report")} == {"success"}
-        assert states[("round", -1)] == "skipped"  # a Spark merge: the mapped path
+        assert {states[(t, -1)] for t in ("round", "targets_of", "choose", "commit", "report")} == {"success"}
+        assert states[("done_in_round", -1)] == "skipped"  # a Spark merge: the mapped path
         assert first.report["spark_apps"] >= 1
     else:
-        assert states[("plan", -1)] == states[("round", -1)] == "success"
+        assert states[("round", -1)] == states[("done_in_round", -1)] == "success"
         assert states[("merge", -1)] == "skipped" and first.report["spark_apps"] == 0
     assert first.status == "ok", first.report
     assert first.report["merges"]["items"] >= 1
@@ -101,7 +101,7 @@ def test_fork_is_merged_and_replicas_match_the_leader(segrep_env: Any, engine: s
 
     states = ti_states(run)
     assert run.state == "success", states
-    assert states[("round", -1)] == "success"
+    assert states[("round", -1)] == states[("done_in_round", -1)] == "success"
     assert {states[(t, -1)] for t in ("targets_of", "choose", "merge", "commit", "report")} == {"skipped"}
     second = rounds(env)[-1]
     assert second.report["spark_apps"] == 0
@@ -116,7 +116,7 @@ def test_fork_is_merged_and_replicas_match_the_leader(segrep_env: Any, engine: s
 
     states = ti_states(run)
     assert run.state == "success", states
-    assert states[("merge", -1)] == "skipped" and states[("round", -1)] == "success"
+    assert states[("merge", -1)] == "skipped" and states[("done_in_round", -1)] == "success"
     idle = rounds(env)[-1]
     assert idle.round_id != second.round_id
     assert idle.report["spark_apps"] == 0
@@ -147,9 +147,9 @@ def test_trigger_narrowed_to_one_target(segrep_env: Any, path: str) -> None:
     mapped = ("targets_of", "fast_forward", "choose", "commit", "report")
     if path == "mapped":
         assert ("fast_forward", 1) not in states and states[("fast_forward", 0)] == "success"
-        assert states[("round", -1)] == "skipped" and states[("commit", -1)] == "success"
+        assert states[("done_in_round", -1)] == "skipped" and states[("commit", -1)] == "success"
     else:
-        assert states[("round", -1)] == "success"
+        assert states[("round", -1)] == states[("done_in_round", -1)] == "success"
         assert {state for (task_id, _i), state in states.items() if task_id in mapped} == {"skipped"}
     assert states[("merge", -1)] == "skipped"
     last = rounds(env)[-1]

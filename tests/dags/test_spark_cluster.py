@@ -98,7 +98,7 @@ def test_merge_task_runs_on_a_standalone_cluster_with_segrep_shipped_as_py_files
 
     states = ti_states(run)
     assert run.state == "success", f"{states}\n{spark_cluster.log_tails()}"
-    assert {states[(t, -1)] for t in ("plan", "choose", "merge", "commit", "report")} == {"success"}
+    assert {states[(t, -1)] for t in ("round", "choose", "merge", "commit", "report")} == {"success"}
     report = rounds(env)[-1].report
     assert report["spark_apps"] == 1
     assert report["merges"]["items"] >= 1 and report["merges"]["committed"] == report["merges"]["items"]
