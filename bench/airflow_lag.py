@@ -206,7 +206,8 @@ def main() -> int:
         "load_average_at_end": [round(x, 2) for x in load_during],
         **result,
         "runs": len(runs),
-        "runs_failed": sum(1 for r in runs if r.get("state") != "success"),
+        "runs_failed": sum(1 for r in runs if r.get("state") == "failed"),
+        "runs_unfinished": sum(1 for r in runs if r.get("state") not in ("success", "failed")),  # at the end
         "run_seconds_median": round(statistics.median(durations), 1) if durations else None,
         "run_seconds_max": round(max(durations), 1) if durations else None,
         "task_seconds_median": _task_durations(home),

@@ -12,9 +12,10 @@ a. bytes on each link: TPC-H ``orders`` at ``--scale`` (4 partitions) written at
 b. convergence: a 3-site ring (``writes: any_site``), each of ``--ring-batches`` steps writing one batch of
    ``orders`` rows at each site at once (disjoint keys, except ``--conflict`` (1%) of each batch's keys that
    the next site's batch writes too: concurrent overwrites). Time from the last write to every site equal to
-   the replay, running rounds with the real ``spark-submit`` (the merges) until idle. Baseline: the very same
-   rows written at the leader only and replicated 1:N (fast-forwards only). Shown, not a pass/fail target:
-   the ring pays one Spark merge per round that has pushes.
+   the replay, running rounds until idle (each merge in process when under the policy's
+   ``in_process_merge_max_rows``/``_bytes``, else the real ``spark-submit``). Baseline: the very same rows
+   written at the leader only and replicated 1:N (fast-forwards only). Target (issue 33): <= 10 s on an idle
+   machine (35 s idle and 162 s loaded when every merge was a Spark application).
 """
 
 from __future__ import annotations
@@ -142,6 +143,9 @@ def bench_links(work: Path, source: pa.Table, args: argparse.Namespace) -> Resul
 # -- (b) convergence -------------------------------------------------------------------------------------------------
 
 
+RING_TARGET_S = 10.0  # issue 33: a 3-site active-active ring converged in <= 10 s on an idle machine
+
+
 def ring_batches(source: pa.Table, steps: int, conflict: float) -> list[dict[str, pa.Table]]:
     """Per step, one batch per ring site: disjoint slices, plus ``conflict`` of each batch's keys written by
     the next site too (with its own comment)."""
@@ -223,8 +227,8 @@ def table_rows(r: Results) -> list[tuple[str, ...]]:
                 f"{ring['seconds']:.1f} s",
                 f"1:N {base['seconds']:.1f} s ({base['rounds']} rounds)",
                 f"{ring['seconds'] / base['seconds']:.1f}x",
-                "shown",
-                "-",
+                "<= 10 s idle",
+                verdict(ring["seconds"] <= RING_TARGET_S),
             )
         )
     return rows
