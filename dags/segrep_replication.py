@@ -102,7 +102,7 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
 
             from segrep.replication.orchestrator import RoundPath, RoundSteps
             from segrep.replication.spacing import wait_for_spacing
-            from segrep_airflow.rounds import round_end
+            from segrep_airflow.rounds import retried, round_end
             from segrep_airflow.schedules import spacing_s
 
             p = form()
@@ -120,7 +120,8 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
                 structlog.get_logger("segrep.round").info(f"{planned}{spaced}")
                 if planned.path == RoundPath.MAPPED:
                     return sorted(set(task.downstream_task_ids) - {IN_ONE_TASK})  # the mapped path's first tasks
-                view = steps.finish(planned)  # a small round: the rest of it here, no other task process
+                # a small round: the rest of it here, no other task process (a retry is not held back by a back-off)
+                view = steps.finish(planned, retry=retried(ti))
             ti.xcom_push(key=VIEW_KEY, value=_reported(view, outlet_events))
             return [IN_ONE_TASK]
 
@@ -134,11 +135,12 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
         @task(**retry)
         def fast_forward(target: str, ti: Any = None) -> dict[str, Any]:
             from segrep.replication.orchestrator import RoundSteps
-            from segrep_airflow.rounds import required_plan
+            from segrep_airflow.rounds import required_plan, retried
 
             planned = required_plan(ti, name)
             with segrep_context() as (defs, catalog):
-                report = RoundSteps(catalog, defs, name, submit=hook_submit).copy(planned, target)
+                steps = RoundSteps(catalog, defs, name, submit=hook_submit)
+                report = steps.copy(planned, target, retry=retried(ti))  # a cleared task: the operator's retry
             return report.to_dict() if report is not None else {}
 
         def commit(p: dict[str, Any], outlet_events: Any = None) -> dict[str, Any]:

@@ -46,6 +46,13 @@ def required_plan(ti: XComReader, table: str) -> PlannedRound:
     return planned
 
 
+def retried(ti: object) -> bool:
+    """Whether this task attempt is a retry: Airflow's after a failure, or an operator's "Clear" of the failed
+    task. A retry is the attempt someone asked for, so a target's back-off does not hold it back (the acks
+    still count: only what the target lacks is copied)."""
+    return int(getattr(ti, "try_number", None) or 1) > 1
+
+
 def run_kind(run_type: object) -> str:
     """A run type as its value ("manual", "scheduled", ...): the task context's DagRunType is a plain
     ``(str, Enum)``, whose ``str()`` is "DagRunType.MANUAL"."""

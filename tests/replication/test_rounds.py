@@ -25,10 +25,11 @@ from segrep.core import hlc
 from segrep.data.writer import write_batch
 from segrep.replication.commit import commit_round
 from segrep.replication.fast_forward import fast_forward_target
-from segrep.replication.orchestrator import run_round
+from segrep.replication.orchestrator import RoundSteps, run_round
 from segrep.replication.plan import plan_round
 from segrep.replication.round import TargetUnreachable
 from segrep.replication.status import status_rows
+from segrep.replication.view import RoundProblems
 from segrep.spark.results import CommitSummary
 from segrep.storage.transport import CopyItem, copy_one
 from tests.support.checks import (
@@ -559,6 +560,40 @@ def test_outage_status_rows_name_the_failure(env: Env) -> None:
     retry = run_round(env.catalog, env.defs, TABLE, reoffer=True, submit=no_spark)
     assert retry.status == "ok"
     assert_replicas_equal_leader(env.catalog)
+
+
+def test_a_target_held_back_by_its_back_off_fails_the_round_until_a_retry_copies(env: Env) -> None:
+    """dr was down: the next round does not try it (back-off) while it lacks the segments, so the round does
+    not pass (a run that went green while dr still lacked 5 segments misled its operator); the message says
+    until when and how to retry now. A retry (a cleared task) is not held back: it copies what dr lacks, and
+    the round passes."""
+    write_batch(env.catalog, TABLE, batch(range(5), "a"))
+    aside = take_down(env, "dr")
+    steps = RoundSteps(env.catalog, env.defs, TABLE, submit=no_spark)
+    failed = steps.run()
+    assert failed.report.failed == ["dr"] and failed.failure() is not None
+    bring_up(env, "dr", aside)
+
+    held = steps.run()
+    dr = next(t for t in held.targets if t.site == "dr")
+    assert dr.status == "backoff" and dr.segments_copied == 0 and dr.pending_segments >= 1
+    assert not held.report.has_problems  # not a failure of the site: the round chose not to try it
+    failure = held.failure() or ""
+    assert f"round of {TABLE}: dr was not tried and lacks {dr.pending_segments} segment(s)" in failure, failure
+    assert "no attempt before 20" in failure and f"segrep round {TABLE} --target dr --reoffer" in failure, failure
+    with pytest.raises(RoundProblems, match="clear the failed task"):
+        held.raise_on_problems()
+    edge = next(t for t in held.targets if t.site == "edge")
+    assert edge.status == "ok" and edge.pending_segments == 0  # edge is not held back by dr's back-off
+
+    planned = steps.plan()
+    retried = steps.finish(planned, retry=True)  # what a cleared (or retried) task runs
+    dr = next(t for t in retried.targets if t.site == "dr")
+    assert dr.status == "ok" and dr.segments_copied >= 1 and dr.pending_segments == 0, str(retried)
+    assert retried.failure() is None
+    assert_replicas_equal_leader(env.catalog)
+    with env.catalog.read() as s:
+        assert s.scalar(select(func.count()).select_from(m.Backoff)) == 0  # success clears the back-off
 
 
 def test_a_retried_target_reports_every_copy_of_its_round(env: Env) -> None:

@@ -686,7 +686,8 @@ def round_(obj: Context, table: str, until: str | None, target: str | None, reof
     """Run one replication round for TABLE without Airflow: plan, fast-forward, merge, commit (the steps the
     replication DAG runs).
 
-    Exits 1 if a target could not be reached, a file failed verification, or a target ends behind the
+    Exits 1 if a target could not be reached, a file failed verification, a target backing off after
+    failures was not tried while it lacks segments (``--reoffer`` tries it now), or a target ends behind the
     table's RPO (the others are still replicated; the report names each file and what to run)."""
     import json
 

@@ -77,10 +77,15 @@ def fast_forward_target(
     end_us: int | None = None,
     *,
     reoffer: bool = False,
+    retry: bool = False,
     copier: Copier | None = None,
     big_copier: Copier | None = None,
 ) -> TargetReport:
     """Offer every due segment of every partition to the replicas at ``site``, in order.
+
+    A target backing off after failures is not attempted (its report says until when), unless this attempt is
+    a retry someone asked for (``retry``: a cleared or retried task; the acks still count) or ``reoffer``
+    (which ignores the acks too).
 
     Copies run through ``copier`` (threads by default); a batch of at least the policy's
     ``spark_copy_threshold_bytes`` goes to ``big_copier`` (the Spark distributed copy) when one is given.
@@ -107,9 +112,12 @@ def fast_forward_target(
             f"site {site} is down ({down}); it holds {len(held)} segment(s) a failover gave up that the leader "
             "has not taken in: nothing is offered there until it can be read"
         )
-    elif backoff is not None and backoff.next_attempt_us > hlc.now_us() and not reoffer:
+    elif backoff is not None and backoff.next_attempt_us > hlc.now_us() and not (reoffer or retry):
         report.status = TargetStatus.BACKOFF
-        report.error = f"backing off after {backoff.failures} failure(s) ({backoff.last_reason}); next attempt later"
+        report.error = (
+            f"backing off after {backoff.failures} failure(s) ({backoff.last_reason}); "
+            f"no attempt before {hlc.iso(backoff.next_attempt_us)}"
+        )
     elif (unidentified := _identity_problem(site_row, expect)) is not None:
         report.status, report.error, report.refused = unidentified
     else:

@@ -157,9 +157,10 @@ class RoundSteps:
                 return RoundPath.MAPPED
         return RoundPath.ONE_TASK
 
-    def copy(self, planned: PlannedRound, target: str) -> TargetReport | None:
+    def copy(self, planned: PlannedRound, target: str, *, retry: bool = False) -> TargetReport | None:
         """Fast-forward one target. A target that cannot be written is recorded in the round (its report says
-        why) and raises ``TargetUnreachable``, so a task per target fails alone."""
+        why) and raises ``TargetUnreachable``, so a task per target fails alone. ``retry``: an attempt someone
+        asked for (a cleared or retried task), which the target's back-off does not hold back."""
         big = spark_copier(self.defs, self.table, planned.end_us, target, self.submit)
         return fast_forward_target(
             self.catalog,
@@ -168,6 +169,7 @@ class RoundSteps:
             target,
             planned.end_us,
             reoffer=planned.reoffer,
+            retry=retry,
             copier=self.copier,
             big_copier=big,
         )
@@ -193,19 +195,19 @@ class RoundSteps:
 
     # -- steps together ---------------------------------------------------------------------------------------
 
-    def execute(self, planned: PlannedRound) -> RoundReport:
+    def execute(self, planned: PlannedRound, *, retry: bool = False) -> RoundReport:
         """Everything after the plan, in this process: each target's copies, the merge, the commit. A target
-        that fails does not stop the others; the report says which failed."""
+        that fails does not stop the others; the report says which failed. ``retry``: see :meth:`copy`."""
         with heartbeat(self.catalog, planned.lease_holder):  # the round's leases live while this process does
             for site in planned.plan.targets:
                 with contextlib.suppress(TargetUnreachable):  # recorded in the round; the others go on
-                    self.copy(planned, site)
+                    self.copy(planned, site, retry=retry)
             self.merge(planned)
         return self.commit(planned)
 
-    def finish(self, planned: PlannedRound) -> RoundView:
+    def finish(self, planned: PlannedRound, *, retry: bool = False) -> RoundView:
         """:meth:`execute`, then the view: what the DAG's one-task round logs and raises on."""
-        return self.report(self.execute(planned))
+        return self.report(self.execute(planned, retry=retry))
 
     def run(
         self,

@@ -16,7 +16,7 @@ from segrep.catalog import Catalog
 from segrep.core import hlc
 from segrep.core.errors import SegrepError
 from segrep.core.human import human_bytes, human_seconds, iso_or_dash
-from segrep.replication.reports import RoundReport
+from segrep.replication.reports import RoundReport, TargetStatus
 from segrep.replication.status import DECLINES, TargetState, status_rows
 
 
@@ -77,10 +77,21 @@ class RoundView:
     def breaches(self) -> list[TargetView]:
         return [t for t in self.targets if t.rpo_breached]
 
+    def held_back(self) -> list[TargetView]:
+        """Targets the round meant to serve but did not try, held back by their back-off, with segments still
+        pending there: the round did not do what it planned, so it does not pass."""
+        return [t for t in self.targets if t.status == TargetStatus.BACKOFF and t.pending_segments > 0]
+
     def failure(self) -> str | None:
         """Why the report task fails, naming the table, each site and its lag; None if it passes."""
         table = self.report.table
         parts = [f"round of {table}: {p}" for p in self.problems]
+        for t in self.held_back():
+            parts.append(
+                f"round of {table}: {t.site} was not tried and lacks {t.pending_segments} segment(s): {t.error}; to "
+                f"retry now, clear the failed task (a cleared task ignores the back-off) or run `segrep round "
+                f"{table} --target {t.site} --reoffer`"
+            )
         for t in self.breaches():
             lag = "no safe time yet" if t.lag_s is None else f"lag {human_seconds(t.lag_s)}"
             parts.append(
