@@ -27,7 +27,7 @@ from segrep.replication.commit import commit_round
 from segrep.replication.fast_forward import fast_forward_target
 from segrep.replication.orchestrator import RoundSteps, run_round
 from segrep.replication.plan import plan_round
-from segrep.replication.round import TargetUnreachable
+from segrep.replication.round import TargetHeldBack, TargetUnreachable
 from segrep.replication.status import status_rows
 from segrep.replication.view import RoundProblems
 from segrep.spark.results import CommitSummary
@@ -585,6 +585,8 @@ def test_a_target_held_back_by_its_back_off_fails_the_round_until_a_retry_copies
         held.raise_on_problems()
     edge = next(t for t in held.targets if t.site == "edge")
     assert edge.status == "ok" and edge.pending_segments == 0  # edge is not held back by dr's back-off
+    with pytest.raises(TargetHeldBack, match="dr was not tried: backing off"):  # a task per target fails alone
+        steps.copy(steps.plan(), "dr")
 
     planned = steps.plan()
     retried = steps.finish(planned, retry=True)  # what a cleared (or retried) task runs

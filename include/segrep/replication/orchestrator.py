@@ -26,8 +26,8 @@ from segrep.replication.commit import recommit
 from segrep.replication.fast_forward import fast_forward_target
 from segrep.replication.heartbeat import heartbeat
 from segrep.replication.plan import plan_round
-from segrep.replication.reports import RoundPlan, RoundReport, TargetReport
-from segrep.replication.round import TargetUnreachable, round_key
+from segrep.replication.reports import RoundPlan, RoundReport, TargetReport, TargetStatus
+from segrep.replication.round import TargetHeldBack, TargetUnreachable, round_key
 from segrep.replication.run import run_merge, spark_copier
 from segrep.replication.view import RoundView, round_view
 from segrep.spark import launch
@@ -160,9 +160,10 @@ class RoundSteps:
     def copy(self, planned: PlannedRound, target: str, *, retry: bool = False) -> TargetReport | None:
         """Fast-forward one target. A target that cannot be written is recorded in the round (its report says
         why) and raises ``TargetUnreachable``, so a task per target fails alone. ``retry``: an attempt someone
-        asked for (a cleared or retried task), which the target's back-off does not hold back."""
+        asked for (a cleared or retried task), which the target's back-off does not hold back; a target held
+        back while the plan has segments for it raises ``TargetHeldBack`` (recorded as BACKOFF in the round)."""
         big = spark_copier(self.defs, self.table, planned.end_us, target, self.submit)
-        return fast_forward_target(
+        report = fast_forward_target(
             self.catalog,
             self.defs,
             self.table,
@@ -173,6 +174,13 @@ class RoundSteps:
             copier=self.copier,
             big_copier=big,
         )
+        forecast = planned.plan.summary.targets.get(target)
+        if report.status == TargetStatus.BACKOFF and forecast is not None and sum(forecast.outcomes.values()) > 0:
+            raise TargetHeldBack(
+                f"round of {self.table}: {target} was not tried: {report.error}; to retry now, clear this task "
+                f"(a cleared task ignores the back-off) or run `segrep round {self.table} --target {target} --reoffer`"
+            )
+        return report
 
     def merge(self, planned: PlannedRound) -> bool:
         """Run the round's merge manifest, if it has one; True if a merge ran."""

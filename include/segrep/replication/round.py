@@ -30,6 +30,11 @@ class TargetUnreachable(SegrepError):
     """A target site could not be written (down, full, permission): its task fails and Airflow retries."""
 
 
+class TargetHeldBack(TargetUnreachable):
+    """A target the round planned to serve was not tried: it is backing off after failures. Its task fails
+    too, so the operator's retry ("Clear only failed tasks") is the attempt the back-off does not hold back."""
+
+
 def lease_ttl_us() -> int:
     """How long a lease lives without a heartbeat: how long a dead round can block another one."""
     return int(seconds_from_env(LEASE_TTL_ENV, DEFAULT_LEASE_TTL_S, _MAX_LEASE_TTL_S) * 1_000_000)
