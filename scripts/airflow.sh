@@ -17,6 +17,15 @@ export SEGREP_CONFIG="${SEGREP_CONFIG:-$ROOT/include/segrep.yaml}"
 export AIRFLOW_CONN_SPARK_DEFAULT="${AIRFLOW_CONN_SPARK_DEFAULT:-{\"conn_type\": \"spark\", \"host\": \"local[*]\"\}}"
 # Airflow's api-server imports FastAPI's test client, which warns about httpx on every start.
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore:Using \`httpx\` with}"
+# One setting moves the UI and the tasks' execution API together: SEGREP_AIRFLOW_PORT (or Airflow's own
+# AIRFLOW__API__PORT), default 8080. With only the UI moved, every task failed with a bare "Connection refused"
+# (or reached another Airflow listening on 8080).
+PORT="${SEGREP_AIRFLOW_PORT:-${AIRFLOW__API__PORT:-8080}}"
+case "$PORT" in
+  ''|*[!0-9]*) echo "segrep: SEGREP_AIRFLOW_PORT must be a port number, not '$PORT'" >&2; exit 2 ;;
+esac
+export AIRFLOW__API__PORT="$PORT"
+export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://localhost:$PORT/execution/"
 mkdir -p "$AIRFLOW_HOME"
 
 if [ -z "${SEGREP_CATALOG_URL:-}" ] && [ ! -f "$ROOT/data/catalog.db" ]; then
@@ -32,9 +41,9 @@ if [ ! -f "$PASSWORDS" ]; then
   (umask 077 && python -c 'import json, secrets, sys; json.dump({"admin": secrets.token_urlsafe(12)}, open(sys.argv[1], "w"))' "$PASSWORDS")
 fi
 ADMIN_PASSWORD=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["admin"])' "$PASSWORDS")
-export AIRFLOW_CONN_SEGREP_AIRFLOW_API="${AIRFLOW_CONN_SEGREP_AIRFLOW_API:-{\"conn_type\": \"http\", \"host\": \"http://localhost\", \"port\": ${AIRFLOW__API__PORT:-8080}, \"login\": \"admin\", \"password\": \"$ADMIN_PASSWORD\"\}}"
+export AIRFLOW_CONN_SEGREP_AIRFLOW_API="${AIRFLOW_CONN_SEGREP_AIRFLOW_API:-{\"conn_type\": \"http\", \"host\": \"http://localhost\", \"port\": $PORT, \"login\": \"admin\", \"password\": \"$ADMIN_PASSWORD\"\}}"
 cat <<MSG
-Airflow for segrep: http://localhost:${AIRFLOW__API__PORT:-8080} (Ctrl-C stops every part)
+Airflow for segrep: http://localhost:$PORT (Ctrl-C stops every part; SEGREP_AIRFLOW_PORT moves it)
   AIRFLOW_HOME  $AIRFLOW_HOME
   DAGs          $AIRFLOW__CORE__DAGS_FOLDER   (definitions: $SEGREP_CONFIG)
   plugins       $AIRFLOW__CORE__PLUGINS_FOLDER
