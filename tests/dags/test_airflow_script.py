@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -20,14 +18,9 @@ import httpx
 import pytest
 
 from tests.support.airflow import EVENTS_DAG, REPO, events_batch, read_sorted
+from tests.support.airflow_services import free_port, stop_group
 
 START_TIMEOUT_S = 300  # standalone migrates its database and starts four processes: slow on a busy machine
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _script_env(home: Path, port: int) -> dict[str, str]:
@@ -36,8 +29,8 @@ def _script_env(home: Path, port: int) -> dict[str, str]:
         **env,
         "AIRFLOW_HOME": str(home),
         "SEGREP_AIRFLOW_PORT": str(port),
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),  # not :8793, which another Airflow may hold
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),  # not :8793, which another Airflow may hold
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
     }
 
 
@@ -59,7 +52,7 @@ def test_one_port_setting_moves_the_ui_and_the_execution_api(segrep_env: Any, tm
 
     env = segrep_env({"schedule": "@hourly", "start_date": "2026-11-01"}, tables=("events",))
     write_batch(env.catalog, "events", events_batch(list(range(20)), "a"))
-    port, home = _free_port(), tmp_path / "airflow-home"
+    port, home = free_port(), tmp_path / "airflow-home"
     log = (tmp_path / "standalone.log").open("wb")
     proc = subprocess.Popen(
         [str(REPO / "scripts" / "airflow.sh")],
@@ -91,12 +84,7 @@ def test_one_port_setting_moves_the_ui_and_the_execution_api(segrep_env: Any, tm
             state = api.get(f"/api/v2/dags/{EVENTS_DAG}/dagRuns/{run_id}").json()["state"]
             assert state == "success", _tail(tmp_path)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, timeout_s=60)
         log.close()
     leader = read_sorted(env)
     assert leader.num_rows == 20 and read_sorted(env, "dr").equals(leader)

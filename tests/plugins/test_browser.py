@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -21,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.support.airflow import AIRFLOW
+from tests.support.airflow_services import free_port, stop_group
 from tests.support.cli import cli
 from tests.support.env import Env
 from tests.support.plugin_page import JWT_SECRET, PLUGINS, USERS
@@ -36,12 +35,6 @@ class Server:
     url: str
     passwords: dict[str, str]
     log: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _airflow_env(home: Path) -> dict[str, str]:
@@ -69,7 +62,7 @@ def api_server(lag_env: Env, tmp_path: Path) -> Iterator[Server]:
     env = _airflow_env(home)
     migrate = subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
     assert migrate.returncode == 0, f"airflow db migrate failed:\n{migrate.stdout[-2000:]}{migrate.stderr[-2000:]}"
-    port = _free_port()
+    port = free_port()
     log = home / "api-server.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -94,12 +87,7 @@ def api_server(lag_env: Env, tmp_path: Path) -> Iterator[Server]:
                 time.sleep(0.5)
         yield Server(url, json.loads((home / "passwords.json").read_text()), log)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)
 
 
 @pytest.fixture

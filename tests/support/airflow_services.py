@@ -20,7 +20,8 @@ import pytest
 from tests.support.airflow import AIRFLOW
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on loopback now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -31,7 +32,7 @@ class Services:
     to their environment (auth manager settings, say)."""
 
     def __init__(self, log_dir: Path, extra_env: dict[str, str] | None = None) -> None:
-        self.api_port, self.log_port = _free_port(), _free_port()
+        self.api_port, self.log_port = free_port(), free_port()
         self.log_dir = log_dir
         self.extra_env = extra_env or {}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -104,3 +105,15 @@ class Services:
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)  # the group is the one start_new_session gave this child
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    """Stop a child started with ``start_new_session``: SIGTERM to its process group, SIGKILL after
+    ``timeout_s``, then SIGKILL to what its leader left behind."""
+    _signal_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait(timeout=10)
+    _signal_group(proc, signal.SIGKILL)
