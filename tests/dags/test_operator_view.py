@@ -321,8 +321,8 @@ def test_a_cleared_round_is_the_operators_retry_and_is_not_held_back_by_the_back
     assert report["status"] == "ok" and report["segments_copied"] == 2, report
     leader = read_sorted(env)
     assert read_sorted(env, "dr").equals(leader) and leader.num_rows == 30
-    # Airflow's database as the worker's next test expects it (a `dag.test` of this DAG right after what this
-    # test stored there, `dags reserialize` and its runs, let a malformed trigger through: the DAG goes)
+    # Leave the worker's Airflow database as the next test expects it: a `dag.test` of this DAG right after
+    # what this test stored there (`dags reserialize`, its runs) let a malformed trigger create a run
     services.stop()
     services.cli("dags", "delete", EVENTS_DAG, "--yes")
 

@@ -29,7 +29,7 @@ from segrep.replication.plan import plan_round
 from segrep.replication.reports import RoundPlan, RoundReport, TargetReport, TargetStatus
 from segrep.replication.round import TargetHeldBack, TargetUnreachable, round_key
 from segrep.replication.run import run_merge, spark_copier
-from segrep.replication.view import RoundView, round_view
+from segrep.replication.view import RoundView, retry_now, round_view
 from segrep.spark import launch
 from segrep.spark.launch import Submit
 from segrep.spark.manifest import Manifest
@@ -175,10 +175,10 @@ class RoundSteps:
             big_copier=big,
         )
         forecast = planned.plan.summary.targets.get(target)
-        if report.status == TargetStatus.BACKOFF and forecast is not None and sum(forecast.outcomes.values()) > 0:
+        if report.status == TargetStatus.BACKOFF and forecast is not None and forecast.offers > 0:
             raise TargetHeldBack(
-                f"round of {self.table}: {target} was not tried: {report.error}; to retry now, clear this task "
-                f"(a cleared task ignores the back-off) or run `segrep round {self.table} --target {target} --reoffer`"
+                f"round of {self.table}: {target} was not tried: {report.error}; "
+                + retry_now(self.table, target, "this task")
             )
         return report
 

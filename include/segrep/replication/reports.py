@@ -59,6 +59,11 @@ class TargetForecast:
     outcomes: dict[str, int] = field(default_factory=dict)
     fast_forward_bytes: int = 0
 
+    @property
+    def offers(self) -> int:
+        """Segments the plan offers this target, whatever their predicted outcome."""
+        return sum(self.outcomes.values())
+
 
 @dataclass
 class PlanSummary:

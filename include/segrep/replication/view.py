@@ -88,9 +88,8 @@ class RoundView:
         parts = [f"round of {table}: {p}" for p in self.problems]
         for t in self.held_back():
             parts.append(
-                f"round of {table}: {t.site} was not tried and lacks {t.pending_segments} segment(s): {t.error}; to "
-                f"retry now, clear the failed task (a cleared task ignores the back-off) or run `segrep round "
-                f"{table} --target {t.site} --reoffer`"
+                f"round of {table}: {t.site} was not tried and lacks {t.pending_segments} segment(s): {t.error}; "
+                + retry_now(table, t.site, "the failed task")
             )
         for t in self.breaches():
             lag = "no safe time yet" if t.lag_s is None else f"lag {human_seconds(t.lag_s)}"
@@ -126,6 +125,14 @@ class RoundView:
         return cls(RoundReport.from_dict(doc["report"]), targets, doc["duration_s"], list(doc["problems"]), others)
 
 
+def retry_now(table: str, site: str, task: str) -> str:
+    """How to try a target its back-off holds back now, rather than when the back-off ends."""
+    return (
+        f"to retry now, clear {task} (a cleared task ignores the back-off) or run "
+        f"`segrep round {table} --target {site} --reoffer`"
+    )
+
+
 def round_view(catalog: Catalog, report: RoundReport, rpo_s: int | None) -> RoundView:
     """The report plus, per target, what ``segrep status`` says now: pending segments and bytes, lag."""
 
@@ -152,7 +159,7 @@ def round_view(catalog: Catalog, report: RoundReport, rpo_s: int | None) -> Roun
                 lag_s=st.lag_s if st else None,
                 pending_segments=st.pending_segments if st else 0,
                 pending_bytes=st.pending_bytes if st else 0,
-                planned_segments=sum(forecast.outcomes.values()) if forecast else 0,
+                planned_segments=forecast.offers if forecast else 0,
                 planned_bytes=forecast.fast_forward_bytes if forecast else 0,
                 rpo_s=rpo_s,
                 bytes_from=dict(tr.bytes_from) if tr else {},
