@@ -98,13 +98,41 @@ def test_status_marks_the_objective_and_its_breach(rpo_env: Env, monkeypatch: py
     )
 
 
-def test_rpo_cell_reads_unknown_when_no_safe_time_yet(rpo_env: Env) -> None:
+def test_rpo_cell_reads_unknown_only_for_a_lag_nobody_can_know(rpo_env: Env) -> None:
     [row] = [r for r in status_rows(rpo_env.catalog, TABLE, rpo={TABLE: 3600}) if r.target == "dr"]
     assert rpo_cell(row) == "1h ok"
-    row.safe_time_us, row.lag_s = None, None
+    row.safe_time_us, row.lag_s, row.behind_since_us = None, None, None  # no safe time and no start: unknown
     assert rpo_cell(row) == "1h ?"
     row.rpo_s = None
     assert rpo_cell(row) == "-"
+
+
+def test_status_counts_a_never_replicated_replica_from_its_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No round ever ran (the replication DAG paused since apply): the replicas are behind from their start,
+    not "unknown and fine"; half an hour later they breach the 15-minute objective."""
+    env = make_env(tmp_path, f"sqlite:///{tmp_path / 'catalog.db'}", RPO_YAML)
+    write_batch(env.catalog, TABLE, batch(range(10), "a"))
+    defs = load_definitions(env.config)
+    started = {r.target: r.behind_since_us for r in status_rows(env.catalog, TABLE)}
+    assert all(started.values())
+
+    lines = status_output(env.catalog, defs, TABLE, as_json=False).splitlines()
+    events = [line for line in lines if line.startswith(f"{TABLE} ")]
+    assert len(events) == 2 and all(" 15m ok " in line and "never replicated (behind since " in line for line in events)
+
+    later = hlc.now_us() + 1800 * 1_000_000
+    monkeypatch.setattr(hlc, "now_us", lambda: later)
+    lines = status_output(env.catalog, defs, TABLE, as_json=False).splitlines()
+    assert sum(" 15m BREACHED " in line for line in lines) == 2
+    doc = json.loads(status_output(env.catalog, defs, TABLE, as_json=True))
+    for r in doc["replication"]:
+        assert r["safe_time_us"] is None and r["rpo_breached"] and r["pending_segments"] == 2
+        assert r["behind_since_us"] == started[r["target"]]
+        assert r["lag_s"] == round((later - started[r["target"]]) / 1e6, 1) > 1800
+        assert r["note"].startswith(f"never replicated (behind since {hlc.iso(started[r['target']])})")
+    env.catalog.dispose()
 
 
 def test_status_shows_the_tables_replicated_on_write(tmp_path: Path) -> None:

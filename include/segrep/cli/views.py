@@ -168,8 +168,8 @@ def segment_listing(catalog: Catalog, table: str, site: str | None, partition_id
 
 
 def rpo_cell(state: TargetState) -> str:
-    """The objective and whether the lag meets it: ``15m ok``, ``15m BREACHED``, ``15m ?`` (no safe time yet),
-    ``-`` (no objective)."""
+    """The objective and whether the lag meets it: ``15m ok``, ``15m BREACHED`` (a never-replicated target
+    counts from its start), ``15m ?`` (a lag that cannot be known, nothing lacking), ``-`` (no objective)."""
     if state.rpo_s is None:
         return "-"
     verdict = "BREACHED" if state.rpo_breached else ("?" if state.lag_s is None else "ok")

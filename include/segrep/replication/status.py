@@ -7,6 +7,13 @@ a target is not catching up; the segments old leaders hold that a failover gave 
 ("unmerged at <site>") say which rows no safe time covers; the table's recovery-point objective
 (``policy.rpo``, from the definitions: the catalog does not keep policies) says whether the lag is acceptable.
 
+The lag is measured from now, never from the last round: a paused replication DAG or a stopped scheduler
+makes it grow like any other reason for not replicating. A target that never received a round (no safe time
+yet) is behind from its *start* (:func:`target_start`): the earliest of when its replica placements of the
+table were created (from then on the site is meant to hold the table) and the commit of the oldest segment the
+leaders would offer it (a site added to a table that held data lacks rows older than its placements). Its lag
+counts from there, so a replica nobody ever replicated breaches its objective like a stalled one.
+
 The operator's page (``replication.overview``) and its Prometheus endpoint show these same records, so the
 numbers a person reads in the UI, in a dashboard and on a shell agree. Every read is set-based: a fixed
 number of queries per table whatever the number of partitions, and only partitions with unsettled entries
@@ -81,9 +88,12 @@ class TargetState:
     last_round_finished_us: int | None = None  # ... and when its commit wrote the report
     backoff_until_us: int | None = None  # no new attempt before this, while a back-off is in force
     rpo_s: int | None = None  # the table's recovery-point objective (policy.rpo), None: no objective
-    # The lag is past the objective. Unknown (no safe time yet: a site that never received a round) counts as
-    # not breached: the lag is not known, and a replica being set up is not an alert.
+    # The lag is past the objective (:func:`rpo_breached`): a never-replicated target counts from its start; a
+    # lag that cannot be known at all counts as breached while the target lacks segments.
     rpo_breached: bool = False
+    # What the lag counts from: the safe time, or for a target that never received a round its start
+    # (:func:`target_start`); None: not known (then lag_s is None too).
+    behind_since_us: int | None = None
     # Per site: the segments a failover gave up (``on_return: merge``) that the site still holds and the leader
     # has not merged yet. Their rows are outside every safe time of the table until merged ("unmerged at").
     unmerged: dict[str, int] = field(default_factory=dict)
@@ -100,9 +110,19 @@ class TargetState:
         """Nothing pending and a member of the table (not joining, not stalled)."""
         return self.pending_segments == 0 and not self.joining and not self.needs_bootstrap
 
+    @property
+    def never_replicated(self) -> bool:
+        """No round has reached this target yet (no safe time): its lag counts from its start."""
+        return self.safe_time_us is None
+
     def note(self) -> str:
         """Why this target is not catching up, and what to run about it ("" when nothing stands in its way)."""
         notes = []
+        if self.never_replicated and not self.joining and not self.needs_bootstrap:  # those say why themselves
+            since = (
+                "its start unknown" if self.behind_since_us is None else f"behind since {hlc.iso(self.behind_since_us)}"
+            )
+            notes.append(f"never replicated ({since})")
         if self.invalid:
             files = ", ".join(f"segment {bad.segment_id} ({bad.path})" for bad in self.invalid)
             notes.append(f"INVALID copy of {files}: {invalid_advice(self.table, self.target, self.invalid)}")
@@ -148,9 +168,22 @@ class TargetState:
         return {**asdict(self), "last_round_seconds": self.last_round_seconds}
 
 
-def rpo_breached(lag_us: int | None, rpo_s: int | None) -> bool:
-    """Whether a lag (µs; None: unknown) is past the objective (None: no objective)."""
-    return rpo_s is not None and lag_us is not None and lag_us > rpo_s * 1_000_000
+def rpo_breached(lag_us: int | None, rpo_s: int | None, *, pending_segments: int = 0) -> bool:
+    """Whether a lag (µs) is past the objective (None: no objective). An unknown lag (None) is not taken as
+    fine: it counts as breached while the target lacks segments (nothing may be lost only when it lacks none)."""
+    if rpo_s is None:
+        return False
+    if lag_us is None:
+        return pending_segments > 0
+    return lag_us > rpo_s * 1_000_000
+
+
+def target_start(placed_us: int | None, oldest_pending_us: int | None) -> int | None:
+    """When a target that never received a round started falling behind: the earliest of when its replica
+    placements were created and the commit of the oldest segment the leaders would offer it (None: neither
+    is known)."""
+    known = [x for x in (placed_us, oldest_pending_us) if x is not None]
+    return min(known) if known else None
 
 
 def status_rows(
@@ -183,7 +216,7 @@ def status_rows(
             ).one_or_none()
             leased = _lease_holds(s, tid, now)
             verified = {v.site: v for v in last_verifications(s, name)}
-            pending, pending_bytes = _pending(s, tid)
+            pending = _pending(s, tid)
             unmerged = dict(
                 sorted(Counter(sites[x.site_id].name for x in losses_held(s, tid) if x.on_return == "merge").items())
             )
@@ -196,14 +229,20 @@ def status_rows(
                 backing_off = held is not None and held.next_attempt_us > now
                 safe_us = safe.get(site_id)
                 objective = objectives.get(name)
+                since = (
+                    safe_us
+                    if safe_us is not None
+                    else target_start(members.since.get(site_id), pending.oldest_us.get(site_id))
+                )
+                lag_us = None if since is None else now - since
                 out.append(
                     TargetState(
                         table=name,
                         target=site,
                         safe_time_us=safe_us,
-                        lag_s=None if safe_us is None else round((now - safe_us) / 1e6, 1),
-                        pending_segments=pending[site_id],
-                        pending_bytes=pending_bytes[site_id],
+                        lag_s=None if lag_us is None else round(lag_us / 1e6, 1),
+                        pending_segments=pending.segments[site_id],
+                        pending_bytes=pending.bytes[site_id],
                         last_round_end_us=None if last is None else last.interval_end_us,
                         last_round_status=None if last is None else last.status,
                         last_status=None if report is None else str(report.status),
@@ -220,7 +259,8 @@ def status_rows(
                         last_round_finished_us=None if last is None else last.finished_us,
                         backoff_until_us=held.next_attempt_us if held is not None and backing_off else None,
                         rpo_s=objective,
-                        rpo_breached=rpo_breached(None if safe_us is None else now - safe_us, objective),
+                        rpo_breached=rpo_breached(lag_us, objective, pending_segments=pending.segments[site_id]),
+                        behind_since_us=since,
                         unmerged=dict(unmerged),
                     )
                 )
@@ -234,6 +274,7 @@ class ReplicaSites:
     all: frozenset[int]
     joining: frozenset[int]  # ... of which some replica is still JOINING
     stalled: frozenset[int]  # ... or some replica needs a bootstrap
+    since: Mapping[int, int] = field(default_factory=dict)  # per site: when its oldest such placement was made
 
 
 def replica_sites(s: Session, table_id: int) -> ReplicaSites:
@@ -242,7 +283,7 @@ def replica_sites(s: Session, table_id: int) -> ReplicaSites:
     joining = func.max(case((pl.state != str(PlacementState.LIVE), 1), else_=0))
     stalled = func.max(case((pl.needs_bootstrap.is_(True), 1), else_=0))
     rows = s.execute(
-        select(pl.site_id, joining, stalled)
+        select(pl.site_id, joining, stalled, func.min(pl.created_us))
         .join(pa, pa.partition_id == pl.partition_id)
         .where(
             pa.table_id == table_id,
@@ -254,9 +295,10 @@ def replica_sites(s: Session, table_id: int) -> ReplicaSites:
         .group_by(pl.site_id)
     ).all()
     return ReplicaSites(
-        frozenset(site for site, _, _ in rows),
-        frozenset(site for site, j, _ in rows if j),
-        frozenset(site for site, _, st in rows if st),
+        frozenset(site for site, _, _, _ in rows),
+        frozenset(site for site, j, _, _ in rows if j),
+        frozenset(site for site, _, st, _ in rows if st),
+        {site: int(made) for site, _, _, made in rows},
     )
 
 
@@ -274,9 +316,18 @@ def _leader_entries(table_id: int) -> tuple[Any, ...]:
     )
 
 
-def _pending(s: Session, table_id: int) -> tuple[Counter[int], Counter[int]]:
-    """Per replica site: the segments (and their bytes) the leader would offer now (its visible chain minus
-    the replica's acks; ``offer_order``), summed over partitions.
+@dataclass(frozen=True)
+class Pending:
+    """Per replica site: what the leaders would offer it now."""
+
+    segments: Counter[int]
+    bytes: Counter[int]
+    oldest_us: dict[int, int]  # the commit time of the oldest of those segments (sites with none pending: absent)
+
+
+def _pending(s: Session, table_id: int) -> Pending:
+    """Per replica site: the segments (and their bytes, and the oldest one's commit time) the leader would
+    offer now (its visible chain minus the replica's acks; ``offer_order``), summed over partitions.
 
     Only the leaders' unsettled entries are read (the settled part of a chain is held by every replica, so
     nothing in it is pending), as plain rows in three joined queries: no ORM object, no list of ids sent
@@ -291,6 +342,7 @@ def _pending(s: Session, table_id: int) -> tuple[Counter[int], Counter[int]]:
             sg.included_segment_ids,
             sg.is_major,
             sg.byte_size,
+            sg.committed_us,
             pl.root_segment_id,
         )
         .join(pl, pl.placement_id == sg.placement_id)
@@ -329,6 +381,7 @@ def _pending(s: Session, table_id: int) -> tuple[Counter[int], Counter[int]]:
         lists.setdefault(row.placement_id, []).append(row)
     pending: Counter[int] = Counter()
     pending_bytes: Counter[int] = Counter()
+    oldest: dict[int, int] = {}
     for leader_id, rows in lists.items():
         chain = Chain.of(
             (
@@ -338,12 +391,16 @@ def _pending(s: Session, table_id: int) -> tuple[Counter[int], Counter[int]]:
             rows[0].root_segment_id,
         )
         sizes = {r.segment_id: r.byte_size for r in rows}
+        committed = {r.segment_id: r.committed_us for r in rows}
         for replica_id, site_id in replicas.get(leader_id, ()):
             acked = {sid for sid in sizes if replica_id in acks.get((leader_id, sid), ())}
             offered = offer_order(chain, acked)
             pending[site_id] += len(offered)
             pending_bytes[site_id] += sum(sizes[r.segment_id] for r in offered)
-    return pending, pending_bytes
+            if offered:
+                first = min(committed[r.segment_id] for r in offered)
+                oldest[site_id] = min(first, oldest.get(site_id, first))
+    return Pending(pending, pending_bytes, oldest)
 
 
 def _lease_holds(s: Session, table_id: int, now_us: int) -> dict[int, list[LeaseHold]]:
