@@ -72,6 +72,7 @@ DEFAULT_DAGS = {
     "segrep_replicate_orders": "segrep_replication.py",
     "segrep_split_orders": "segrep_split.py",
     "segrep_verify_orders": "segrep_verify.py",
+    "segrep_watchdog": "segrep_watchdog.py",  # one for every table: their replicas against their RPO
     "segrep_example_fresh_replica": "segrep_fresh_replica.py",  # dags/examples/: the asset consumer
 }
 
@@ -107,6 +108,7 @@ SPARK_STEPS = {
         "unload_step": ("unload_choose", "unload_merge", "unload_commit"),
     },
     "segrep_verify_orders": {},  # its one task starts the digest application itself (hook_submit)
+    "segrep_watchdog": {},
     "segrep_example_fresh_replica": {},
 }
 
