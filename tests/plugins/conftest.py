@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.plugins.airflow_rows import DAG_TABLES, AirflowRows
 from tests.support.airflow import AIRFLOW
 from tests.support.env import Env, make_env
 from tests.support.plugin_page import JWT_SECRET, PLUGINS, RPO_YAML, USERS, Tokens, users
@@ -80,3 +81,35 @@ def lag_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
     write_batch(env.catalog, TABLE, batch(range(20, 30), "b"))
     write_batch(env.catalog, "orders", orders(list(range(1, 6))))
     return env
+
+
+@pytest.fixture
+def dag_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
+    """Three tables shaped like `events` (replicated primary -> dr, edge; RPO 15 min), the first replicated
+    once (its last round ok); each table's DAG is set up in Airflow by the test (``airflow_rows``)."""
+    import yaml
+
+    from segrep.data.writer import write_batch
+    from segrep.replication.orchestrator import run_round
+    from tests.support.rounds import no_spark
+    from tests.support.tables import batch
+
+    doc = yaml.safe_load(RPO_YAML)
+    doc["tables"] = {name: doc["tables"]["events"] for name in DAG_TABLES}
+    (tmp_path / "segrep").mkdir()
+    env = make_env(tmp_path / "segrep", f"sqlite:///{tmp_path / 'catalog.db'}", yaml.safe_dump(doc))
+    monkeypatch.setenv("SEGREP_CATALOG_URL", env.url)
+    monkeypatch.setenv("SEGREP_CONFIG", str(env.config))
+    write_batch(env.catalog, DAG_TABLES[0], batch(range(20), "a"))
+    assert run_round(env.catalog, env.defs, DAG_TABLES[0], submit=no_spark).status == "ok"
+    return env
+
+
+@pytest.fixture
+def airflow_rows(airflow_db: None) -> Iterator[AirflowRows]:
+    """DAGs, runs and task instances a test writes into Airflow's metadata database; deleted afterwards."""
+    rows = AirflowRows()
+    try:
+        yield rows
+    finally:
+        rows.cleanup()

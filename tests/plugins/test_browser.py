@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 START_TIMEOUT_S = 120
 WAIT_S = 30
+METRICS_TOKEN = "browser-test-scrape-" + "7" * 32
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ def _airflow_env(home: Path) -> dict[str, str]:
         "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": USERS,
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+        "SEGREP_METRICS_TOKEN": METRICS_TOKEN,
     }
 
 
@@ -167,9 +170,42 @@ def test_operator_opens_the_replication_page_and_sees_rows_and_chart(
         "return c ? [c.data.datasets.length, c.data.datasets[0].data.length, c.canvas.width] : null;"
     )
     assert drawn is not None and drawn[0] == 2 and drawn[1] >= 1 and drawn[2] > 0, drawn
-    browser.find_element(By.CSS_SELECTOR, "button[data-window='604800']").click()
-    assert browser.find_element(By.ID, "lag-events-dr").get_attribute("data-window") == "604800"
+    # the line ends at the live lag (now against the safe time); the window shown is 6 h until another is chosen
+    assert browser.find_element(By.ID, "lag-events-dr").get_attribute("data-live") == "true"
+    assert browser.find_element(By.ID, "lag-events-dr").get_attribute("data-window") == "21600"
+    browser.find_element(By.CSS_SELECTOR, "a.window[data-window='3600']").click()
+    chart = "const c = Chart.getChart(document.getElementById('lag-events-dr'));"
+    span = chart + "return c && c.scales.x.max - c.scales.x.min;"
+    _wait(browser, lambda d: d.execute_script(span) == 3600 * 1000, "the 1-hour chart")
+    assert "window=1h" in browser.execute_script("return window.location.search")
+    assert {th.text for th in browser.find_elements(By.CSS_SELECTOR, "#sites th")} >= {"DAG", "last verify"}
+    dr = browser.find_element(By.CSS_SELECTOR, "tr.site-row[data-table=events][data-site=dr]")  # the new page's
+    assert dr.find_element(By.CSS_SELECTOR, "td[data-field=last_verified]").text == "-"  # never verified
+
+    # auto-refresh: on unless turned off (remembered); turned on again, it fetches the page at once
+    toggle = browser.find_element(By.ID, "auto-refresh")
+    assert toggle.is_selected()
+    toggle.click()
+    assert browser.execute_script("return localStorage.getItem('segrep.autoRefresh')") == "off"
+    refreshed = browser.execute_script("return document.body.dataset.refreshes || '0'")
+    toggle.click()
+    _wait(browser, lambda d: d.execute_script("return document.body.dataset.refreshes") != refreshed, "a refresh")
+    assert browser.execute_script("return localStorage.getItem('segrep.autoRefresh')") == "on"
+    assert "refreshed" in browser.find_element(By.ID, "refresh-status").text
+    assert len(browser.find_elements(By.CSS_SELECTOR, "tr.site-row")) == len(seen)  # the rows, fetched again
+    assert browser.find_element(By.ID, "lag-events-dr").get_attribute("data-window") == "3600"  # the window kept
     browser.switch_to.default_content()
+
+    # a scraper with the static token, through the api-server's own middleware and mount
+    scrape = urllib.request.Request(
+        f"{api_server.url}/segrep/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}
+    )
+    with urllib.request.urlopen(scrape, timeout=WAIT_S) as got:
+        assert 'segrep_pending_segments{site="dr",table="orders"}' in got.read().decode()
+    scrape.add_header("Authorization", "Bearer wrong")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(scrape, timeout=WAIT_S)
+    assert refused.value.code == 401 and refused.value.headers["WWW-Authenticate"] == "Bearer"
 
     # a user without rights: the same entry shows the refusal, and the app answers 403
     _login(browser, api_server, "nobody")
