@@ -1,56 +1,100 @@
 """OpenLineage events of segrep's DAG runs, as a lineage backend (Marquez) receives them: each copy of a table is
-the dataset ``segrep://<site>/<table>``, a task's COMPLETE event names the copies it read and wrote, and
-segrep's facets carry the real numbers (compared with the round reports in the catalog, and with the failover
-assessment the library makes itself).
+the dataset ``segrep://<site>/<table>``, a task's COMPLETE (or FAIL) event names the copies it read and wrote,
+and segrep's facets carry the real numbers (compared with the round reports in the catalog, and with the
+failover assessment the library makes itself).
 
-How: each DAG runs through ``airflow dags test`` (``dag.test`` in a fresh process) with the provider configured
-the way a deployment configures it, ``AIRFLOW__OPENLINEAGE__TRANSPORT`` set to the client's file transport. The
-provider's plugin then registers its listener when Airflow loads plugins, the task runner calls the listener's
-hooks after each task as a worker does (``on_task_instance_running`` / ``_success`` / ``_failed``), and the
-events are read back from the file. A fresh process, because ``dag.test`` inside this pytest worker would send
-nothing after another test loaded Airflow's plugins without a transport: Airflow builds its listener manager once
-per process, and the provider registers no listener while it is not configured.
+How: ``dag.test`` does call the provider's listener in Airflow 3.3 (the task runner calls its
+``on_task_instance_running`` / ``_success`` / ``_failed`` hooks around each task, as in a worker), provided
+the provider was configured when the process loaded Airflow's plugins: Airflow builds its listener manager
+once per process, and the provider registers no listener while it has no transport. In this pytest worker
+another test may have loaded the plugins first, so the DAGs run in a process of their own
+(``tests/support/lineage_runner.py``: ``dag.test`` on request, one Airflow start-up for the module) started
+with the provider configured as a deployment configures it: ``AIRFLOW__OPENLINEAGE__TRANSPORT`` set to the
+client's file transport, ``AIRFLOW__OPENLINEAGE__NAMESPACE``. The events are read back from the file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
 from segrep.data.writer import write_batch
 from segrep.replication.orchestrator import run_round
-from tests.support.airflow import AIRFLOW, edge_rejoins, events_batch, rounds
+from tests.support.airflow import REPO, edge_rejoins, events_batch, rounds
 from tests.support.rounds import no_spark
 
 POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 0, "retry_delay_s": 0}
 NAMESPACE = "segrep-lineage-tests"
+SEGREP_ENV = ("SEGREP_CONFIG", "SEGREP_CATALOG_URL", "SEGREP_SPARK_PY_FILES", "SEGREP_SPARK_PYTHON")
+SEGREP_ENV += ("SEGREP_SPARK_JOBS", "SEGREP_SPARK_CONN_ID")
+RUN_TIMEOUT_S = 240
 
 
-def _dags_test(
-    dag_id: str, tmp_path: Path, conf: dict[str, Any] | None = None, *, ends: str = "COMPLETE"
-) -> list[dict[str, Any]]:
-    """Run ``dag_id`` once (once per test: the events file is the test's) with OpenLineage's file transport;
-    the events it sent, in order. The run must end as ``ends`` says (its own COMPLETE or FAIL event)."""
-    events = tmp_path / f"{dag_id}.openlineage.jsonl"
+class Runner:
+    """The module's DAG-running process (tests/support/lineage_runner.py) and the events file it writes."""
+
+    def __init__(self, proc: subprocess.Popen[str], events: Path, log: Path) -> None:
+        self.proc, self.events, self.log = proc, events, log
+
+    def run(self, dag_id: str, conf: dict[str, Any] | None = None, *, ends: str = "success") -> list[dict[str, Any]]:
+        """Run ``dag_id`` once with the test's SEGREP_* environment; the run must end in state ``ends``. The
+        events its tasks sent, in order (a DAG run's own events are sent in the background, so they may come
+        later: the run's state is the runner's answer)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        offset = self.events.stat().st_size if self.events.exists() else 0
+        request = {"env": {k: os.environ.get(k) for k in SEGREP_ENV}, "dag_id": dag_id, "conf": conf}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], RUN_TIMEOUT_S)
+        line = self.proc.stdout.readline() if ready else ""
+        assert line, f"the lineage runner gave no answer:\n{self.log.read_text()[-4000:]}"
+        answer = json.loads(line)
+        assert answer.get("state") == ends, f"{answer}\n{self.log.read_text()[-4000:]}"
+        with self.events.open() as f:
+            f.seek(offset)
+            return [json.loads(event) for event in f.read().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def lineage_runner(airflow_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
+    where = tmp_path_factory.mktemp("lineage")
+    events, log = where / "openlineage.jsonl", where / "runner.log"
     env = {
         **os.environ,
         "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(events), "append": True}),
         "AIRFLOW__OPENLINEAGE__NAMESPACE": NAMESPACE,
     }
-    cmd = [AIRFLOW, "dags", "test", dag_id, *(["--conf", json.dumps(conf)] if conf else [])]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    out = f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    assert proc.returncode == (0 if ends == "COMPLETE" else 1), out
-    assert events.exists(), f"no OpenLineage event was written:\n{out}"
-    sent = [json.loads(line) for line in events.read_text().splitlines()]
-    run_end = [e for e in sent if e["job"]["name"] == dag_id and e["eventType"] in ("COMPLETE", "FAIL")]
-    assert [e["eventType"] for e in run_end] == [ends], out
-    return sent
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.lineage_runner"],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+        )
+    try:
+        yield Runner(proc, events, log)
+    finally:
+        stdin: IO[str] | None = proc.stdin
+        if stdin is not None:
+            stdin.close()  # the runner ends at the end of its input
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def _complete(sent: list[dict[str, Any]], dag_id: str, task_id: str, ends: str = "COMPLETE") -> dict[str, Any]:
@@ -72,7 +116,7 @@ def _copies(event: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("path", ["one_task", "mapped"])
 def test_a_round_names_the_leader_copy_and_each_replica_with_what_it_got(
-    segrep_env: Any, tmp_path: Path, path: str
+    segrep_env: Any, lineage_runner: Runner, path: str
 ) -> None:
     """A small round reports in its `round` task, a big one (the mapped path) in `report`: either way one
     COMPLETE event reads primary's copy and writes dr's and edge's, with the bytes, segments and safe time of
@@ -80,7 +124,7 @@ def test_a_round_names_the_leader_copy_and_each_replica_with_what_it_got(
     env = segrep_env({**POLICY, "one_task_round_max_bytes": 0} if path == "mapped" else POLICY)
     write_batch(env.catalog, "events", events_batch(list(range(60)), "a"))
 
-    sent = _dags_test("segrep_replicate_events", tmp_path)
+    sent = lineage_runner.run("segrep_replicate_events")
 
     event = _complete(sent, "segrep_replicate_events", "round" if path == "one_task" else "report")
     last = rounds(env)[-1]
@@ -110,7 +154,7 @@ def test_a_round_names_the_leader_copy_and_each_replica_with_what_it_got(
         assert len(ff) == 2 and all(e["outputs"] == [] for e in ff)
 
 
-def test_a_failed_round_still_names_the_copy_it_made(segrep_env: Any, tmp_path: Path) -> None:
+def test_a_failed_round_still_names_the_copy_it_made(segrep_env: Any, lineage_runner: Runner) -> None:
     """edge is down (its site's directory is gone): the round copies to dr, then fails on edge. Its FAIL event
     names both copies: dr's with what it got, edge's with status down and nothing copied."""
     import shutil
@@ -119,7 +163,7 @@ def test_a_failed_round_still_names_the_copy_it_made(segrep_env: Any, tmp_path: 
     write_batch(env.catalog, "events", events_batch(list(range(60)), "a"))
     shutil.rmtree(env.site_dir("edge"))
 
-    sent = _dags_test("segrep_replicate_events", tmp_path, ends="FAIL")
+    sent = lineage_runner.run("segrep_replicate_events", ends="failed")
 
     event = _complete(sent, "segrep_replicate_events", "round", ends="FAIL")
     report = rounds(env)[-1].report
@@ -134,7 +178,9 @@ def test_a_failed_round_still_names_the_copy_it_made(segrep_env: Any, tmp_path: 
     assert event["run"]["facets"]["segrepRounds"]["rounds"][0]["status"] == "failed"
 
 
-def test_failover_carries_its_loss_and_moves_the_source_of_the_replicas(segrep_env: Any, tmp_path: Path) -> None:
+def test_failover_carries_its_loss_and_moves_the_source_of_the_replicas(
+    segrep_env: Any, lineage_runner: Runner
+) -> None:
     """One failover run to dr: its `assess` (always a dry run) carries what the move gives up, as the library
     assesses it (independently, here, before the run); `failover` reads primary's copy and writes dr's, the new
     leader's, with the same loss; its verifying round then copies from dr to the other sites."""
@@ -148,7 +194,7 @@ def test_failover_carries_its_loss_and_moves_the_source_of_the_replicas(segrep_e
     expected = move.assessment
     assert expected.rows_lost == 20 and expected.segments_lost > 0 and move.partitions_moved > 0
 
-    sent = _dags_test("segrep_failover", tmp_path, {"tables": ["events"], "site": "dr", "dry_run": False})
+    sent = lineage_runner.run("segrep_failover", {"tables": ["events"], "site": "dr", "dry_run": False})
 
     assess = _complete(sent, "segrep_failover", "assess")
     facet = assess["run"]["facets"]["segrepFailover"]
@@ -172,13 +218,13 @@ def test_failover_carries_its_loss_and_moves_the_source_of_the_replicas(segrep_e
     assert _names(verify["outputs"]) == ["segrep://edge/events", "segrep://primary/events"]
 
 
-def test_bootstrap_names_the_joining_copy_and_what_its_catch_up_copied(segrep_env: Any, tmp_path: Path) -> None:
+def test_bootstrap_names_the_joining_copy_and_what_its_catch_up_copied(segrep_env: Any, lineage_runner: Runner) -> None:
     """edge joins a table holding data: `bootstrap` writes edge's copy (its decisions as a facet), and `catch_up`
     carries what its rounds copied there, summed over them, as the catalog's round reports have it."""
     env = segrep_env(POLICY)
     edge_rejoins(env)
 
-    sent = _dags_test("segrep_bootstrap", tmp_path, {"table": "events", "site": "edge", "mode": "auto"})
+    sent = lineage_runner.run("segrep_bootstrap", {"table": "events", "site": "edge", "mode": "auto"})
 
     joined = _complete(sent, "segrep_bootstrap", "bootstrap")
     assert _names(joined["inputs"]) == ["segrep://primary/events"]
@@ -194,7 +240,9 @@ def test_bootstrap_names_the_joining_copy_and_what_its_catch_up_copied(segrep_en
     assert copy["safeTimeUs"] == by_id[copy["roundIds"][-1]]["safe_time_us"]["edge"]
 
 
-def test_split_copy_pass_names_the_copy_it_read_and_the_children_it_wrote(segrep_env: Any, tmp_path: Path) -> None:
+def test_split_copy_pass_names_the_copy_it_read_and_the_children_it_wrote(
+    segrep_env: Any, lineage_runner: Runner
+) -> None:
     """A split of partition 5 at "a1" (its rewrite small enough to run in the task): `copy_commit` reads
     primary's copy (the parent's leader) and writes primary's (the children's leaders), with the pass as a
     facet: one rewrite per parent segment and child, every item committed, the bytes read per site."""
@@ -210,7 +258,7 @@ def test_split_copy_pass_names_the_copy_it_read_and_the_children_it_wrote(segrep
         leader = s.scalar(select(m.Partition.leader_placement_id).where(m.Partition.partition_id == 5))
         parent = s.scalars(select(m.Segment.byte_size).where(m.Segment.placement_id == leader)).all()
 
-    sent = _dags_test("segrep_split_events", tmp_path, {"partition": 5, "split_keys": ["a1"]})
+    sent = lineage_runner.run("segrep_split_events", {"partition": 5, "split_keys": ["a1"]})
 
     copy = _complete(sent, "segrep_split_events", "copy_commit")
     assert _names(copy["inputs"]) == ["segrep://primary/events"]
