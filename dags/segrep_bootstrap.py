@@ -21,6 +21,7 @@ import pendulum
 from airflow.sdk import Param, dag, task
 
 from segrep.config.definitions import Definitions
+from segrep_airflow import lineage
 from segrep_airflow.common import dag_definitions, hook_submit, segrep_context
 from segrep_airflow.forms import form
 
@@ -72,6 +73,7 @@ def segrep_bootstrap() -> None:
         p = form()
         with segrep_context() as (defs, catalog):
             report = run(catalog, defs, p["table"], p["site"], p["mode"])
+            lineage.bootstrap(catalog, report)
         print("\n".join(report.lines()))
         return {"table": p["table"], "site": p["site"], "joining": report.joining}
 
@@ -81,6 +83,7 @@ def segrep_bootstrap() -> None:
 
         with segrep_context() as (defs, catalog):
             reports = run_catch_up(catalog, defs, b["table"], b["site"], submit=hook_submit)
+            lineage.rounds(catalog, reports)
         for r in reports:
             print(str(r))
         return [r.to_dict() for r in reports]

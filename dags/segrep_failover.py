@@ -28,6 +28,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import Param, dag, task
 
+from segrep_airflow import lineage
 from segrep_airflow.common import dag_definitions, segrep_context
 from segrep_airflow.forms import flag, form
 
@@ -82,6 +83,7 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
                 raise SegrepError("a switchover needs the site that takes the lead")
             with segrep_context() as (defs, catalog):
                 report = failover(catalog, defs, p["tables"], to=p["site"] or None, cut=Cut(p["at"]), dry_run=True)
+            lineage.failover(report)
             text = str(report)
             print(text)
             if dag_run is not None:  # the loss, where the run's page shows it first
@@ -102,6 +104,7 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
                 report = failover(
                     catalog, defs, plan["tables"], to=plan["site"], cut=Cut(plan["at"]), submit=hook_submit
                 )
+            lineage.failover(report)
             print(report)
             return report.to_dict()
 
@@ -116,6 +119,7 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
                 report, drained = switchover(
                     catalog, defs, plan["tables"], plan["site"], timeout_s=seconds, submit=hook_submit
                 )
+            lineage.failover(report)
             for d in drained:
                 print(d)
             print(report)
@@ -136,6 +140,7 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
                 for table in plan["tables"]:
                     rows = read_table(catalog, table).num_rows  # every file at the new leader checked on the way
                     report = run_round(catalog, defs, table, submit=hook_submit)
+                    lineage.rounds(catalog, [report])
                     print(str(report))
                     failed = ", ".join(report.failed) or "none"
                     lines.append(f"{table}: {rows:,} rows at {plan['site']}; round {report.status}, failed: {failed}")

@@ -44,7 +44,7 @@ from airflow.sdk import dag, task
 from airflow.sdk.definitions.xcom_arg import XComArg
 
 from segrep.config.definitions import TableDef
-from segrep_airflow import assets
+from segrep_airflow import assets, lineage
 from segrep_airflow.common import (
     dag_definitions,
     hook_submit,
@@ -122,6 +122,7 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
                     return sorted(set(task.downstream_task_ids) - {IN_ONE_TASK})  # the mapped path's first tasks
                 # a small round: the rest of it here, no other task process (a retry is not held back by a back-off)
                 view = steps.finish(planned, retry=retried(ti))
+                lineage.rounds(catalog, [view.report])
             ti.xcom_push(key=VIEW_KEY, value=_reported(view, outlet_events))
             return [IN_ONE_TASK]
 
@@ -161,6 +162,7 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
             with segrep_context() as (defs, catalog):
                 steps = RoundSteps(catalog, defs, name)
                 view = steps.report(steps.commit(planned))
+                lineage.rounds(catalog, [view.report])
             return _reported(view, outlet_events)
 
         def _reported(view: Any, outlet_events: Any) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from airflow.sdk import Param, dag, task
 
 from segrep.catalog.models import MAX_PARTITION_ID
 from segrep.config.definitions import TableDef
+from segrep_airflow import lineage
 from segrep_airflow.common import dag_definitions, segrep_context, spark_step, tables_to_build
 from segrep_airflow.forms import flag, form, key_schema
 
@@ -121,6 +122,7 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
 
             with segrep_context() as (_defs, catalog):
                 summary = commit_pass(catalog, p)
+            lineage.split_pass(p, summary)
             print(summary)
             return summary.to_dict()
 

@@ -10,10 +10,9 @@ import pytest
 from sqlalchemy import select
 
 from segrep.catalog import models as m
-from segrep.catalog.apply import apply_definitions
 from segrep.data.writer import write_batch
 from segrep.replication.orchestrator import run_round
-from tests.support.airflow import events_batch, load_dag, read_sorted, ti_states
+from tests.support.airflow import edge_rejoins, events_batch, load_dag, read_sorted, ti_states
 
 POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 0, "compact_min_segments": 2}
 
@@ -28,21 +27,11 @@ def _states(env: Any, site_id: int) -> list[str]:
         return sorted(s.scalars(q))
 
 
-def _edge_joins_definitions(env: Any) -> None:
-    env.config.write_text(env.config.read_text().replace("replicas:\n    - dr\n    - edge", "replicas:\n    - dr"))
-    apply_definitions(env.catalog, env.defs)  # edge leaves (no data there yet: placements REMOVED)
-    for keys, tag in ((range(0, 60), "a"), (range(40, 90), "b")):
-        write_batch(env.catalog, "events", events_batch(list(keys), tag))
-    run_round(env.catalog, env.defs, "events", submit=_no_spark)
-    env.config.write_text(env.config.read_text().replace("replicas:\n    - dr", "replicas:\n    - dr\n    - edge"))
-    apply_definitions(env.catalog, env.defs)  # edge is back: JOINING, waiting for a bootstrap
-
-
 def test_bootstrap_dag_refuses_a_site_holding_data_then_joins_it(segrep_env: Any) -> None:
     import pendulum
 
     env = segrep_env(POLICY)
-    _edge_joins_definitions(env)
+    edge_rejoins(env)
     before = _states(env, 3)
     assert "JOINING" in before
     with env.catalog.read() as s:

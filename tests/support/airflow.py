@@ -98,6 +98,23 @@ def set_leader(env: Env, site: str) -> None:
             part.epoch += 1
 
 
+def edge_rejoins(env: Env) -> None:
+    """edge leaves events (no data there yet), the table gets data and a round, then edge is a replica again:
+    JOINING, waiting for a bootstrap (the bootstrap DAG's tests)."""
+    from segrep.catalog.apply import apply_definitions
+    from segrep.data.writer import write_batch
+    from segrep.replication.orchestrator import run_round
+    from tests.support.rounds import no_spark
+
+    env.config.write_text(env.config.read_text().replace("replicas:\n    - dr\n    - edge", "replicas:\n    - dr"))
+    apply_definitions(env.catalog, env.defs)  # edge leaves (no data there yet: placements REMOVED)
+    for keys, tag in ((range(0, 60), "a"), (range(40, 90), "b")):
+        write_batch(env.catalog, "events", events_batch(list(keys), tag))
+    run_round(env.catalog, env.defs, "events", submit=no_spark)
+    env.config.write_text(env.config.read_text().replace("replicas:\n    - dr", "replicas:\n    - dr\n    - edge"))
+    apply_definitions(env.catalog, env.defs)  # edge is back: JOINING, waiting for a bootstrap
+
+
 def read_sorted(env: Env, site: str | None = None) -> Any:
     from segrep.data.reader import read_table
 
