@@ -30,7 +30,7 @@ from airflow.sdk import Param, dag, task
 
 from segrep_airflow import lineage
 from segrep_airflow.common import dag_definitions, segrep_context
-from segrep_airflow.forms import flag, form
+from segrep_airflow.forms import duration, every_or_one, flag, form
 
 
 def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-untyped-def]
@@ -52,14 +52,17 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
                 uniqueItems=True,
                 description="The tables whose leadership moves (together, to one site). Default: all.",
             ),
-            "site": Param(
-                "",
-                type="string",
-                enum=["", *sites],
-                values_display={"": "the most advanced live replica", **{s: s for s in sites}},
+            "site": every_or_one(
+                sites,
+                every="the most advanced live replica",
                 description="The new leader. Empty: the most advanced live replica (failover only).",
             ),
-            "action": Param("failover", type="string", enum=["failover", "switchover"]),
+            "action": Param(
+                "failover",
+                type="string",
+                enum=["failover", "switchover"],
+                description="failover: unplanned, works while the leader is down; switchover: planned, nothing lost.",
+            ),
             "at": Param(
                 "latest",
                 type="string",
@@ -67,7 +70,7 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
                 description="latest: keep all the new leader holds; safe-time: the rows as of the tables' safe time",
             ),
             "dry_run": flag(True, "Only assess (the loss, per partition)."),
-            "timeout": Param("10m", type="string", description="Switchover: give up (and resume writes) after."),
+            "timeout": duration("10m", "Switchover: give up (and resume writes) after this long, e.g. 90s, 10m, 1h."),
         },
         default_args={"retries": 0},
     )

@@ -3,8 +3,11 @@
 #
 # `airflow standalone` starts its parts (scheduler, dag-processor, triggerer, api-server) as child processes
 # found by name on PATH, so the venv's bin directory goes first on PATH (without it: FileNotFoundError:
-# 'airflow'). Airflow's own metadata database and logs live in $AIRFLOW_HOME (default data/airflow, SQLite:
-# fine for trying things; use PostgreSQL for backfills, see docs/airflow.md). segrep's catalog is separate.
+# 'airflow'). Airflow's logs live in $AIRFLOW_HOME (default data/airflow). Its metadata database is a database
+# on the local PostgreSQL when one answers (scripts/airflow_database.py creates it; LocalExecutor: backfills
+# and parallel runs work), else SQLite in $AIRFLOW_HOME, which the script says (the page's plugin then refuses
+# backfills, which would lock SQLite). AIRFLOW__DATABASE__SQL_ALCHEMY_CONN, when set, wins. segrep's catalog
+# is a separate database.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -28,6 +31,28 @@ export AIRFLOW__API__PORT="$PORT"
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://localhost:$PORT/execution/"
 mkdir -p "$AIRFLOW_HOME"
 
+if [ -z "${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN:-}" ]; then
+  set +e
+  AIRFLOW_DB_URL=$(python "$ROOT/scripts/airflow_database.py")
+  rc=$?
+  set -e
+  case $rc in
+    0)
+      export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="$AIRFLOW_DB_URL"
+      export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC="$AIRFLOW_DB_URL"  # psycopg 3 does both (no asyncpg)
+      export AIRFLOW__CORE__EXECUTOR="${AIRFLOW__CORE__EXECUTOR:-LocalExecutor}"
+      AIRFLOW_DB_SHOWN="PostgreSQL, database ${SEGREP_AIRFLOW_DB_NAME:-segrep_airflow} (LocalExecutor)"
+      ;;
+    3)
+      export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///$AIRFLOW_HOME/airflow.db"
+      AIRFLOW_DB_SHOWN="SQLite, $AIRFLOW_HOME/airflow.db: one task at a time, backfills refused (start PostgreSQL for them)"
+      ;;
+    *) exit "$rc" ;;
+  esac
+else
+  AIRFLOW_DB_SHOWN="AIRFLOW__DATABASE__SQL_ALCHEMY_CONN (set by you)"
+fi
+
 if [ -z "${SEGREP_CATALOG_URL:-}" ] && [ ! -f "$ROOT/data/catalog.db" ]; then
   echo "segrep: no catalog yet: segrep init && segrep apply (definitions: $SEGREP_CONFIG)"
   segrep init
@@ -45,6 +70,7 @@ export AIRFLOW_CONN_SEGREP_AIRFLOW_API="${AIRFLOW_CONN_SEGREP_AIRFLOW_API:-{\"co
 cat <<MSG
 Airflow for segrep: http://localhost:$PORT (Ctrl-C stops every part; SEGREP_AIRFLOW_PORT moves it)
   AIRFLOW_HOME  $AIRFLOW_HOME
+  database      $AIRFLOW_DB_SHOWN
   DAGs          $AIRFLOW__CORE__DAGS_FOLDER   (definitions: $SEGREP_CONFIG)
   plugins       $AIRFLOW__CORE__PLUGINS_FOLDER
   log in as     admin, password in $PASSWORDS

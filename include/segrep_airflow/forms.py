@@ -88,3 +88,14 @@ def every_or_one(choices: list[str], *, every: str, description: str) -> Any:
         values_display={"null": every, **{c: c for c in choices}},
         description=description,
     )
+
+
+DURATION_PATTERN = r"^\s*\d{1,12}\s*[smhdw]?\s*$"  # what segrep.config.policy.parse_duration_s reads
+
+
+def duration(default: str, description: str) -> Any:
+    """A duration Param (``30s``, ``15m``, ``12h``, ``7d``, ``2w`` or plain seconds): the form refuses other
+    text before a run exists; the task still parses it strictly (range included)."""
+    from airflow.sdk import Param
+
+    return Param(default, type="string", pattern=DURATION_PATTERN, description=description)

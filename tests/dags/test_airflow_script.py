@@ -1,23 +1,23 @@
-"""`make airflow` (scripts/airflow.sh) on another port: one setting moves the UI and the tasks' execution API.
+"""`make airflow` (scripts/airflow.sh): the settings it refuses and the database it picks for Airflow.
 
-With only the UI moved, every task failed with a bare "Connection refused" (or reached another Airflow on
-8080). Here the script runs `airflow standalone` on a free port, in a throw-away AIRFLOW_HOME, and a manual run
-of a replication DAG must succeed: its task reached the execution API on that port.
+The script on a free port, on PostgreSQL, with rounds and the UI, runs in tests/dags/test_make_airflow_ui.py
+(one setting moves the UI and the tasks' execution API: its runs reach the execution API on that port).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
+import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from sqlalchemy.engine import make_url
 
-from tests.support.airflow import EVENTS_DAG, REPO, events_batch, read_sorted
+from tests.support.airflow import REPO
 from tests.support.airflow_services import free_port, stop_group
 
 START_TIMEOUT_S = 300  # standalone migrates its database and starts four processes: slow on a busy machine
@@ -47,54 +47,51 @@ def test_a_bad_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
     assert not (tmp_path / "home").exists()
 
 
-def test_one_port_setting_moves_the_ui_and_the_execution_api(segrep_env: Any, tmp_path: Path) -> None:
-    from segrep.data.writer import write_batch
-
-    env = segrep_env({"schedule": "@hourly", "start_date": "2026-11-01"}, tables=("events",))
-    write_batch(env.catalog, "events", events_batch(list(range(20)), "a"))
-    port, home = free_port(), tmp_path / "airflow-home"
-    log = (tmp_path / "standalone.log").open("wb")
-    proc = subprocess.Popen(
-        [str(REPO / "scripts" / "airflow.sh")],
-        env=_script_env(home, port),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+def test_without_postgresql_the_script_says_airflow_runs_on_sqlite(tmp_path: Path) -> None:
+    """No server answers at SEGREP_AIRFLOW_PG_URL: the script falls back to SQLite and says so (backfills
+    refused), before Airflow starts; stopped as soon as it has said it."""
+    env = {
+        **_script_env(tmp_path / "home", free_port()),
+        "SEGREP_AIRFLOW_PG_URL": f"postgresql+psycopg://x@127.0.0.1:{free_port()}/postgres",
+    }
+    log = tmp_path / "standalone.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(REPO / "scripts" / "airflow.sh")],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as api:
-            _wait(lambda: _ok(api, "/api/v2/monitor/health"), proc, tmp_path, "the api-server to answer")
-            password = json.loads((home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
-            token = api.post("/auth/token", json={"username": "admin", "password": password})
-            assert token.status_code in (200, 201), token.text
-            api.headers["Authorization"] = f"Bearer {token.json()['access_token']}"
-            _wait(lambda: _ok(api, f"/api/v2/dags/{EVENTS_DAG}"), proc, tmp_path, "the DAG to be parsed")
-            made = api.post(f"/api/v2/dags/{EVENTS_DAG}/dagRuns", json={"logical_date": None})
-            assert made.status_code == 200, made.text
-            run_id = made.json()["dag_run_id"]
-            api.patch(f"/api/v2/dags/{EVENTS_DAG}", json={"is_paused": False}).raise_for_status()
-
-            def finished() -> bool:
-                return str(api.get(f"/api/v2/dags/{EVENTS_DAG}/dagRuns/{run_id}").json()["state"]) in (
-                    "success",
-                    "failed",
-                )
-
-            _wait(finished, proc, tmp_path, "the run to finish")
-            state = api.get(f"/api/v2/dags/{EVENTS_DAG}/dagRuns/{run_id}").json()["state"]
-            assert state == "success", _tail(tmp_path)
+        _wait(lambda: "database      SQLite" in log.read_text(errors="replace"), proc, tmp_path, "the banner")
     finally:
-        stop_group(proc, timeout_s=60)
-        log.close()
-    leader = read_sorted(env)
-    assert leader.num_rows == 20 and read_sorted(env, "dr").equals(leader)
+        stop_group(proc, timeout_s=30)
+    text = log.read_text(errors="replace")
+    assert "no PostgreSQL for Airflow at postgresql+psycopg://x@127.0.0.1:" in text, text[:3000]
+    assert "one task at a time, backfills refused" in text, text[:3000]
 
 
-def _ok(api: httpx.Client, path: str) -> bool:
+def test_the_database_script_creates_airflows_database_once_and_refuses_a_bad_name(pg_server: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    server = make_url(pg_server).set(database="postgres")
+    name = f"segrep_airflow_s{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "SEGREP_AIRFLOW_PG_URL": server.render_as_string(hide_password=False)}
+    script = [sys.executable, str(REPO / "scripts" / "airflow_database.py")]
     try:
-        return api.get(path).status_code == 200
-    except httpx.HTTPError:
-        return False
+        first = subprocess.run(script, env={**env, "SEGREP_AIRFLOW_DB_NAME": name}, capture_output=True, text=True)
+        again = subprocess.run(script, env={**env, "SEGREP_AIRFLOW_DB_NAME": name}, capture_output=True, text=True)
+        assert first.returncode == 0 and f"created the database {name}" in first.stderr, first.stderr
+        assert again.returncode == 0 and "created" not in again.stderr  # it exists: used as it is
+        assert first.stdout.strip() == again.stdout.strip() and make_url(first.stdout.strip()).database == name
+        bad = subprocess.run(script, env={**env, "SEGREP_AIRFLOW_DB_NAME": 'x"; drop'}, capture_output=True, text=True)
+        assert bad.returncode == 2 and "is not a plain database name" in bad.stderr, bad.stderr
+    finally:
+        engine = create_engine(server, isolation_level="AUTOCOMMIT")
+        with engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        engine.dispose()
 
 
 def _wait(check: Any, proc: subprocess.Popen[bytes], tmp_path: Path, what: str) -> None:

@@ -2,9 +2,10 @@
 
 - A conf the form refuses (wrong type, out of range, not one of the choices) creates no run and runs no task,
   through ``dag.test`` and through ``trigger_dag`` (what ``airflow dags trigger -c`` and the REST API call).
-- A conf with a key the form does not have cannot be refused at trigger time (Airflow adds it as a Param without
-  a schema): the run fails at its first task, which names the unknown key and the form's keys, before it does
-  anything.
+- A conf with a key the form does not have: Airflow itself adds it as a Param without a schema. The plugin's
+  request guard refuses such a trigger at the REST API (tests/dags/test_make_airflow_ui.py); a run made past
+  it (``dag.test``, the CLI) fails at its first task, which names the unknown key and the form's keys, before
+  it does anything.
 - A conf the form takes but the task cannot (the bootstrap of a table at its own leader, a split key outside
   the partition) fails the first task naming the problem.
 In every case the catalog and every file under the environment (sites, work directory) are unchanged.
@@ -72,6 +73,13 @@ REFUSED: dict[str, list[tuple[dict[str, Any], str]]] = {
         ({"split_keys": ["b", "b"]}, "split_keys"),
         ({"split_keys": [None]}, "split_keys"),
         ({"async": "yes"}, "async"),
+    ],
+    "segrep_failover": [
+        ({"timeout": "soon"}, "timeout"),  # a duration: 90s, 10m, 1h
+        ({"timeout": "10 minutes"}, "timeout"),
+        ({"site": ""}, "site"),  # the most advanced live replica is null, shown with that label
+        ({"site": "nowhere"}, "site"),
+        ({"action": "move"}, "action"),
     ],
     "segrep_split_orders": [
         ({"split_keys": [True]}, "split_keys"),  # o_orderkey is int64: true is not 1
@@ -166,7 +174,8 @@ def test_the_form_refuses_wrong_types_and_values_before_any_run(segrep_env: Any,
 def test_an_unknown_key_fails_the_first_task_before_it_does_anything(
     segrep_env: Any, capsys: pytest.CaptureFixture[str], dag_id: str
 ) -> None:
-    """Airflow 3.3 cannot refuse a key that is not a Param at trigger time: the first task refuses it."""
+    """Past the REST API's guard (dag.test, the CLI), Airflow 3.3 takes a key that is not a Param: the first
+    task refuses it."""
     import pendulum
 
     env = _with_data(segrep_env)
@@ -292,6 +301,7 @@ def test_every_param_of_every_dag_has_a_schema_with_a_type(server_forms: dict[st
             # a type, or (the yes/no switches of segrep_airflow.forms.flag) an enum of true and false
             has_type = bool(param.schema.get("type")) or param.schema.get("enum") == [True, False]
             assert has_type, f"{dag_id}: Param {key} has no type: {param.schema}"
+            assert (param.description or "").strip(), f"{dag_id}: Param {key} has no description"
             assert _form_takes(params, {}), f"{dag_id}: the defaults do not pass the form"
 
 

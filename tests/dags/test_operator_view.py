@@ -28,11 +28,9 @@ from tests.support.airflow import (
     events_batch,
     load_dag,
     load_dagbag,
-    read_sorted,
     rounds,
     ti_states,
 )
-from tests.support.airflow_services import Services
 
 POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 0, "retry_delay_s": 0}
 CONSUMER = "segrep_example_fresh_replica"
@@ -273,75 +271,6 @@ def test_clear_only_failed_tasks_reports_from_the_catalog_not_the_old_commit(
     lines = (proc.stdout + proc.stderr).splitlines()
     assert any("  dr: ok; copied 2 segments (" in x for x in lines), proc.stdout[-3000:]
     assert not any("round of events: target(s) dr failed" in x for x in lines)
-
-
-def test_a_cleared_round_is_the_operators_retry_and_is_not_held_back_by_the_back_off(
-    segrep_env: Any, services: Services
-) -> None:
-    """Through the real scheduler: dr is down (a 10-minute back-off after a failure), the run fails. dr is
-    restored and the operator clears the failed task ("Clear only failed tasks", the REST call the UI makes):
-    its next try is the operator's retry, which the back-off does not hold back, so the run ends Success with
-    dr holding the segments. (It once went Success with "dr: backoff; nothing to copy; pending 5 segments"; a
-    first attempt held back by a back-off now fails the run, saying until when and how to retry now.)"""
-    import httpx
-
-    from segrep.data.writer import write_batch
-
-    env = segrep_env({**POLICY, "retry_delay_s": 600}, tables=("events",))  # a small round: the one task
-    write_batch(env.catalog, "events", events_batch(list(range(30)), "a"))
-    dr_dir = env.site_dir("dr")
-    aside = dr_dir.with_name("dr.away")
-    dr_dir.rename(aside)
-    dr_dir.write_text("not a directory: dr is down\n")
-    services.extra_env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "True"
-    services.start_api_server(apps="all")
-    services.cli("dags", "reserialize")
-    services.cli("dags", "unpause", EVENTS_DAG)
-    services.wait_api_healthy()
-    services.start("scheduler", "scheduler")
-
-    with httpx.Client(base_url=f"http://127.0.0.1:{services.api_port}", timeout=120) as api:
-        api.headers["Authorization"] = f"Bearer {api.get('/auth/token').json()['access_token']}"
-        made = api.post(f"/api/v2/dags/{EVENTS_DAG}/dagRuns", json={"logical_date": None})
-        made.raise_for_status()
-        run_id = made.json()["dag_run_id"]
-        assert _finished(api, services, run_id) == "failed"
-        assert _task_state(api, run_id, "round") == ("failed", 1)
-
-        dr_dir.unlink()
-        aside.rename(dr_dir)  # dr is back; its back-off runs for 10 more minutes
-        cleared = api.post(
-            f"/api/v2/dags/{EVENTS_DAG}/clearTaskInstances",
-            json={"dry_run": False, "only_failed": True, "dag_run_id": run_id, "reset_dag_runs": True},
-        )
-        assert cleared.status_code == 200, cleared.text
-        assert _finished(api, services, run_id) == "success", services.tail("scheduler")
-        assert _task_state(api, run_id, "round") == ("success", 2)
-    report = rounds(env)[-1].report["targets"]["dr"]
-    assert report["status"] == "ok" and report["segments_copied"] == 2, report
-    leader = read_sorted(env)
-    assert read_sorted(env, "dr").equals(leader) and leader.num_rows == 30
-    # Leave the worker's Airflow database as the next test expects it: a `dag.test` of this DAG right after
-    # what this test stored there (`dags reserialize`, its runs) let a malformed trigger create a run
-    services.stop()
-    services.cli("dags", "delete", EVENTS_DAG, "--yes")
-
-
-def _finished(api: Any, services: Services, run_id: str, timeout_s: float = 300) -> str:
-    """The run's state once it is no longer queued or running (a ceiling of ``timeout_s``)."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        state = str(api.get(f"/api/v2/dags/{EVENTS_DAG}/dagRuns/{run_id}").json()["state"])
-        if state in ("success", "failed"):
-            return state
-        assert services.procs["scheduler"].poll() is None, services.tail("scheduler")
-        time.sleep(0.5)
-    raise AssertionError(f"run {run_id} did not finish in {timeout_s} s:\n{services.tail('scheduler')}")
-
-
-def _task_state(api: Any, run_id: str, task_id: str) -> tuple[str, int]:
-    ti = api.get(f"/api/v2/dags/{EVENTS_DAG}/dagRuns/{run_id}/taskInstances/{task_id}").json()
-    return str(ti["state"]), int(ti["try_number"])
 
 
 def test_a_failed_plan_runs_no_step_after_it(segrep_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
