@@ -49,6 +49,7 @@ SEGREP_DAGS = (
     "segrep_split_events",
     "segrep_bootstrap",
     "segrep_failover",
+    "segrep_watchdog",
 )
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.plugins.airflow_rows import DAG_TABLES, AirflowRows
 from tests.support.airflow import AIRFLOW
+from tests.support.airflow_rows import DAG_TABLES, AirflowRows
 from tests.support.env import Env, make_env
 from tests.support.plugin_page import JWT_SECRET, PLUGINS, RPO_YAML, USERS, Tokens, users
 

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from segrep.catalog import models as m
 from segrep.core import hlc
 from segrep.replication.status import status_rows
-from tests.plugins.airflow_rows import DAG_TABLES, AirflowRows
+from tests.support.airflow_rows import DAG_TABLES, AirflowRows
 from tests.support.cli import cli
 from tests.support.env import Env
 from tests.support.plugin_page import PLUGINS, RPO_YAML, Tokens, app_for

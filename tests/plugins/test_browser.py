@@ -21,14 +21,12 @@ import pytest
 
 from tests.support.airflow import AIRFLOW
 from tests.support.airflow_services import free_port, stop_group
+from tests.support.browser import WAIT_S, chrome, login, wait
 from tests.support.cli import cli
 from tests.support.env import Env
 from tests.support.plugin_page import JWT_SECRET, PLUGINS, USERS
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 START_TIMEOUT_S = 120
-WAIT_S = 30
 METRICS_TOKEN = "browser-test-scrape-" + "7" * 32
 
 
@@ -95,40 +93,16 @@ def api_server(lag_env: Env, tmp_path: Path) -> Iterator[Server]:
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
-    assert not missing, f"{', '.join(missing)} missing: run scripts/install_browser.sh (make test does)"
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1200"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    driver.implicitly_wait(0)
-    try:
+    with chrome() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _wait(driver: Any, condition: Any, what: str) -> Any:
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, WAIT_S, poll_frequency=0.2).until(condition, message=what)
+    return wait(driver, condition, what)
 
 
 def _login(driver: Any, server: Server, user: str) -> None:
-    """Airflow's own login form, as a person fills it in."""
-    from selenium.webdriver.common.by import By
-
-    driver.delete_all_cookies()
-    driver.get(f"{server.url}/auth/login")
-    username = _wait(driver, lambda d: d.find_element(By.NAME, "username"), "the login form")
-    username.send_keys(user)
-    driver.find_element(By.NAME, "password").send_keys(server.passwords[user])
-    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    _wait(driver, lambda d: any(c["name"] == "_token" for c in d.get_cookies()), f"{user}'s session cookie")
+    login(driver, server.url, user, server.passwords[user])
 
 
 def test_operator_opens_the_replication_page_and_sees_rows_and_chart(
@@ -206,6 +180,33 @@ def test_operator_opens_the_replication_page_and_sees_rows_and_chart(
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(scrape, timeout=WAIT_S)
     assert refused.value.code == 401 and refused.value.headers["WWW-Authenticate"] == "Bearer"
+
+    # Airflow's own database is SQLite here: a backfill (the UI's Backfill, this REST call) is refused with the
+    # reason before it can lock the scheduler out, and the server goes on answering
+    login_call = urllib.request.Request(
+        f"{api_server.url}/auth/token",
+        data=json.dumps({"username": "admin", "password": api_server.passwords["admin"]}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(login_call, timeout=WAIT_S) as got:
+        token = json.loads(got.read())["access_token"]
+    backfill = urllib.request.Request(
+        f"{api_server.url}/api/v2/backfills",
+        data=json.dumps(
+            {
+                "dag_id": "segrep_replicate_events",
+                "from_date": "2026-11-27T00:00:00Z",
+                "to_date": "2026-11-27T02:00:00Z",
+            }
+        ).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as sqlite:
+        urllib.request.urlopen(backfill, timeout=WAIT_S)
+    detail = json.loads(sqlite.value.read())["detail"]
+    assert sqlite.value.code == 409 and "backfills are refused while Airflow's own database is SQLite" in detail
+    with urllib.request.urlopen(f"{api_server.url}/api/v2/monitor/health", timeout=WAIT_S) as got:
+        assert got.status == 200
 
     # a user without rights: the same entry shows the refusal, and the app answers 403
     _login(browser, api_server, "nobody")
