@@ -208,6 +208,7 @@ def test_clear_only_failed_after_the_target_returns_ends_the_run_success(ui: Ui,
     aside = dr_dir.with_name("dr.away")
     dr_dir.rename(aside)
     dr_dir.write_text("not a directory: dr is down\n")
+    ui.api.patch(f"/api/v2/dags/{EVENTS_DAG}", json={"is_paused": False}).raise_for_status()  # as the form would
     made = ui.api.post(f"/api/v2/dags/{EVENTS_DAG}/dagRuns", json={"logical_date": None})
     assert made.status_code == 200, made.text
     run_id = made.json()["dag_run_id"]
@@ -256,7 +257,7 @@ def test_every_form_makes_a_run_with_its_defaults_and_unknown_keys_are_refused(u
 def _open_trigger_form(browser: Any, ui: Ui, dag_id: str) -> Any:
     browser.get(f"{ui.url}/dags/{dag_id}")
     wait(browser, lambda d: button(d, "Trigger"), f"{dag_id}: the Trigger button").click()
-    return wait(browser, lambda d: dialog(d, "Run Parameters"), f"{dag_id}: the Trigger form")
+    return wait(browser, lambda d: dialog(d, f"Trigger Dag - {dag_id}"), f"{dag_id}: the Trigger form")
 
 
 def _affected(box: Any) -> str | None:
