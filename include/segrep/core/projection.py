@@ -132,7 +132,7 @@ def is_widening(given: pa.DataType, wanted: pa.DataType) -> bool:
     """True if every value of ``given`` is exactly a value of ``wanted`` (the type changes a schema accepts)."""
     if pa.types.is_integer(given) and pa.types.is_integer(wanted):
         signed = pa.types.is_signed_integer(given) and pa.types.is_signed_integer(wanted)
-        return signed and given.bit_width < wanted.bit_width
+        return bool(signed and given.bit_width < wanted.bit_width)
     if pa.types.is_floating(given) and pa.types.is_floating(wanted):
         return bool(given == pa.float32() and wanted == pa.float64())
     if pa.types.is_decimal(given) and pa.types.is_decimal(wanted):
