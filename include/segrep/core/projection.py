@@ -75,6 +75,15 @@ def project(table: pa.Table, file_version: SchemaVersion, target: SchemaVersion)
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
+def stamp(rows: pa.Table, version: SchemaVersion) -> pa.Table:
+    """Rows at ``version`` (its columns and the internal ones) as a file of that version holds them: its
+    segment layout, with the field ids and the version in the metadata (``SchemaVersion.segment_arrow``)."""
+    layout = version.segment_arrow()
+    table = rows.select(layout.names)
+    columns = [col if col.type == f.type else col.cast(f.type) for col, f in zip(table.columns, layout, strict=True)]
+    return pa.Table.from_arrays(columns, schema=layout)
+
+
 def source_columns(file_version: SchemaVersion, target: SchemaVersion, names: Sequence[str]) -> list[str]:
     """The file's columns a read of the target's ``names`` needs (internal names as they are; a target
     column the file lacks needs none)."""

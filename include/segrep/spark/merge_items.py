@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from segrep.core import faults
 from segrep.core.chain import MAX_SEGMENT_HISTORY
 from segrep.core.errors import CorruptSegmentError
+from segrep.core.projection import stamp
 from segrep.core.schema_versions import SchemaVersion
 from segrep.spark.conflicts import Conflict
 from segrep.spark.manifest import MANIFEST_FORMAT, FileRef, Manifest, MergeItem
@@ -109,11 +110,7 @@ def segment_table(rows: pa.Table, version: SchemaVersion, primary_key: list[str]
     """``rows`` as an output segment holds them: the segment schema of ``version`` (field ids and the version
     in its metadata: outputs are written at the version their inputs were read at), sorted by primary key, one
     chunk (the same rows give the same file, whichever engine computed them)."""
-    target = version.segment_arrow()
-    table = rows.select(target.names)
-    columns = [col if col.type == f.type else col.cast(f.type) for col, f in zip(table.columns, target, strict=True)]
-    table = pa.Table.from_arrays(columns, schema=target)
-    return table.sort_by([(k, "ascending") for k in primary_key]).combine_chunks()
+    return stamp(rows, version).sort_by([(k, "ascending") for k in primary_key]).combine_chunks()
 
 
 def row_count(refs: list[FileRef]) -> int:
