@@ -11,6 +11,7 @@ the reader (both its concatenating and its last-writer-wins paths), a compaction
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,16 @@ from segrep.core import schema as sch
 from segrep.core.schema_versions import Column, SchemaVersion, first_version, version_of_file
 from segrep.data import table_schema
 from segrep.data.reader import placement_files, read_table
+from segrep.data.spark_reader import read_dataframe
 from segrep.data.writer import write_batch
 from segrep.maintenance.compaction import compact
-from segrep.maintenance.verify import Verdict, verify
+from segrep.maintenance.verify import RowCheck, Verdict, verify
+from segrep.maintenance.verify_spark import SparkDigests
 from segrep.replication.orchestrator import run_round
 from tests.support.env import Env, make_env
 from tests.support.forks import add_segment
 from tests.support.rounds import no_spark
+from tests.support.spark import merge_engine, spark_submit_in
 
 YAML = """
 data_dir: data
@@ -105,9 +109,9 @@ def as_dicts(t: pa.Table) -> list[dict[str, Any]]:
     return sorted(t.to_pylist(), key=lambda r: r["k"])
 
 
-def test_segments_of_two_versions_read_resolve_compact_and_digest_at_the_newer(
-    env: Env, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def mixed_versions(env: Env, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Segments at version 1 (an update and a delete among them), the table moved to version 2, a segment
+    at version 2 (an update of a version 1 row, a new row, a delete); replicated to dr. The oracle's rows."""
     write_batch(env.catalog, "kv", v1_rows(range(10), "a"))
     write_batch(env.catalog, "kv", v1_rows([2, 6], "b"))
     write_batch(env.catalog, "kv", pa.table({"k": pa.array([3], pa.int64())}), delete=True)
@@ -130,6 +134,14 @@ def test_segments_of_two_versions_read_resolve_compact_and_digest_at_the_newer(
         else:
             oracle[r["k"]] = {c.name: r[c.name] for c in V2.columns}
     want = sorted(oracle.values(), key=lambda r: r["k"])
+    assert run_round(env.catalog, env.defs, "kv", submit=no_spark).status == "ok"
+    return want
+
+
+def test_segments_of_two_versions_read_resolve_compact_and_digest_at_the_newer(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    want = mixed_versions(env, monkeypatch)
 
     got = read_table(env.catalog, "kv")
     assert got.column_names == ["value", "k", "n", "note"]
@@ -139,21 +151,45 @@ def test_segments_of_two_versions_read_resolve_compact_and_digest_at_the_newer(
         {"k": r["k"], "note": r["note"]} for r in want
     ]
 
-    assert run_round(env.catalog, env.defs, "kv", submit=no_spark).status == "ok"
     assert as_dicts(read_table(env.catalog, "kv", site="dr")) == want  # the replica's copies, both versions
 
     report = compact(env.catalog, env.defs, "kv", force=True, submit=no_spark)
     assert report.commit.committed == 2, report
     assert as_dicts(read_table(env.catalog, "kv")) == want
+    assert_majors_at_version_2(env)
+    # primary holds majors at version 2, dr the minors of both versions: the same rows, the same digests
+    assert_same_digests(verify(env.catalog, "kv", record=False).rows, len(want), on_spark=False)
+
+
+@pytest.mark.spark
+def test_on_spark_the_executors_project_every_file(env: Env, monkeypatch: pytest.MonkeyPatch, spark: Any) -> None:
+    """The Spark reader, a compaction by the Spark merge job and verify's Spark digests: each file projected
+    to version 2 on the executors."""
+    want = mixed_versions(env, monkeypatch)
+    for site in ("primary", "dr"):
+        assert as_dicts(read_dataframe(spark, env.catalog, "kv", site=site).toArrow()) == want
+    submit = spark_submit_in(spark)
+    with merge_engine("spark"):
+        report = compact(env.catalog, env.defs, "kv", force=True, submit=submit)
+    assert report.commit.committed == 2 and report.commit.spark_apps == 1, report
+    assert as_dicts(read_table(env.catalog, "kv")) == want
+    assert_majors_at_version_2(env)
+    digests = replace(SparkDigests.for_table(env.defs, "kv", submit), threshold_bytes=0)  # every pair on Spark
+    assert_same_digests(verify(env.catalog, "kv", record=False, spark=digests).rows, len(want), on_spark=True)
+
+
+def assert_majors_at_version_2(env: Env) -> None:
+    """Each leader placement's chain starts with a major written at version 2 (field ids and version in it)."""
     _, placements = placement_files(env.catalog, "kv", "primary")
     for pf in placements:
         major = pf.segments[0]
         assert major.is_major
         schema = pq.read_schema(pf.site.path(major.relpath))
-        assert version_of_file(schema) == V2 and schema.names == [*V2.segment_arrow().names]
+        assert version_of_file(schema) == V2 and schema.names == V2.segment_arrow().names
+        assert [f.metadata for f in schema][:4] == [f.metadata for f in V2.segment_arrow()][:4]
 
-    # primary holds majors at version 2, dr the minors of both versions: the same rows, the same digests
-    checks = verify(env.catalog, "kv", record=False).rows
-    assert checks and all(c.verdict == Verdict.EQUAL for c in checks), checks
+
+def assert_same_digests(checks: list[RowCheck], rows: int, *, on_spark: bool) -> None:
+    assert checks and all(c.verdict == Verdict.EQUAL and c.on_spark == on_spark for c in checks), checks
     assert all(c.leader == c.replica and c.leader is not None and c.leader.rows for c in checks)
-    assert sum(c.leader.rows for c in checks if c.leader is not None) == len(want)
+    assert sum(c.leader.rows for c in checks if c.leader is not None) == rows
