@@ -10,6 +10,7 @@ the reader (both its concatenating and its last-writer-wins paths), a compaction
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -25,13 +26,15 @@ from segrep.core import hlc
 from segrep.core import schema as sch
 from segrep.core.schema_versions import Column, SchemaVersion, first_version, version_of_file
 from segrep.data import table_schema
-from segrep.data.reader import placement_files, read_table
+from segrep.data.reader import expected_segment, placement_files, read_table
 from segrep.data.spark_reader import read_dataframe
 from segrep.data.writer import write_batch
 from segrep.maintenance.compaction import compact
 from segrep.maintenance.verify import RowCheck, Verdict, verify
 from segrep.maintenance.verify_spark import SparkDigests
 from segrep.replication.orchestrator import run_round
+from segrep.storage.segment_meta import footer_differences
+from segrep.storage.site import META_KEY
 from tests.support.env import Env, make_env
 from tests.support.forks import add_segment
 from tests.support.rounds import no_spark
@@ -193,3 +196,30 @@ def assert_same_digests(checks: list[RowCheck], rows: int, *, on_spark: bool) ->
     assert checks and all(c.verdict == Verdict.EQUAL and c.on_spark == on_spark for c in checks), checks
     assert all(c.leader == c.replica and c.leader is not None and c.leader.rows for c in checks)
     assert sum(c.leader.rows for c in checks if c.leader is not None) == rows
+
+
+def test_a_file_must_hold_the_columns_of_the_version_it_declares(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The footer check takes a file's own version: a version 2 file passes with version 2's columns, fails
+    naming the column if they are not that version's, and fails where the catalog records another version."""
+    mixed_versions(env, monkeypatch)
+    info, placements = placement_files(env.catalog, "kv", "primary")
+    pf = placements[0]
+    seg = pf.segments[-1]  # the version 2 segment on top of the chain
+    footer = pq.read_metadata(pf.site.path(seg.relpath))
+    schema = footer.schema.to_arrow_schema()
+    expected = expected_segment(info, seg)
+    entry = json.loads(footer.metadata[META_KEY])
+    args = (seg.row_count, seg.byte_size)
+    assert footer_differences(expected, entry, *args, schema) == []
+    assert footer_differences(replace(expected, schema_version=2), entry, *args, schema) == []
+    assert footer_differences(replace(expected, schema_version=1), entry, *args, schema) == [
+        "it is at schema version 2 (the catalog says 1)"
+    ]
+    renamed = schema.set(0, schema.field(0).with_name("valu"))
+    assert footer_differences(expected, entry, *args, renamed) == [
+        "its columns are not the table's (column valu string where the table has value string)"
+    ]
+    assert footer_differences(expected, entry, *args, schema.with_metadata({b"segrep.schema": b"{"})) == [
+        "its segment schema metadata is malformed: Expecting property name enclosed in double quotes: line 1 "
+        "column 2 (char 1)"
+    ]
