@@ -176,10 +176,9 @@ def test_spark_major_rows_equal_the_in_process_ones(tmp_path: Path, spark: Any) 
     assert plan.manifest is not None and plan.needs_bootstrap == []
     for item in Manifest.load(plan.manifest).items:
         for it in (item, replace(item, tombstone_cutoff_us=None)):  # tombstones dropped, then kept
-            schema = sch.schema_from_columns(dict(it.columns))
             on_spark, in_process = merge_mod._item_rows(spark, it), item_rows(it)
-            got = segment_table(on_spark.rows, schema, it.primary_key)
-            want = segment_table(in_process.rows, schema, it.primary_key)
+            got = segment_table(on_spark.rows, it.versions.target, it.primary_key)
+            want = segment_table(in_process.rows, it.versions.target, it.primary_key)
             assert on_spark.rows_in == in_process.rows_in and got.equals(want), it.tombstone_cutoff_us
             deleted = sum(got[sch.DELETED_COL].to_pylist())
             assert deleted == (0 if it.tombstone_cutoff_us else DELETED[pid_index(env, it.partition_id)])

@@ -167,11 +167,11 @@ def write_case(env: Env, case: list[ItemCase | None], key: str) -> Manifest:
         if spec is None:
             continue
         for rows in spec.leader:
-            _add_segment(env.catalog, snap, part, part.leader, rows)
+            add_segment(env.catalog, snap, part, part.leader, rows)
         held = []
         for site, rows in spec.incoming:
             placement = next(p for p in part.replicas if snap.sites[p.site_id].name == site)
-            held.append((placement, _add_segment(env.catalog, snap, part, placement, rows)))
+            held.append((placement, add_segment(env.catalog, snap, part, placement, rows)))
         if spec.kind == "merge":
             with env.catalog.write() as s:
                 for _placement, seg_id in held:
@@ -197,12 +197,18 @@ def _item(snap: TableSnapshot, key: str, pid: int, spec: ItemCase, held: list[tu
     return replace(item, kind="split", is_major=spec.is_major, included_segment_ids=included, **ranged)
 
 
-def _add_segment(
-    catalog: Catalog, snap: TableSnapshot, part: PartitionSnapshot, placement: m.Placement, rows: list[dict[str, Any]]
+def add_segment(
+    catalog: Catalog,
+    snap: TableSnapshot,
+    part: PartitionSnapshot,
+    placement: m.Placement,
+    rows: list[dict[str, Any]],
+    layout: pa.Schema | None = None,
 ) -> str:
-    """A segment of ``rows`` at the placement's site, registered on top of its chain; its id."""
+    """A segment of ``rows`` at the placement's site, registered on top of its chain; its id. ``layout`` is
+    the file's schema (default: the table's segment layout, without schema metadata)."""
     info = snap.info
-    table = pa.Table.from_pylist(rows, schema=sch.segment_schema(info.schema))
+    table = pa.Table.from_pylist(rows, schema=layout or sch.segment_schema(info.schema))
     site_row = snap.sites[placement.site_id]
     with catalog.read() as s:
         root = s.get(m.Placement, placement.placement_id).root_segment_id  # type: ignore[union-attr]

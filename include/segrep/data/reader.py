@@ -5,6 +5,10 @@ key the row with the highest ``(_version, _origin)`` wins; a winning tombstone h
 segments' leading-key ranges do not overlap and hold no tombstone, no key can appear twice and the files are
 simply concatenated: the common case of append-mostly tables costs no more than reading the files.
 
+Every file is read at the table's target schema version (``data.table_schema``): its columns are projected
+by field id (``core.projection``) before rows of files of different versions meet, so a table whose
+segments were written at several versions resolves, merges and digests as one.
+
 No file serves rows before it proved to be the segment the catalog names: its bytes' content checksum
 (computed as they are read, once, into memory: ``Site.read_checked``), its footer entry (segment id, table,
 partition, counts, ranges), its size and row count, every page's CRC, then the row count and key and version
@@ -34,7 +38,9 @@ from segrep.core import keys
 from segrep.core import schema as sch
 from segrep.core.chain import is_referenced, visible_segments
 from segrep.core.errors import CorruptSegmentError, NotFoundError
+from segrep.core.projection import ReadVersions
 from segrep.core.states import PartitionState
+from segrep.data.table_schema import read_versions
 from segrep.storage.segment_meta import ExpectedSegment
 from segrep.storage.site import Site
 
@@ -180,7 +186,8 @@ def read_table(
 
 
 def expected_segment(info: q.TableInfo, seg: m.Segment) -> ExpectedSegment:
-    """What the catalog row says the segment's file is, for the checks every read makes."""
+    """What the catalog row says the segment's file is, for the checks every read makes (a file without
+    schema metadata must hold the table's version 1)."""
     return ExpectedSegment(
         segment_id=seg.segment_id,
         table=info.name,
@@ -192,7 +199,7 @@ def expected_segment(info: q.TableInfo, seg: m.Segment) -> ExpectedSegment:
         max_version=seg.max_version,
         key_min=seg.key_min,
         key_max=seg.key_max,
-        schema=sch.segment_schema(info.schema),
+        schema=sch.segment_schema(read_versions(info).first.arrow()),
         sha256=seg.sha256,
         crc64nvme=seg.crc64nvme,
     )
@@ -215,7 +222,7 @@ def placement_rows(info: q.TableInfo, pf: PlacementFiles) -> pa.Table:
     restricted to the placement's key range. None of its files: an empty segment-layout table."""
     tables = checked_reads(info, [(pf, seg) for seg in pf.segments])
     if not tables:
-        return sch.segment_schema(info.schema).empty_table()
+        return sch.segment_schema(read_versions(info).target.arrow()).empty_table()
     rows = pa.concat_tables(tables)
     restriction = _range_filter(info, pf.key_begin, pf.key_end)
     return rows if restriction is None else rows.filter(restriction)
@@ -244,15 +251,18 @@ def _read_concatenated(info: q.TableInfo, placements: Sequence[PlacementFiles]) 
 def checked_reads(
     info: q.TableInfo, files: Sequence[tuple[PlacementFiles, m.Segment]], columns: list[str] | None = None
 ) -> list[pa.Table]:
-    """Each file's rows (``Site.read_checked``), in order, read by a few threads at once: reading, hashing and
+    """Each file's rows at the table's target version (``Site.read_checked``, ``columns`` named as in that
+    version), in order, read by a few threads at once: reading, hashing and
     decoding all release the GIL, so one file's bytes are read and hashed while another's are decoded. The
     first damaged file in order raises, with what to do about it (``restore_advice``); files not started yet
     are then not read."""
 
+    versions = read_versions(info)
+
     def read(item: tuple[PlacementFiles, m.Segment]) -> pa.Table:
         pf, seg = item
         with restore_advice(pf):
-            return pf.site.read_checked(seg.relpath, expected_segment(info, seg), info.primary_key, columns)
+            return checked_read(info, pf.site, seg, columns, versions)
 
     if len(files) <= 1:
         return [read(item) for item in files]
@@ -261,6 +271,19 @@ def checked_reads(
         return list(pool.map(read, files))
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def checked_read(
+    info: q.TableInfo,
+    site: Site,
+    seg: m.Segment,
+    columns: list[str] | None = None,
+    versions: ReadVersions | None = None,
+) -> pa.Table:
+    """One segment file's rows (segment layout; only ``columns`` if given), checked against the catalog's row
+    and projected to the table's target version (``versions``, default ``data.table_schema.read_versions``)."""
+    versions = read_versions(info) if versions is None else versions
+    return site.read_checked(seg.relpath, expected_segment(info, seg), info.primary_key, columns, versions)
 
 
 def resolve(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:

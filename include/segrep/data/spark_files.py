@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from segrep.config.stores import StoreOptions
 from segrep.core import schema as sch
+from segrep.core.projection import ReadVersions
 from segrep.storage.segment_meta import ExpectedSegment
 from segrep.storage.site import Site
 
@@ -39,6 +40,7 @@ class SegmentFile:
     relpath: str
     expected: ExpectedSegment | None = None
     primary_key: tuple[str, ...] = ()
+    versions: ReadVersions | None = None  # project the file to ``versions.target`` (``core.projection``)
 
 
 def segment_frame(
@@ -72,11 +74,12 @@ def read_batches(
 
 
 def read_file(f: SegmentFile, target: pa.Schema) -> pa.Table:
-    """One file's ``target`` columns, opened with its site's options; checked if its entry is known."""
+    """One file's ``target`` columns, opened with its site's options (projected to ``f.versions.target`` if
+    given: on the executors too); checked if its entry is known."""
     site = Site(f.site, f.uri, f.options)
     if f.expected is None:
-        rows = site.read_segment(f.relpath, target.names)
+        rows = site.read_segment(f.relpath, target.names, f.versions)
     else:
-        rows = site.read_checked(f.relpath, f.expected, f.primary_key, target.names)
+        rows = site.read_checked(f.relpath, f.expected, f.primary_key, target.names, f.versions)
     rows = rows.select(target.names)
     return rows if rows.schema == target else rows.cast(target)

@@ -17,6 +17,7 @@ from segrep.config.stores import options_for
 from segrep.core import schema as sch
 from segrep.data.reader import PlacementFiles, expected_segment, placement_files, restore_advice
 from segrep.data.spark_files import SegmentFile, segment_frame
+from segrep.data.table_schema import read_versions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -70,7 +71,8 @@ def _files(info: TableInfo, pf: PlacementFiles) -> list[SegmentFile]:
     """The placement's files as the executors read them: its site's options, each file's catalog entry."""
     options = options_for(pf.site.name, pf.site.uri)
     key = tuple(info.primary_key)
+    versions = read_versions(info)
     return [
-        SegmentFile(pf.site.name, pf.site.uri, options, seg.relpath, expected_segment(info, seg), key)
+        SegmentFile(pf.site.name, pf.site.uri, options, seg.relpath, expected_segment(info, seg), key, versions)
         for seg in pf.segments
     ]

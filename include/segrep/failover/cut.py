@@ -28,7 +28,9 @@ from segrep.core import hlc
 from segrep.core import schema as sch
 from segrep.core.chain import visible_segments
 from segrep.core.errors import RefusedError, SegrepError
-from segrep.data.reader import expected_segment
+from segrep.core.projection import stamp
+from segrep.data.reader import checked_read
+from segrep.data.table_schema import read_versions
 from segrep.replication.rollback import rollback_relpath, stored_rows, write_rollback
 from segrep.spark.items import round_item
 from segrep.spark.launch import Submit
@@ -185,8 +187,6 @@ def _newer_than_cut(catalog: Catalog, snap: TableSnapshot, site: str, cut_us: in
 
 def _rows_past_cut(info: q.TableInfo, site: Site, segments: list[m.Segment], cut_us: int) -> pa.Table:
     """The rows of ``segments`` (as written: version, origin, tombstone) newer than the cut, read checked."""
-    rows = pa.concat_tables(
-        [site.read_checked(seg.relpath, expected_segment(info, seg), info.primary_key) for seg in segments]
-    )
+    rows = pa.concat_tables([checked_read(info, site, seg) for seg in segments])
     rows = rows.filter(pc.greater(rows[sch.VERSION_COL], pa.scalar(cut_us, pa.int64())))
-    return rows.select([*info.schema.names, *sch.INTERNAL_COLUMNS])
+    return stamp(rows, read_versions(info).target)  # at the table's target version, which the file says

@@ -33,8 +33,10 @@ from segrep.catalog import queries as q
 from segrep.config.definitions import Definitions
 from segrep.core import hlc
 from segrep.core.errors import RefusedError, SegrepError
+from segrep.core.projection import read_projected
 from segrep.core.states import PlacementState
 from segrep.data.reader import placement_files, read_placement, resolve
+from segrep.data.table_schema import read_versions
 from segrep.storage.site import Site
 
 
@@ -183,11 +185,19 @@ def _live_if_nothing_to_copy(s: Session, part: m.Partition, pl: m.Placement) -> 
 def _adopt_problem(
     catalog: Catalog, info: q.TableInfo, storage: Site, part: m.Partition, files: list[str]
 ) -> str | None:
-    """None if the files resolve to exactly the rows the leader's placement resolves to."""
+    """None if the files resolve to exactly the rows the leader's placement resolves to (each file projected to
+    the table's target schema version first, as every read does)."""
+    versions = read_versions(info)
+
+    def read(rel: str) -> pa.Table:
+        with storage.fs.open_input_file(storage.path(rel)) as f:
+            parquet = pq.ParquetFile(f)
+            return read_projected(parquet.schema_arrow, versions, None, lambda cols: parquet.read(columns=cols))
+
     try:
-        tables = [pq.read_table(storage.path(rel), filesystem=storage.fs) for rel in files]
+        tables = [read(rel) for rel in files]
         theirs = resolve(pa.concat_tables(tables, promote_options="permissive"), info.primary_key)
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowInvalid, OSError, SegrepError) as exc:
         return f"its files cannot be read: {exc}"
     _, placements = placement_files(catalog, info.name)
     pf = next(p for p in placements if p.partition_id == part.partition_id)

@@ -17,6 +17,7 @@ from segrep.config.definitions import Definitions
 from segrep.core import hlc
 from segrep.data.digest import Digest
 from segrep.data.reader import PlacementFiles
+from segrep.data.table_schema import read_versions
 from segrep.spark.digest_manifest import DigestItem, DigestManifest, load_outcomes
 from segrep.spark.items import digest_item
 from segrep.spark.launch import Submit
@@ -88,13 +89,16 @@ class SparkDigests:
             items.setdefault(leader.item_id, leader)
             items.setdefault(replica.item_id, replica)
             sides[p.key] = (leader.item_id, replica.item_id)
+        versions = read_versions(info)
         DigestManifest(
             self.key,
             info.name,
-            list(info.row.columns.items()),
+            [(c.name, c.type) for c in versions.target.columns],
             list(info.primary_key),
             info.partition_key,
             list(items.values()),
+            versions.first.to_json(),
+            versions.target.to_json(),
         ).write(self.manifest)
         args = ["--manifest", str(self.manifest), "--result", str(self.result)]
         self.submit(APP, args, name=f"segrep-verify-{info.name}")

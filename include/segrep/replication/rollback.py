@@ -30,7 +30,9 @@ from segrep.core import hlc
 from segrep.core import schema as sch
 from segrep.core.chain import visible_segments
 from segrep.core.errors import NotFoundError, SegrepError
-from segrep.data.reader import expected_segment
+from segrep.core.projection import stamp
+from segrep.data.reader import checked_read
+from segrep.data.table_schema import read_versions
 from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.site import Site
 
@@ -183,24 +185,20 @@ def _roll_back(
 def _set_aside_rows(
     info: q.TableInfo, site: Site, lost: list[m.Segment], leader: Site, leader_segs: list[m.Segment]
 ) -> pa.Table:
-    """The rows of ``lost`` (as written: version, origin, tombstone) that the new leader does not hold."""
+    """The rows of ``lost`` (as written: version, origin, tombstone) that the new leader does not hold, at the
+    table's target schema version (the file says it: ``core.projection.stamp``)."""
+    target = read_versions(info).target
     columns = [*info.schema.names, *sch.INTERNAL_COLUMNS]
-    mine = [
-        site.read_checked(seg.relpath, expected_segment(info, seg), info.primary_key).select(columns) for seg in lost
-    ]
+    mine = [checked_read(info, site, seg, columns) for seg in lost]
     rows = pa.concat_tables(mine) if mine else sch.segment_schema(info.schema).empty_table()
     if rows.num_rows == 0:
-        return rows
+        return stamp(rows, target)
     low = min(seg.min_version for seg in lost)
     keys = [*info.primary_key, sch.VERSION_COL, sch.ORIGIN_COL]
-    theirs = [
-        leader.read_checked(seg.relpath, expected_segment(info, seg), info.primary_key).select(keys)
-        for seg in leader_segs
-        if seg.max_version >= low
-    ]
+    theirs = [checked_read(info, leader, seg, keys) for seg in leader_segs if seg.max_version >= low]
     if not theirs:
-        return rows
-    return rows.join(pa.concat_tables(theirs), keys=keys, join_type="left anti").select(columns)
+        return stamp(rows, target)
+    return stamp(rows.join(pa.concat_tables(theirs), keys=keys, join_type="left anti"), target)
 
 
 def rollback_manifest(site: Site, relpath: str) -> dict[str, Any]:

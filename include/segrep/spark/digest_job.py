@@ -74,7 +74,7 @@ def _item_rows(spark: SparkSession, manifest: DigestManifest, schema: pa.Schema,
     """The item's unresolved rows up to its pin and in its key range, tagged with its id."""
     from pyspark.sql import functions as F
 
-    df = file_frame(spark, item.files, schema)
+    df = file_frame(spark, item.files, schema, manifest.versions)
     df = in_key_range(df, schema, manifest.partition_key, item.key_begin, item.key_end)
     return df.where(F.col(sch.VERSION_COL) <= F.lit(item.as_of_us)).withColumn(ITEM_COL, F.lit(item.item_id))
 

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from segrep.core.errors import SegrepError
+from segrep.core.projection import ReadVersions
 from segrep.data.digest import Digest
-from segrep.spark.manifest import FileRef
+from segrep.spark.manifest import FileRef, manifest_versions
 from segrep.storage.atomic import write_json_atomic
 
 DIGEST_FORMAT = 2  # 2: store options with every file
@@ -46,6 +47,12 @@ class DigestManifest:
     primary_key: list[str]
     partition_key: str
     items: list[DigestItem]
+    first_schema: str = ""  # as ``MergeItem``'s: the versions every file is projected between
+    target_schema: str = ""
+
+    @property
+    def versions(self) -> ReadVersions:
+        return manifest_versions(self.columns, self.first_schema, self.target_schema)
 
     def write(self, path: str | os.PathLike[str]) -> None:
         write_json_atomic(path, {"format": DIGEST_FORMAT, **asdict(self)})
@@ -55,7 +62,16 @@ class DigestManifest:
         doc = _read(path, "digest manifest")
         items = [DigestItem(**{**raw, "files": [FileRef.from_doc(f) for f in raw["files"]]}) for raw in doc["items"]]
         columns = [(name, kind) for name, kind in doc["columns"]]
-        return cls(doc["key"], doc["table"], columns, doc["primary_key"], doc["partition_key"], items)
+        return cls(
+            doc["key"],
+            doc["table"],
+            columns,
+            doc["primary_key"],
+            doc["partition_key"],
+            items,
+            doc.get("first_schema", ""),
+            doc.get("target_schema", ""),
+        )
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,8 @@ def _read(refs: list[FileRef], item: MergeItem, columns: list[str] | None = None
     target = sch.segment_schema(sch.schema_from_columns(dict(item.columns)))
     if columns is not None:
         target = pa.schema([target.field(c) for c in columns])
-    tables = [read_file(SegmentFile(r.site, r.uri, r.options, r.relpath), target) for r in refs]
+    files = [SegmentFile(r.site, r.uri, r.options, r.relpath, versions=item.versions) for r in refs]
+    tables = [read_file(f, target) for f in files]
     rows = pa.concat_tables(tables) if tables else target.empty_table()
     return rows, rows.num_rows
 

@@ -18,6 +18,7 @@ from segrep.catalog.splits import SplitView
 from segrep.config.stores import options_for
 from segrep.core.chain import visible_segments
 from segrep.data.reader import PlacementFiles
+from segrep.data.table_schema import read_versions
 from segrep.spark.digest_manifest import DigestItem
 from segrep.spark.manifest import FileRef, MergeItem, output_segment_id
 
@@ -50,13 +51,15 @@ def leader_item(
     output_segment_id: str,
     **extra: Any,
 ) -> MergeItem:
-    """An item that writes into ``partition`` at its leader placement (rounds, compaction and splits)."""
+    """An item that writes into ``partition`` at its leader placement (rounds, compaction and splits): its
+    inputs read, and its output written, at the table's target version (``data.table_schema``)."""
+    versions = read_versions(info)
     return MergeItem(
         item_id=item_id,
         kind=kind,
         table=info.name,
         partition_id=partition.partition_id,
-        columns=list(info.row.columns.items()),
+        columns=[(c.name, c.type) for c in versions.target.columns],
         primary_key=list(info.primary_key),
         schema_fingerprint=info.row.schema_fingerprint,
         leader_site=site.name,
@@ -71,6 +74,8 @@ def leader_item(
         visible=visible,
         incoming=incoming,
         output_segment_id=output_segment_id,
+        first_schema=versions.first.to_json(),
+        target_schema=versions.target.to_json(),
         **extra,
     )
 

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from segrep.core import keys
 from segrep.core import schema as sch
+from segrep.core.projection import ReadVersions
 from segrep.data.spark_files import SegmentFile, segment_frame
 from segrep.spark.conflicts import Conflict, merge_conflicts
 from segrep.spark.manifest import FileRef, Manifest, MergeItem
@@ -52,10 +53,15 @@ def _item_rows(spark: SparkSession, item: MergeItem) -> ItemRows:
 
 
 def file_frame(
-    spark: SparkSession, refs: list[FileRef], schema: pa.Schema, columns: list[str] | None = None
+    spark: SparkSession,
+    refs: list[FileRef],
+    schema: pa.Schema,
+    versions: ReadVersions,
+    columns: list[str] | None = None,
 ) -> DataFrame:
-    """The files' unresolved rows, read on the executors from each file's site with the manifest's options."""
-    files = [SegmentFile(r.site, r.uri, r.options, r.relpath) for r in refs]
+    """The files' unresolved rows, read on the executors from each file's site with the manifest's options,
+    each projected to ``versions.target`` there (``schema`` is that version's)."""
+    files = [SegmentFile(r.site, r.uri, r.options, r.relpath, versions=versions) for r in refs]
     return segment_frame(spark, files, schema, columns)
 
 
@@ -76,14 +82,14 @@ def _merge_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int, l
     from pyspark.sql import functions as F
 
     schema = sch.schema_from_columns(dict(item.columns))
-    incoming_all = _in_range(file_frame(spark, item.incoming, schema), item)
+    incoming_all = _in_range(file_frame(spark, item.incoming, schema, item.versions), item)
     rows_in = row_count(item.incoming)
     incoming = latest_rows(incoming_all, item.primary_key)
     if not item.visible:
         return incoming, rows_in, merge_conflicts(incoming_all, incoming, None, item.primary_key, item.origin_forks)
     v, o = sch.VERSION_COL, sch.ORIGIN_COL
     best = (
-        file_frame(spark, item.visible, schema, [*item.primary_key, v, o])
+        file_frame(spark, item.visible, schema, item.versions, [*item.primary_key, v, o])
         .groupBy(*item.primary_key)
         .agg(F.max(F.struct(F.col(v), F.col(o))).alias("__best"))
     )
@@ -100,7 +106,7 @@ def _major_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
     cutoff, the table's tombstone grace."""
     from pyspark.sql import functions as F
 
-    rows = file_frame(spark, item.visible, sch.schema_from_columns(dict(item.columns)))
+    rows = file_frame(spark, item.visible, sch.schema_from_columns(dict(item.columns)), item.versions)
     if item.as_of_us is not None:  # a failover's cut: the partition as it was at that instant
         rows = rows.where(F.col(sch.VERSION_COL) <= F.lit(item.as_of_us))
     latest = latest_rows(rows, item.primary_key)
@@ -112,7 +118,7 @@ def _major_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
 
 def _split_rows(spark: SparkSession, item: MergeItem) -> tuple[DataFrame, int]:
     """The source segment's rows inside the child's key range, as they are (each key occurs once)."""
-    rows = file_frame(spark, item.incoming, sch.schema_from_columns(dict(item.columns)))
+    rows = file_frame(spark, item.incoming, sch.schema_from_columns(dict(item.columns)), item.versions)
     return _in_range(rows, item), row_count(item.incoming)
 
 

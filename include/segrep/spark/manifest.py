@@ -18,6 +18,8 @@ from typing import Any
 
 from segrep.config.stores import StoreOptions
 from segrep.core.errors import SegrepError
+from segrep.core.projection import ReadVersions
+from segrep.core.schema_versions import SchemaVersion, first_version
 from segrep.storage.atomic import write_json_atomic
 from segrep.storage.site import Site, segment_relpath
 
@@ -78,6 +80,14 @@ class MergeItem:
     # writers had seen (their base's); a leader row of another origin newer than that is a concurrent write
     # (an active-active conflict, counted by the job)
     origin_forks: dict[str, int] = field(default_factory=dict)
+    # the schema versions every input file is projected between (``SchemaVersion.to_json``; "" for version 1
+    # of ``columns``): the table's version 1, and the version read and written (``data.table_schema``)
+    first_schema: str = ""
+    target_schema: str = ""
+
+    @property
+    def versions(self) -> ReadVersions:
+        return manifest_versions(self.columns, self.first_schema, self.target_schema)
 
     @property
     def output_relpath(self) -> str:
@@ -116,6 +126,14 @@ class Manifest:
             raw["leader_options"] = StoreOptions.from_doc(raw.get("leader_options"), where)
             items.append(MergeItem(**raw))
         return cls(doc["round_key"], items)
+
+
+def manifest_versions(columns: list[tuple[str, str]], first: str, target: str) -> ReadVersions:
+    """The versions a manifest names (as JSON; "" is version 1 of its columns, as before versions existed)."""
+    plain = first_version(list(columns))
+    return ReadVersions(
+        SchemaVersion.from_json(first) if first else plain, SchemaVersion.from_json(target) if target else plain
+    )
 
 
 def output_segment_id(round_key: str, kind: str, partition_id: int, base: str | None, inputs: list[str]) -> str:

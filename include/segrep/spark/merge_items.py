@@ -19,9 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from segrep.core import faults
-from segrep.core import schema as sch
 from segrep.core.chain import MAX_SEGMENT_HISTORY
 from segrep.core.errors import CorruptSegmentError
+from segrep.core.projection import stamp
+from segrep.core.schema_versions import SchemaVersion
 from segrep.spark.conflicts import Conflict
 from segrep.spark.manifest import MANIFEST_FORMAT, FileRef, Manifest, MergeItem
 from segrep.storage.segment_meta import SegmentEntry, entry_stats
@@ -68,7 +69,7 @@ def run_item(item: MergeItem, rows_of: RowStep) -> dict[str, Any]:
     step = rows_of(item)
     if step.conflicts is not None:
         base["conflicts"] = [asdict(c) for c in step.conflicts]
-    rows = segment_table(step.rows, sch.schema_from_columns(dict(item.columns)), item.primary_key)
+    rows = segment_table(step.rows, item.versions.target, item.primary_key)
     # Nothing to write, except where the output's place in the chain matters even empty: a split rewrite, and
     # a major as of a failover's cut (every row of the partition newer than the cut: as of it, none is there)
     if rows.num_rows == 0 and item.kind != "split" and item.as_of_us is None:
@@ -105,13 +106,11 @@ def output_entry(item: MergeItem, rows: pa.Table) -> SegmentEntry:
     )
 
 
-def segment_table(rows: pa.Table, schema: pa.Schema, primary_key: list[str]) -> pa.Table:
-    """``rows`` as an output segment holds them: the segment schema, sorted by primary key, one chunk (the
-    same rows give the same file, whichever engine computed them)."""
-    target = sch.segment_schema(schema)
-    table = rows.select(target.names)
-    table = table.cast(target) if table.schema != target else table
-    return table.sort_by([(k, "ascending") for k in primary_key]).combine_chunks()
+def segment_table(rows: pa.Table, version: SchemaVersion, primary_key: list[str]) -> pa.Table:
+    """``rows`` as an output segment holds them: the segment schema of ``version`` (field ids and the version
+    in its metadata: outputs are written at the version their inputs were read at), sorted by primary key, one
+    chunk (the same rows give the same file, whichever engine computed them)."""
+    return stamp(rows, version).sort_by([(k, "ascending") for k in primary_key]).combine_chunks()
 
 
 def row_count(refs: list[FileRef]) -> int:

@@ -195,7 +195,8 @@ def _commit_item(catalog: Catalog, item: MergeItem, output: dict[str, Any] | Non
 def _rebase(site: Site, item: MergeItem, entry: SegmentEntry, root: str | None) -> tuple[SegmentEntry, FileFacts]:
     rebased = replace(entry, base_segment_id=root)
     rows = site.read_segment(item.output_relpath)
-    return rebased, site.write_segment(item.output_relpath, rows.replace_schema_metadata(None), rebased.to_meta())
+    # write_segment replaces the footer entry and keeps the schema version the output was written at
+    return rebased, site.write_segment(item.output_relpath, rows, rebased.to_meta())
 
 
 def _release(catalog: Catalog, item: MergeItem, key: str) -> None:

@@ -15,6 +15,8 @@ import pyarrow.compute as pc
 
 from segrep.core import keys
 from segrep.core import schema as sch
+from segrep.core.errors import SegrepError
+from segrep.core.schema_versions import FIRST_VERSION, version_of_file
 
 META_FORMAT = 1
 
@@ -108,9 +110,12 @@ class ExpectedSegment:
     max_version: int
     key_min: Any  # None where the catalog has no key range
     key_max: Any
-    schema: pa.Schema  # the segment layout of the table's schema (``schema.segment_schema``)
+    # the segment layout of a file without schema metadata (the table's version 1, ``schema.segment_schema``);
+    # a file that says its version (``core.schema_versions``) must have that version's columns instead
+    schema: pa.Schema
     sha256: str  # the file's bytes, as the catalog records them (every read checks one of the two)
     crc64nvme: str | None  # None for segments written before the catalog recorded it
+    schema_version: int | None = None  # the version the catalog says the file is at (None: not recorded)
 
     def describe(self) -> str:
         return f"segment {self.segment_id} of {self.table} partition {self.partition_id}"
@@ -125,11 +130,20 @@ def footer_differences(
     """How a file's size, footer entry (``segrep.segment``), row count and columns (as a read would see them)
     differ from the catalog's row and the table's schema.
 
-    Costs nothing beyond reading the footer; an empty list means the file says it is the expected segment. The
+    Costs nothing beyond reading the footer; an empty list means the file says it is the expected segment. A
+    file that says its schema version must hold that version's columns (and be at the catalog's version where
+    it is recorded), one without must hold version 1's (``expected.schema``). The
     columns matter: a multi-file read fills a column one file lacks (a damaged name) with nulls."""
     out = []
+    try:
+        declared = version_of_file(schema)
+    except SegrepError as exc:
+        return [f"its {exc}"]
+    version = FIRST_VERSION if declared is None else declared.version
+    if expected.schema_version is not None and version != expected.schema_version:
+        out.append(f"it is at schema version {version} (the catalog says {expected.schema_version})")
     got = [(f.name, f.type) for f in schema]
-    want = [(f.name, f.type) for f in expected.schema]
+    want = [(f.name, f.type) for f in (expected.schema if declared is None else declared.segment_arrow())]
     if got != want:
         diff = next(((g, w) for g, w in zip(got, want, strict=False) if g != w), None)
         detail = (

@@ -28,6 +28,8 @@ import pyarrow.parquet as pq
 from segrep.config.stores import StoreOptions
 from segrep.core.errors import CorruptSegmentError, SegrepError, SiteUnidentifiedError
 from segrep.core.names import NAME_RE, SEGMENT_ID_RE, check_name, check_segment_id
+from segrep.core.projection import ReadVersions, read_projected
+from segrep.core.schema_versions import SCHEMA_META_KEY
 from segrep.storage import identity
 from segrep.storage.atomic import (
     CHUNK,
@@ -126,7 +128,8 @@ class Site:
         every page header, which every read verifies: a flipped bit in a data page fails the read instead of
         serving a changed value."""
         self.ensure_identified()
-        table = table.replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
+        version = {k: v for k, v in (table.schema.metadata or {}).items() if k == SCHEMA_META_KEY}  # kept
+        table = table.replace_schema_metadata({**version, META_KEY: json.dumps(meta, sort_keys=True).encode()})
         final = self.path(relpath)
         if self.local:
             try:
@@ -179,11 +182,20 @@ class Site:
             )
         return facts
 
-    def read_segment(self, relpath: str, columns: list[str] | None = None) -> pa.Table:
+    def read_segment(
+        self, relpath: str, columns: list[str] | None = None, versions: ReadVersions | None = None
+    ) -> pa.Table:
         """A segment's rows, page checksums verified (pyarrow raises OSError on a mismatch); no catalog check:
-        for a file this process just wrote or verified. Reads for users go through ``read_checked``."""
+        for a file this process just wrote or verified. Reads for users go through ``read_checked``. With
+        ``versions``, the rows are projected to ``versions.target`` (``columns`` then name its columns)."""
         self.ensure_identified()
-        return pq.read_table(self.path(relpath), columns=columns, filesystem=self.fs, page_checksum_verification=True)
+        if versions is None:
+            return pq.read_table(
+                self.path(relpath), columns=columns, filesystem=self.fs, page_checksum_verification=True
+            )
+        with self.fs.open_input_file(self.path(relpath)) as f:
+            parquet = pq.ParquetFile(f, page_checksum_verification=True)
+            return read_projected(parquet.schema_arrow, versions, columns, lambda cols: parquet.read(columns=cols))
 
     def check_footer(self, relpath: str, expected: ExpectedSegment) -> pq.FileMetaData:
         """The file's Parquet footer, once the file proved to be the segment the catalog names: its size, its
@@ -204,14 +216,21 @@ class Site:
         return metadata
 
     def read_checked(
-        self, relpath: str, expected: ExpectedSegment, primary_key: Sequence[str], columns: list[str] | None = None
+        self,
+        relpath: str,
+        expected: ExpectedSegment,
+        primary_key: Sequence[str],
+        columns: list[str] | None = None,
+        versions: ReadVersions | None = None,
     ) -> pa.Table:
         """A segment's rows, checked on the way: the file's bytes are read once, into memory, and their content
         checksum computed as they come (``storage.content``: CRC-64/NVME where the catalog has it, else
         sha256); the Parquet is parsed from that buffer. Then the footer (as ``check_footer``), every page's
         checksum, the row count, the key range and (where read) the version range and tombstones are checked
         against the catalog. A file whose bytes are not the catalog's is refused even if everything else in it
-        agrees (a rewrite with other values); no row is returned before every check passed.
+        agrees (a rewrite with other values); no row is returned before every check passed. With ``versions``
+        the rows are projected to ``versions.target`` (``core.projection``; ``columns`` and ``primary_key`` then
+        name its columns), before the rows' checks.
 
         Never touches a column chunk's footer entry itself (``RowGroupMetaData.column``): on a damaged footer
         pyarrow 26 aborts the process there instead of raising; the read raises OSError for the same damage."""
@@ -235,7 +254,10 @@ class Site:
             raise self.corrupt(relpath, expected, problems)
         try:
             parquet = pq.ParquetFile(pa.BufferReader(loaded.data), metadata=metadata, page_checksum_verification=True)
-            rows = parquet.read(columns=columns)
+            if versions is None:
+                rows = parquet.read(columns=columns)
+            else:
+                rows = read_projected(parquet.schema_arrow, versions, columns, lambda cols: parquet.read(columns=cols))
         except DECODE_ERRORS as exc:
             raise self.corrupt(relpath, expected, [f"its pages cannot be read ({first_line(exc)})"]) from None
         problems = rows_differences(expected, rows, primary_key)
