@@ -126,7 +126,10 @@ class Site:
         every page header, which every read verifies: a flipped bit in a data page fails the read instead of
         serving a changed value."""
         self.ensure_identified()
-        table = table.replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
+        # the entry beside whatever the schema carries already (its version: ``segrep.schema``)
+        table = table.replace_schema_metadata(
+            {**(table.schema.metadata or {}), META_KEY: json.dumps(meta, sort_keys=True).encode()}
+        )
         final = self.path(relpath)
         if self.local:
             try:
