@@ -68,9 +68,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("segments") as batch:
-        batch.drop_column("schema_version")
-    with op.batch_alter_table("tables") as batch:
-        batch.drop_column("next_field_id")
-        batch.drop_column("schema_version")
+    # ALTER TABLE ... DROP COLUMN, not a batch: SQLite's batch copies the table, which other tables' foreign
+    # keys refuse while they have rows (SQLite has had DROP COLUMN since 3.35)
+    for table, column in (("segments", "schema_version"), ("tables", "next_field_id"), ("tables", "schema_version")):
+        op.execute(sa.text(f'ALTER TABLE "{table}" DROP COLUMN "{column}"'))
     op.drop_table("schema_versions")
