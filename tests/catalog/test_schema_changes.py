@@ -19,7 +19,7 @@ from segrep.catalog import models as m
 from segrep.catalog.migrate import _config, head_revision, upgrade
 from segrep.catalog.schemas import current_schema, schema_history, schema_version, schema_versions
 from segrep.core.errors import NotFoundError
-from segrep.core.schema_changes import version_fingerprint
+from segrep.core.schema_changes import version_fingerprint, widens_to
 from segrep.core.schema_versions import FIELD_ID_KEY, first_version, version_of_file
 from segrep.data.writer import write_batch
 from tests.support.badinput import assert_user_error, unchanged
@@ -329,3 +329,26 @@ def test_a_rebuild_recovers_a_version_the_catalog_lost(env: Env) -> None:
         assert current_schema(s, table.table_id) == v2
         assert sorted(x.schema_version for x in s.scalars(select(m.Segment))) == [1, 2]
         assert schema_history(s, table.table_id)[1].change == "recovered from segment files at site primary"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "ok"),
+    [
+        ("int8", "int16", True),
+        ("int8", "int64", True),
+        ("int32", "int64", True),
+        ("int64", "int32", False),
+        ("int32", "int32", False),
+        ("float32", "float64", True),
+        ("float64", "float32", False),
+        ("int32", "float64", False),
+        ("decimal(10,2)", "decimal(12,2)", True),
+        ("decimal(12,2)", "decimal(10,2)", False),
+        ("decimal(10,2)", "decimal(12,3)", False),
+        ("int64", "decimal(38,0)", False),
+        ("date", "timestamp", False),
+        ("string", "binary", False),
+    ],
+)
+def test_only_widening_is_a_type_change(old: str, new: str, ok: bool) -> None:
+    assert widens_to(old, new) is ok
