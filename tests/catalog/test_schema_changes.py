@@ -216,6 +216,17 @@ def test_refused_changes_name_the_column_and_write_nothing(env: Env, columns: st
     assert_user_error(code, out, err, *needles)
 
 
+def test_a_new_tables_defaults_are_kept_in_version_1(env: Env) -> None:
+    _redefine(env, COLUMNS.replace("e: string", "e: {type: string, default: none}"))
+    code, out, err = cli(env, "apply")  # the table holds no segment: created again, with the default
+    assert code == 0, err
+    assert _ids(env)[-1] == (6, "e", "string")
+    code, out, _err = cli(env, "apply")
+    assert (code, out) == (0, "no changes\n") or (code == 0 and "table t" not in out), out
+    with env.catalog.read() as s:
+        assert current_schema(s, _table(env).table_id).by_id()[6].default == "none"
+
+
 def test_key_columns_are_never_renamed_or_dropped(env: Env) -> None:
     write_batch(env.catalog, "t", _batch([1]))
     env.config.write_text(

@@ -32,7 +32,7 @@ from segrep.core import hlc, keys
 from segrep.core import schema as sch
 from segrep.core.errors import RefusedError
 from segrep.core.schema_changes import SchemaChange, SchemaChangeRefused, plan_schema_change
-from segrep.core.schema_versions import first_version
+from segrep.core.schema_versions import Column, SchemaVersion, first_version
 from segrep.core.states import PartitionState, PlacementState
 from segrep.storage.identity import IdentityProblem
 from segrep.storage.probe import check_sites
@@ -241,7 +241,16 @@ def _shape_differences(s: Session, info: q.TableInfo, tdef: TableDef) -> list[st
 
 def _create_table(s: Session, tdef: TableDef, changes: list[Change], verb: str = "add", why: str = "") -> None:
     now = hlc.now_us()
-    first = first_version([(c.name, c.type) for c in tdef.column_specs])
+    # version 1: ids 1..n in column order (``first_version``), with the defaults the definitions give (they
+    # must stay as given: a default is what rows written before its column read as)
+    ids = first_version([(c.name, c.type) for c in tdef.column_specs])
+    first = SchemaVersion(
+        ids.version,
+        tuple(
+            Column(col.field_id, col.name, col.type, spec.default)
+            for col, spec in zip(ids.columns, tdef.column_specs, strict=True)
+        ),
+    )
     row = m.Table(
         name=tdef.name,
         columns=sch.schema_to_columns(tdef.schema),

@@ -132,7 +132,9 @@ def plan_schema_change(
             renames.append(f"rename {source.name} -> {spec.name}")
         if spec.type != source.type:
             if source.name in key_columns:
-                raise refuse(source.name, f"changing key column {source.name}'s type {source.type} -> {spec.type}")
+                raise refuse(
+                    source.name, f"changing key column {source.name}'s type {source.type} -> {spec.type} is refused"
+                )
             if not widens_to(source.type, spec.type):
                 raise refuse(
                     spec.name,
@@ -148,7 +150,6 @@ def plan_schema_change(
                 f"none (give default {source.default!r} or no default)"
                 if source.default is not None
                 else "none (remove the default)",
-                recreate_ok=False,
             )
         new_columns.append(Column(source.field_id, spec.name, spec.type, source.default))
     drops = []
