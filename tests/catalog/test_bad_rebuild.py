@@ -145,7 +145,7 @@ def test_a_damaged_listed_file_is_refused_even_with_the_flag(env: Env) -> None:
     _load(env)
     path = env.site_dir("primary") / _segments(env)[0].relpath
     data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 1
+    data[8] ^= 1  # in the first column chunk (the middle of a small file is its footer, which names it)
     path.write_bytes(bytes(data))
     for flag in ([], ["--accept-loss"]):
         with unchanged(env):

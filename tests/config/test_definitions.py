@@ -20,6 +20,8 @@ import yaml
 from segrep.config.definitions import CONFIG_ENV, Definitions, Policy, load_definitions
 from segrep.core import schema as sch
 from segrep.core.errors import ConfigError, SegrepError
+from segrep.core.schema_changes import version_fingerprint
+from segrep.core.schema_versions import first_version
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "include" / "segrep.yaml"
 BAD_NAMES = ["Orders", "1abc", "../etc", "a/b", "a.b", "", "a" * 64]
@@ -131,7 +133,7 @@ def test_valid_file_parses_sites_tables_and_schema(tmp_path: Path) -> None:
     assert t.leader == "primary"
     assert t.replicas == ("dr",)
     assert t.sites == ("primary", "dr")
-    assert t.fingerprint == sch.fingerprint(t.schema, ("o_orderkey",))
+    assert t.fingerprint == version_fingerprint(first_version(sch.schema_to_columns(t.schema)), ("o_orderkey",))
 
 
 def test_defaults(tmp_path: Path) -> None:

@@ -2,8 +2,7 @@
 
 Rows written at version 1 by the real writer, then a segment file written at version 2 (a column renamed,
 one widened, one dropped, one added with a default, the order changed; the file carries its field ids and
-version). The catalog side does not keep versions yet: the test says the table is at version 2 the way it
-will, through the one hook the read paths ask (``data.table_schema``) and the table's current columns. Then
+version). The table moves to version 2 through the definitions file and `segrep apply`. Then
 the reader (both its concatenating and its last-writer-wins paths), a compaction's major (written at version
 2), a replica's copy and verify's digests all give the oracle's rows: the same changes applied to dicts.
 """
@@ -21,11 +20,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from segrep.catalog import models as m
+from segrep.catalog.apply import apply_definitions
+from segrep.catalog.queries import table_info
 from segrep.catalog.snapshot import snapshot
 from segrep.core import hlc
 from segrep.core import schema as sch
+from segrep.core.projection import ReadVersions
 from segrep.core.schema_versions import Column, SchemaVersion, first_version, version_of_file
-from segrep.data import table_schema
 from segrep.data.reader import expected_segment, placement_files, read_table
 from segrep.data.spark_reader import read_dataframe
 from segrep.data.writer import write_batch
@@ -34,7 +35,7 @@ from segrep.maintenance.verify import RowCheck, Verdict, verify
 from segrep.maintenance.verify_spark import SparkDigests
 from segrep.replication.orchestrator import run_round
 from segrep.storage.segment_meta import footer_differences
-from segrep.storage.site import META_KEY
+from segrep.storage.site import META_KEY, segment_relpath
 from tests.support.env import Env, make_env
 from tests.support.forks import add_segment
 from tests.support.rounds import no_spark
@@ -54,6 +55,15 @@ tables:
     replicas: [dr]
     policy: {retry_delay_s: 0}
 """
+# v renamed to value and moved first, n widened, gone dropped (soft), note added with a default
+YAML_V2 = YAML.replace(
+    "    columns: {k: int64, n: int16, gone: string, v: string}\n",
+    "    columns:\n"
+    "      value: {type: string, renamed_from: v}\n"
+    "      k: int64\n"
+    "      n: int64\n"
+    "      note: {type: string, default: '-'}\n",
+)
 V1 = first_version([("k", "int64"), ("n", "int16"), ("gone", "string"), ("v", "string")])
 # v renamed to value and moved first, n widened, gone dropped, note added with a default
 V2 = SchemaVersion(
@@ -86,13 +96,12 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
 
 
 def at_version_2(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the catalog side will record for a schema change: the table's current columns, and its versions
-    (here through the hook that will read them from the catalog)."""
-    monkeypatch.setattr(table_schema, "initial_version", lambda info: V1)
-    monkeypatch.setattr(table_schema, "target_version", lambda info: V2)
-    with env.catalog.write() as s:
-        row = s.query(m.Table).filter_by(name="kv").one()
-        row.columns = {c.name: c.type for c in V2.columns}
+    """The schema change through the definitions file and `segrep apply`, as an operator makes it."""
+    env.config.write_text(YAML_V2)
+    apply_definitions(env.catalog, env.defs)
+    with env.catalog.read() as s:
+        info = table_info(s, "kv")
+    assert info.versions == ReadVersions(V1, V2), info.versions  # the ids the catalog gave: as the oracle's
 
 
 def add_v2_segment(env: Env, rows: list[dict[str, Any]]) -> None:
@@ -162,6 +171,33 @@ def test_segments_of_two_versions_read_resolve_compact_and_digest_at_the_newer(
     assert_majors_at_version_2(env)
     # primary holds majors at version 2, dr the minors of both versions: the same rows, the same digests
     assert_same_digests(verify(env.catalog, "kv", record=False).rows, len(want), on_spark=False)
+
+
+def test_after_apply_the_writer_writes_at_the_new_version_and_a_round_copies_it_unchanged(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer at the new version (the real writer, after `segrep apply`): its file carries version 2, the
+    round fast-forwards it to dr as it is (the same bytes), and both sites read the oracle's rows."""
+    want = {r["k"]: r for r in mixed_versions(env, monkeypatch)}
+    batch = pa.table(
+        {
+            "value": ["w5", "w20"],
+            "k": pa.array([5, 20], pa.int64()),
+            "n": pa.array([2**40, None], pa.int64()),  # a value only the widened column holds
+            "note": ["z", None],
+        }
+    )
+    result = write_batch(env.catalog, "kv", batch)
+    want.update({r["k"]: r for r in batch.to_pylist()})
+    with env.catalog.read() as s:
+        versions = sorted({seg.schema_version for seg in s.query(m.Segment).all()})
+    assert versions == [1, 2], versions
+    assert run_round(env.catalog, env.defs, "kv", submit=no_spark).status == "ok"
+    for site in ("primary", "dr"):
+        assert as_dicts(read_table(env.catalog, "kv", site=site)) == sorted(want.values(), key=lambda r: r["k"])
+    for seg in result.segments:  # fast-forward: the replica's file is the leader's, byte for byte
+        rel = segment_relpath("kv", seg.partition_id, seg.segment_id)
+        assert (env.site_dir("primary") / rel).read_bytes() == (env.site_dir("dr") / rel).read_bytes()
 
 
 @pytest.mark.spark

@@ -31,6 +31,7 @@ from segrep.catalog.snapshot import PartitionSnapshot, TableSnapshot, snapshot
 from segrep.core import hlc
 from segrep.core import schema as sch
 from segrep.core.ids import new_segment_id
+from segrep.core.schema_versions import FIRST_VERSION, version_of_file
 from segrep.spark.items import file_ref, round_item
 from segrep.spark.manifest import Manifest, MergeItem
 from segrep.storage.segment_meta import SegmentEntry, entry_stats
@@ -221,6 +222,7 @@ def add_segment(
         origin_site_id=site_row.site_id,
         epoch=part.partition.epoch,
         schema_fingerprint=info.row.schema_fingerprint,
+        schema_version=stated.version if (stated := version_of_file(table.schema)) else FIRST_VERSION,
         partition_begin=part.partition.begin_key,
         partition_end=part.partition.end_key,
         **entry_stats(table, info.primary_key),

@@ -2,8 +2,12 @@
 
 All changes are made in one transaction; ``--dry-run`` runs the very same code and rolls back, so what it
 prints is exactly what a real run would do. Changes that would lose data or break chains are refused with
-a message that says what to do instead: dropping a table that holds segments, changing the schema, key or
-split points of a table with data, changing a site's id, or moving a site that holds files.
+a message that says what to do instead: dropping a table that holds segments, changing the key or split
+points of a table with data, changing a site's id, or moving a site that holds files.
+
+Column changes make the table's next schema version (``core.schema_changes``: add, soft drop, rename, widen,
+reorder; one version per apply, recorded with what changed); a change that could misread the files is
+refused, naming the column and the way out (a table without segments is created again instead).
 
 Before anything changes, every site's store is probed (:mod:`segrep.storage.probe`): a real run writes,
 reads back and deletes a probe object under each root; a dry run only looks, so it writes nothing anywhere.
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from segrep.catalog import Catalog, site_identity
+from segrep.catalog import Catalog, schemas, site_identity
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
@@ -27,6 +31,8 @@ from segrep.config.locations import redact_uri
 from segrep.core import hlc, keys
 from segrep.core import schema as sch
 from segrep.core.errors import RefusedError
+from segrep.core.schema_changes import SchemaChange, SchemaChangeRefused, plan_schema_change
+from segrep.core.schema_versions import Column, SchemaVersion, first_version
 from segrep.core.states import PartitionState, PlacementState
 from segrep.storage.identity import IdentityProblem
 from segrep.storage.probe import check_sites
@@ -149,9 +155,16 @@ def _sync_table(s: Session, tdef: TableDef, changes: list[Change]) -> None:
     if row is None:
         _create_table(s, tdef, changes)
         return
-    info = q.TableInfo.of(row)
+    info = q.TableInfo.of(s, row)
     has_data = q.segment_count(s, row.table_id) > 0
     differences = _shape_differences(s, info, tdef)
+    try:
+        evolution = _schema_change(s, row, tdef)
+    except SchemaChangeRefused as exc:
+        if has_data or not exc.recreate_ok:
+            raise
+        differences.insert(0, "columns")  # no segment to misread: the table is created again
+        evolution = None
     if differences:
         if has_data:
             raise RefusedError(
@@ -162,16 +175,37 @@ def _sync_table(s: Session, tdef: TableDef, changes: list[Change]) -> None:
         _drop_table(s, row)
         _create_table(s, tdef, changes, verb="change", why=", ".join(differences))
         return
+    if evolution is not None:
+        schemas.record_version(s, row, evolution.version, evolution.text, evolution.next_field_id)
+        changes.append(
+            Change(
+                "change",
+                f"table {tdef.name}: schema v{evolution.version.version - 1} -> v{evolution.version.version}: "
+                f"{evolution.text}",
+            )
+        )
     _sync_placements(s, info, tdef, has_data, changes)
     if row.writes != tdef.writes:
         changes.append(Change("change", f"table {tdef.name} writes from {row.writes} to {tdef.writes}"))
         row.writes = tdef.writes
 
 
+def _schema_change(s: Session, row: m.Table, tdef: TableDef) -> SchemaChange | None:
+    """The table's next schema version from the definitions' columns (None: the columns are unchanged)."""
+    history = [e.schema for e in schemas.schema_history(s, row.table_id)]
+    current = next(v for v in history if v.version == row.schema_version)
+    return plan_schema_change(
+        tdef.name,
+        current,
+        tdef.column_specs,
+        key_columns=[*row.primary_key, row.partition_key],
+        history=history,
+        next_field_id=row.next_field_id,
+    )
+
+
 def _shape_differences(s: Session, info: q.TableInfo, tdef: TableDef) -> list[str]:
     out = []
-    if sch.schema_to_columns(tdef.schema) != info.row.columns:
-        out.append("columns")
     if list(tdef.primary_key) != list(info.row.primary_key):
         out.append("primary key")
     if tdef.partition_key != info.row.partition_key:
@@ -207,6 +241,16 @@ def _shape_differences(s: Session, info: q.TableInfo, tdef: TableDef) -> list[st
 
 def _create_table(s: Session, tdef: TableDef, changes: list[Change], verb: str = "add", why: str = "") -> None:
     now = hlc.now_us()
+    # version 1: ids 1..n in column order (``first_version``), with the defaults the definitions give (they
+    # must stay as given: a default is what rows written before its column read as)
+    ids = first_version([(c.name, c.type) for c in tdef.column_specs])
+    first = SchemaVersion(
+        ids.version,
+        tuple(
+            Column(col.field_id, col.name, col.type, spec.default)
+            for col, spec in zip(ids.columns, tdef.column_specs, strict=True)
+        ),
+    )
     row = m.Table(
         name=tdef.name,
         columns=sch.schema_to_columns(tdef.schema),
@@ -215,9 +259,12 @@ def _create_table(s: Session, tdef: TableDef, changes: list[Change], verb: str =
         schema_fingerprint=tdef.fingerprint,
         created_us=now,
         writes=tdef.writes,
+        schema_version=first.version,
+        next_field_id=len(first.columns) + 1,
     )
     s.add(row)
     s.flush()
+    schemas.record_version(s, row, first, "created", len(first.columns) + 1)
     bounds = [None, *tdef.split_points, None]
     for index, (begin, end) in enumerate(itertools.pairwise(bounds)):
         part = m.Partition(
@@ -332,6 +379,7 @@ def _drop_table(s: Session, row: m.Table) -> None:
         (m.Partition, m.Partition.table_id == row.table_id),
         (m.SafeTime, m.SafeTime.table_id == row.table_id),
         (m.Round, m.Round.table_id == row.table_id),
+        (m.SchemaVersionRow, m.SchemaVersionRow.table_id == row.table_id),
     ):
         s.execute(delete(model).where(cond).execution_options(synchronize_session=False))
     s.delete(row)

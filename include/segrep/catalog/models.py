@@ -46,13 +46,30 @@ class Table(Base):
 
     table_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(63), unique=True)
-    columns: Mapped[dict[str, Any]] = mapped_column(JSON)  # {name: type}, in column order
+    columns: Mapped[dict[str, Any]] = mapped_column(JSON)  # {name: type}, in column order: the current version's
     primary_key: Mapped[list[Any]] = mapped_column(JSON)
     partition_key: Mapped[str] = mapped_column(String(63))
     schema_fingerprint: Mapped[str] = mapped_column(String(16))
     created_us: Mapped[int] = mapped_column(BigInteger)
     # "leader": writes go to each partition's leader; "any_site": every site takes writes (active-active)
     writes: Mapped[str] = mapped_column(String(16), default="leader", server_default="leader")
+    # the current schema version (a row of schema_versions) and the next free field id (a dropped id is
+    # never reused)
+    schema_version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    next_field_id: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+
+
+class SchemaVersionRow(Base):
+    """One schema version of a table (``core.schema_versions``): its visible columns with field ids
+    (``SchemaVersion.to_json``'s columns), when it was made and what changed."""
+
+    __tablename__ = "schema_versions"
+
+    table_id: Mapped[int] = mapped_column(ForeignKey("tables.table_id"), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    columns: Mapped[list[Any]] = mapped_column(JSON)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    change: Mapped[str] = mapped_column(Text)
 
 
 MAX_PARTITION_ID = 2**31 - 1  # partitions.partition_id is an INTEGER column (32 bits on PostgreSQL)
@@ -130,6 +147,8 @@ class Segment(Base):
     origin_site_id: Mapped[int] = mapped_column(Integer)
     epoch: Mapped[int] = mapped_column(Integer)
     schema_fingerprint: Mapped[str] = mapped_column(String(16))
+    # the table's schema version the file was written at (its columns carry that version's field ids)
+    schema_version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     relpath: Mapped[str] = mapped_column(Text)
     committed_us: Mapped[int] = mapped_column(BigInteger, index=True)
 

@@ -12,11 +12,14 @@ from sqlalchemy import BindParameter, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
+from segrep.catalog.schemas import schema_version
 from segrep.core import keys
 from segrep.core import schema as sch
 from segrep.core.chain import Chain, SegmentRef
 from segrep.core.errors import NotFoundError
 from segrep.core.names import check_name
+from segrep.core.projection import ReadVersions
+from segrep.core.schema_versions import FIRST_VERSION
 from segrep.core.states import PartitionState
 
 WRITABLE_STATES = (PartitionState.LOADING, PartitionState.LIVE, PartitionState.SPLITTING)
@@ -28,10 +31,13 @@ class TableInfo:
 
     row: m.Table
     schema: pa.Schema
+    versions: ReadVersions  # its version 1 (files without schema metadata) and its current one (reads go to)
 
     @classmethod
-    def of(cls, row: m.Table) -> TableInfo:
-        return cls(row, sch.schema_from_columns(row.columns))
+    def of(cls, s: Session, row: m.Table) -> TableInfo:
+        current = schema_version(s, row.table_id, row.schema_version)
+        first = current if current.version == FIRST_VERSION else schema_version(s, row.table_id, FIRST_VERSION)
+        return cls(row, sch.schema_from_columns(row.columns), ReadVersions(first, current))
 
     @property
     def table_id(self) -> int:
@@ -84,7 +90,7 @@ def table_info(s: Session, name: str) -> TableInfo:
         raise NotFoundError(
             f"unknown table {name!r} in the catalog; known: {', '.join(known) or 'none'} (run `segrep apply`?)"
         )
-    return TableInfo.of(row)
+    return TableInfo.of(s, row)
 
 
 def site_by_name(s: Session, name: str) -> m.Site:

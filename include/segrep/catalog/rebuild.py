@@ -22,6 +22,10 @@ the same transaction: the acks that say the placement holds a dropped segment go
 entry), its checkpoints go (the next commit writes them again from the acks), and the site's safe time moves
 back before the oldest dropped row (its rows are no longer readable there), so the next plain round offers
 the leader's copy again and status shows it pending.
+
+Each file says the schema version it was written at (``segrep.schema``): a version the catalog does not have
+(a catalog restored from before a schema change) is recorded from the files, and becomes the table's current
+one when it is newer, so the segments' ``schema_version`` always names a version the catalog holds.
 """
 
 from __future__ import annotations
@@ -38,11 +42,13 @@ from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.holders import Holders, fetch
+from segrep.catalog.schemas import record_version
 from segrep.catalog.segments import segment_row
 from segrep.catalog.site_identity import record_found
 from segrep.core import hlc
 from segrep.core.chain import Chain
 from segrep.core.errors import CorruptSegmentError, RefusedError, SegrepError
+from segrep.core.schema_versions import SchemaVersion, version_of_file
 from segrep.storage.atomic import FileFacts
 from segrep.storage.segment_meta import SegmentEntry
 from segrep.storage.site import Site
@@ -106,6 +112,20 @@ class FetchedSegment:
         return f"{self.table} partition {self.partition_id} segment {self.segment_id} ({self.row_count} row(s))"
 
 
+@dataclass(frozen=True)
+class RecoveredSchema:
+    """A schema version the files were written at that the catalog does not hold, read from a file."""
+
+    table: str
+    table_id: int
+    schema: SchemaVersion
+    relpath: str  # the file it was read from
+
+    def describe(self) -> str:
+        columns = ", ".join(f"{c.field_id}:{c.name} {c.type}" for c in self.schema.columns)
+        return f"table {self.table} schema version {self.schema.version} ({columns}), read from {self.relpath}"
+
+
 @dataclass
 class RebuildReport:
     site: str
@@ -117,6 +137,7 @@ class RebuildReport:
     strays: list[StrayFile] = field(default_factory=list)
     fetched: list[FetchedSegment] = field(default_factory=list)
     unreachable: dict[str, str] = field(default_factory=dict)  # sites that could not be asked -> why
+    schemas: list[RecoveredSchema] = field(default_factory=list)
 
     @property
     def refused(self) -> bool:
@@ -145,6 +166,9 @@ class RebuildReport:
         taken = "taken from the file" if self.accept_loss else "refused without --accept-loss"
         for stray in self.strays:
             out.append(f"  NOT IN THE CATALOG: {stray.describe()}: {taken}")
+        recorded = "would be recorded" if self.dry_run else "recorded"
+        for schema in self.schemas:
+            out.append(f"  SCHEMA: {schema.describe()}: {recorded}")
         return out
 
     def refusal(self) -> str:
@@ -191,6 +215,14 @@ def rebuild_site(
         if report.refused:
             raise RefusedError(report.refusal())
         record_found(s, q.site_by_name(s, site_name))  # the marker now names this catalog
+        for x in sorted(report.schemas, key=lambda x: (x.table_id, x.schema.version)):
+            table = s.get(m.Table, x.table_id, with_for_update=True)
+            if table is not None:
+                newer = x.schema.version > table.schema_version
+                next_id = max(c.field_id for c in x.schema.columns) + 1
+                record_version(
+                    s, table, x.schema, f"recovered from segment files at site {site_name}", next_id, current=newer
+                )
         for step in plan:
             pl, items, root = step.placement, step.items, step.root
             if step.dropped:
@@ -261,10 +293,12 @@ def _plan(s: Session, site_name: str, *, dry_run: bool, accept_loss: bool) -> tu
             listed[seg.placement_id][seg.segment_id] = seg
 
     found, problems = _read_files(site, placements, parts, tables, listed)
+    schemas, more = _unknown_schemas(s, site, found, parts, tables)
+    problems += more
     if problems:
         raise RefusedError(f"cannot rebuild site {site_name}: " + "; ".join(problems[:_LISTED_AT_MOST]))
 
-    report = RebuildReport(site=site_name, dry_run=dry_run, accept_loss=accept_loss)
+    report = RebuildReport(site=site_name, dry_run=dry_run, accept_loss=accept_loss, schemas=schemas)
     holders = Holders.besides(s, s.scalars(select(m.Site)).all(), site_name)
     problems = _fetch_missing(site, holders, placements, tables, parts, listed, found, report)
     if problems:
@@ -348,6 +382,36 @@ def _read_files(
             continue
         found[pl.placement_id].append(_Found(entry, relpath, facts, _mtime_us(site, relpath)))
     return found, problems
+
+
+def _unknown_schemas(
+    s: Session, site: Site, found: dict[int, list[_Found]], parts: dict[int, m.Partition], tables: dict[int, str]
+) -> tuple[list[RecoveredSchema], list[str]]:
+    """The schema versions the files were written at that the catalog lacks, each read from one file's
+    schema (a footer read, only for those), and the problems: a file whose schema does not say the version
+    its entry names."""
+    known = {(t, v) for t, v in s.execute(select(m.SchemaVersionRow.table_id, m.SchemaVersionRow.version))}
+    out: dict[tuple[int, int], RecoveredSchema] = {}
+    problems: list[str] = []
+    for items in found.values():
+        for it in items:
+            table_id = parts[it.entry.partition_id].table_id
+            key = (table_id, it.entry.schema_version)
+            if key in known or key in out:
+                continue
+            try:
+                version = version_of_file(site.read_schema(it.relpath))
+            except SegrepError as exc:
+                problems.append(f"{it.relpath}: {exc}")
+                continue
+            if version is None or version.version != it.entry.schema_version:
+                problems.append(
+                    f"{it.relpath}: its entry says schema version {it.entry.schema_version}, which the catalog does "
+                    "not hold, and its schema does not carry that version"
+                )
+                continue
+            out[key] = RecoveredSchema(tables[table_id], table_id, version, it.relpath)
+    return list(out.values()), problems
 
 
 def _mtime_us(site: Site, relpath: str) -> int:

@@ -37,6 +37,7 @@ def entry_of(seg: m.Segment, table: str, partition: m.Partition) -> SegmentEntry
         partition_begin=partition.begin_key,
         partition_end=partition.end_key,
         included_segment_ids=tuple(seg.included_segment_ids or ()),
+        schema_version=seg.schema_version,
     )
 
 
@@ -68,6 +69,7 @@ def segment_values(
         "origin_site_id": entry.origin_site_id,
         "epoch": entry.epoch,
         "schema_fingerprint": entry.schema_fingerprint,
+        "schema_version": entry.schema_version,
         "relpath": relpath,
         "committed_us": committed_us,
     }

@@ -11,8 +11,10 @@ from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.leadership import leadership
+from segrep.catalog.schemas import SchemaHistoryEntry, schema_history
 from segrep.cli.format import STATUS_HEADER, format_rows, status_table
 from segrep.config.definitions import Definitions, Policy
+from segrep.core import hlc
 from segrep.core.chain import is_reference_weak, is_referenced, visible_segments
 from segrep.core.errors import NotFoundError
 from segrep.replication.conflicts import recent_conflicts
@@ -32,7 +34,7 @@ def table_overview(catalog: Catalog) -> list[list[object]]:
     with catalog.read() as s:
         sites = q.sites_by_id(s)
         for row in s.scalars(select(m.Table).order_by(m.Table.name)):
-            info = q.TableInfo.of(row)
+            info = q.TableInfo.of(s, row)
             parts = q.serving_partitions(s, info)
             placements = q.active_placements(s, [p.partition_id for p in parts])
             leader_ids = {p.leader_placement_id for p in parts}
@@ -66,14 +68,24 @@ def describe_table(catalog: Catalog, table: str) -> str:
         parts = q.partitions_of(s, info)
         placements = q.active_placements(s, [p.partition_id for p in parts])
         seg_lists = q.segments_of(s, [pl.placement_id for pl in placements])
-    lines = [f"table {info.name}  (schema fingerprint {info.row.schema_fingerprint})", ""]
+        history = schema_history(s, info.table_id)
+    current = next((e.schema for e in history if e.version == info.row.schema_version), None)
+    ids = {c.name: c.field_id for c in current.columns} if current is not None else {}
+    lines = [
+        f"table {info.name}  (schema v{info.row.schema_version}, fingerprint {info.row.schema_fingerprint})",
+        "",
+    ]
     lines.append(
         format_rows(
-            ["column", "type", "key"],
-            [[name, typ, "pk" if name in info.primary_key else ""] for name, typ in info.row.columns.items()],
+            ["column", "type", "field id", "key"],
+            [
+                [name, typ, ids.get(name, "?"), "pk" if name in info.primary_key else ""]
+                for name, typ in info.row.columns.items()
+            ],
         )
     )
     lines += ["", f"primary key ({', '.join(info.primary_key)}), partitioned by {info.partition_key}"]
+    lines += ["", *schema_history_lines(history), ""]
     lines += ["\n".join(map(str, leadership(catalog, table))), ""]
     rows = []
     for part in parts:
@@ -100,6 +112,20 @@ def describe_table(catalog: Catalog, table: str) -> str:
         )
     )
     return "\n".join(lines)
+
+
+def schema_history_lines(history: list[SchemaHistoryEntry]) -> list[str]:
+    """The table's schema versions, oldest first: number, when, the change, and the columns with field ids
+    (a default is what rows written before its column existed read as)."""
+    out = ["schema history (version, made, change; columns as field id:name type)"]
+    for entry in history:
+        out.append(f"  v{entry.version}  {hlc.iso(entry.created_us)}  {entry.change}")
+        cols = [
+            f"{c.field_id}:{c.name} {c.type}" + (f" default {c.default!r}" if c.default is not None else "")
+            for c in entry.schema.columns
+        ]
+        out.append("      " + ", ".join(cols))
+    return out
 
 
 def segment_listing(catalog: Catalog, table: str, site: str | None, partition_id: int | None) -> str:

@@ -28,6 +28,8 @@ from segrep.core import keys
 from segrep.core import schema as sch
 from segrep.core.errors import ConfigError, SegrepError
 from segrep.core.names import check_name
+from segrep.core.schema_changes import ColumnSpec, version_fingerprint
+from segrep.core.schema_versions import first_version
 
 __all__ = [
     "CONFIG_ENV",
@@ -73,10 +75,18 @@ class TableDef:
     # initial partition index -> the site that leads it (``leaders: {1: eu}``); the others are led by ``leader``
     leaders: Mapping[int, str] = field(default_factory=dict)
     writes: str = WRITES_LEADER  # "any_site": every site accepts writes (active-active, DESIGN section 12)
+    # the columns as written, with their defaults and former names (``schema`` is their Arrow form); empty:
+    # taken from ``schema`` (no defaults, no renames)
+    columns: tuple[ColumnSpec, ...] = ()
+
+    @property
+    def column_specs(self) -> tuple[ColumnSpec, ...]:
+        return self.columns or tuple(ColumnSpec(n, t) for n, t in sch.schema_to_columns(self.schema).items())
 
     @property
     def fingerprint(self) -> str:
-        return sch.fingerprint(self.schema, self.primary_key)
+        """The fingerprint of the table's first schema version (field ids 1..n in column order)."""
+        return version_fingerprint(first_version(sch.schema_to_columns(self.schema)), self.primary_key)
 
     @property
     def sites(self) -> tuple[str, ...]:
@@ -211,8 +221,10 @@ def _parse_table(name: str, raw: Any, sites: Mapping[str, SiteDef], base: Path) 
     )
     if ("columns" in body) == ("schema_from" in body):
         raise SegrepError(f"{where}: give exactly one of 'columns' (name: type) or 'schema_from' (a Parquet file)")
+    specs: tuple[ColumnSpec, ...] = ()
     if "columns" in body:
-        schema = _in(where, sch.schema_from_columns, _mapping(body["columns"], f"{where} columns"))
+        specs = _column_specs(_mapping(body["columns"], f"{where} columns"), where)
+        schema = _in(where, sch.schema_from_columns, {c.name: c.type for c in specs})
     else:
         schema = _schema_from_file(body["schema_from"], base, where)
     if not len(schema):
@@ -249,7 +261,42 @@ def _parse_table(name: str, raw: Any, sites: Mapping[str, SiteDef], base: Path) 
         feeders=feeders,
         leaders=leaders,
         writes=writes,
+        columns=specs,
     )
+
+
+_COLUMN_KEYS = {"type", "default", "renamed_from"}
+
+
+def _column_specs(raw: Mapping[str, Any], where: str) -> tuple[ColumnSpec, ...]:
+    """``name: type`` or ``name: {type: T, default: V, renamed_from: OLD}``; the type normalized, the default
+    converted to the type without loss (its JSON form, ``keys.encode``)."""
+    out = []
+    for name, value in raw.items():
+        check_name("column", name)
+        body: Mapping[str, Any] = value if isinstance(value, dict) else {"type": value}
+        _no_unknown_keys(body, _COLUMN_KEYS, f"{where} column {name}")
+        try:
+            dtype = sch.parse_type(body.get("type"))  # type: ignore[arg-type]
+        except SegrepError as exc:
+            raise SegrepError(f"{where}: column {name}: {exc}") from None
+        default = body.get("default")
+        if default is not None:
+            try:
+                default = keys.encode(keys.from_user(default, dtype, "default"))
+            except SegrepError as exc:
+                reason = str(exc).split(": ", 1)[-1]
+                raise SegrepError(
+                    f"{where}: column {name}: default {default!r} is not a {sch.type_name(dtype)} value ({reason}); "
+                    "give a default of the column's type"
+                ) from None
+        renamed = body.get("renamed_from")
+        if renamed is not None:
+            if not isinstance(renamed, str):
+                raise SegrepError(f"{where}: column {name}: renamed_from must be a column name, got {renamed!r}")
+            check_name("column", renamed)
+        out.append(ColumnSpec(str(name), sch.type_name(dtype), default, renamed))
+    return tuple(out)
 
 
 def _replicas(raw: Any, sites: Mapping[str, SiteDef], leader: str, where: str) -> tuple[list[str], dict[str, str]]:

@@ -200,6 +200,7 @@ def expected_segment(info: q.TableInfo, seg: m.Segment) -> ExpectedSegment:
         key_min=seg.key_min,
         key_max=seg.key_max,
         schema=sch.segment_schema(read_versions(info).first.arrow()),
+        schema_version=seg.schema_version,
         sha256=seg.sha256,
         crc64nvme=seg.crc64nvme,
     )

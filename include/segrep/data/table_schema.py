@@ -8,22 +8,18 @@ from __future__ import annotations
 
 from segrep.catalog.queries import TableInfo
 from segrep.core.projection import ReadVersions
-from segrep.core.schema_versions import SchemaVersion, first_version
+from segrep.core.schema_versions import SchemaVersion
 
 
 def target_version(info: TableInfo) -> SchemaVersion:
-    """The version the table's rows are read at: its current one.
-
-    Until the catalog keeps versions, the table's current columns with field ids 1..n in their order."""
-    return first_version(info.row.columns)
+    """The version the table's rows are read at: its current one (``tables.schema_version``)."""
+    return info.versions.target
 
 
 def initial_version(info: TableInfo) -> SchemaVersion:
-    """The table's version 1: what a segment file written before versions existed holds.
-
-    Until the catalog keeps versions, the same as ``target_version``."""
-    return first_version(info.row.columns)
+    """The table's version 1: what a segment file written before versions existed holds."""
+    return info.versions.first
 
 
 def read_versions(info: TableInfo) -> ReadVersions:
-    return ReadVersions(initial_version(info), target_version(info))
+    return info.versions

@@ -33,6 +33,7 @@ from sqlalchemy import update
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.schemas import current_schema
 from segrep.catalog.segments import register_segment
 from segrep.catalog.site_identity import open_site
 from segrep.catalog.sql import rowcount
@@ -41,6 +42,7 @@ from segrep.core import hlc
 from segrep.core import schema as sch
 from segrep.core.errors import ConflictError, SegrepError, WritesPausedError
 from segrep.core.ids import new_segment_id
+from segrep.core.schema_versions import SchemaVersion
 from segrep.data.write_events import WriteEvent, announce
 from segrep.storage.atomic import FileFacts
 from segrep.storage.segment_meta import SegmentEntry, entry_stats, stamp_rows
@@ -105,6 +107,7 @@ def write_batch(
     Airflow task emits it as the task's outlet instead: ``segrep_airflow.assets.emit_write``)."""
     with catalog.read() as s:
         info = q.table_info(s, table)
+        schema = current_schema(s, info.table_id)  # the files carry its field ids and the version itself
     rows = sch.conform_batch(batch, info.schema, info.primary_key, keys_only=delete)
     rows = sch.dedupe_last(rows, info.primary_key)
     result = WriteResult(table=table, rows_in=batch.num_rows, rows_written=rows.num_rows, deleted=delete)
@@ -113,7 +116,7 @@ def write_batch(
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result.attempts = attempt
         try:
-            result.segments = _attempt(catalog, info, rows, delete, result, site)
+            result.segments = _attempt(catalog, info, schema, rows, delete, result, site)
         except ConflictError as exc:
             log.info("write to %s conflicted (attempt %d): %s", table, attempt, exc)
             continue
@@ -126,7 +129,13 @@ def write_batch(
 
 
 def _attempt(
-    catalog: Catalog, info: q.TableInfo, rows: pa.Table, delete: bool, timing: WriteResult, site: str | None
+    catalog: Catalog,
+    info: q.TableInfo,
+    schema: SchemaVersion,
+    rows: pa.Table,
+    delete: bool,
+    timing: WriteResult,
+    site: str | None,
 ) -> list[WrittenSegment]:
     started = time.perf_counter()
     targets = _targets(catalog, info, site)
@@ -135,11 +144,11 @@ def _attempt(
     try:
         work = [(t, rows_) for t, rows_ in zip(targets, groups, strict=True) if rows_ is not None]
         if len(work) == 1:  # one partition (a key-sorted batch often is): no pool to start and join
-            written.append(_write_file(catalog, info, *work[0], delete))
+            written.append(_write_file(catalog, info, schema, *work[0], delete))
         else:
             # Parquet encoding, hashing and fsync release the GIL: partitions are written side by side.
             with ThreadPoolExecutor(max_workers=min(len(work), WRITE_THREADS)) as pool:
-                futures = [pool.submit(_write_file, catalog, info, t, rows_, delete) for t, rows_ in work]
+                futures = [pool.submit(_write_file, catalog, info, schema, t, rows_, delete) for t, rows_ in work]
             failure: BaseException | None = None
             for future in futures:
                 try:
@@ -282,11 +291,18 @@ def _bucketize(col: pa.ChunkedArray, bounds: list[object], dtype: pa.DataType) -
 
 
 def _write_file(
-    catalog: Catalog, info: q.TableInfo, target: _Target, part_rows: pa.Table, delete: bool
+    catalog: Catalog, info: q.TableInfo, schema: SchemaVersion, target: _Target, part_rows: pa.Table, delete: bool
 ) -> tuple[_Target, SegmentEntry, str, FileFacts, Site]:
     part, placement = target.partition, target.placement
     version = hlc.next_version(part.last_version)
-    stamped = stamp_rows(part_rows, info.schema, version=version, deleted=delete, origin=target.site.site_id)
+    stamped = stamp_rows(
+        part_rows,
+        info.schema,
+        version=version,
+        deleted=delete,
+        origin=target.site.site_id,
+        layout=schema.segment_arrow(),
+    )
     entry = SegmentEntry(
         segment_id=new_segment_id(),
         table=info.name,
@@ -299,6 +315,7 @@ def _write_file(
         schema_fingerprint=info.row.schema_fingerprint,
         partition_begin=part.begin_key,
         partition_end=part.end_key,
+        schema_version=schema.version,
         **entry_stats(stamped, info.primary_key),
     )
     site = open_site(catalog, target.site)  # checks the site's identity marker before writing

@@ -65,6 +65,7 @@ _ENTRY_FIELDS = (
     "origin_site_id",
     "epoch",
     "schema_fingerprint",
+    "schema_version",
 )
 
 

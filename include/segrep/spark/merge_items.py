@@ -99,6 +99,7 @@ def output_entry(item: MergeItem, rows: pa.Table) -> SegmentEntry:
         origin_site_id=item.leader_site_id,
         epoch=item.epoch,
         schema_fingerprint=item.schema_fingerprint,
+        schema_version=item.versions.target.version,  # outputs are written at the version they were read at
         partition_begin=item.partition_begin,
         partition_end=item.partition_end,
         included_segment_ids=included,

@@ -40,6 +40,8 @@ class SegmentEntry:
     partition_begin: Any = None
     partition_end: Any = None
     included_segment_ids: tuple[str, ...] = field(default_factory=tuple)
+    # the table's schema version the rows were written at (a file written before versions existed: 1)
+    schema_version: int = 1
 
     def to_meta(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -55,8 +57,18 @@ class SegmentEntry:
         return cls(**doc)
 
 
-def stamp_rows(rows: pa.Table, schema: pa.Schema, *, version: int, deleted: bool, origin: int) -> pa.Table:
-    """Rows in segment layout: every table column (nulls where a tombstone has none) plus internal columns."""
+def stamp_rows(
+    rows: pa.Table,
+    schema: pa.Schema,
+    *,
+    version: int,
+    deleted: bool,
+    origin: int,
+    layout: pa.Schema | None = None,
+) -> pa.Table:
+    """Rows in segment layout: every table column (nulls where a tombstone has none) plus internal columns.
+    ``layout``: the file's schema when it is more than names and types (``SchemaVersion.segment_arrow``:
+    field ids and the version in its metadata); the same columns as ``segment_schema(schema)``."""
     n = rows.num_rows
     arrays = [rows.column(f.name) if f.name in rows.column_names else pa.nulls(n, f.type) for f in schema]
     arrays += [
@@ -64,7 +76,7 @@ def stamp_rows(rows: pa.Table, schema: pa.Schema, *, version: int, deleted: bool
         pa.array(np.full(n, deleted, np.bool_)),
         pa.array(np.full(n, origin, np.int32)),
     ]
-    return pa.Table.from_arrays(arrays, schema=sch.segment_schema(schema))
+    return pa.Table.from_arrays(arrays, schema=layout if layout is not None else sch.segment_schema(schema))
 
 
 def entry_stats(rows: pa.Table, primary_key: Sequence[str]) -> dict[str, Any]:

@@ -313,6 +313,15 @@ class Site:
         doc: dict[str, Any] = json.loads(md[META_KEY])
         return doc
 
+    def read_schema(self, relpath: str) -> pa.Schema:
+        """The segment file's Arrow schema from the footer: its columns' field ids and, in its metadata, the
+        schema version it was written at (``core.schema_versions.version_of_file``). No row is read."""
+        self.ensure_identified()
+        try:
+            return pq.read_schema(self.path(relpath), filesystem=self.fs)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise CorruptSegmentError(f"{self.path(relpath)} is not a readable Parquet file: {exc}") from None
+
     def exists(self, relpath: str) -> bool:
         self.ensure_identified()
         return bool(self.fs.get_file_info(self.path(relpath)).type == pafs.FileType.File)
