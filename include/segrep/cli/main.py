@@ -329,6 +329,36 @@ def table_describe(obj: Context, table: str) -> None:
     click.echo(describe_table(obj.catalog(), table))
 
 
+@table_group.command("rewrite")
+@click.argument("source")
+@click.option("--into", "target", required=True, help="The table to copy into (defined and applied already).")
+@click.option("--map", "renames", multiple=True, metavar="OLD=NEW", help="Copy SOURCE's column OLD into NEW.")
+@click.option("--dry-run", is_flag=True, help="Check every row and print what would be written; write nothing.")
+@click.pass_obj
+@_user_errors
+def table_rewrite(obj: Context, source: str, target: str, renames: tuple[str, ...], dry_run: bool) -> None:
+    """Copy SOURCE's rows (at its leaders) into TARGET, a table with a new shape, column by name.
+
+    The way out of a schema change `segrep apply` refuses (a narrowing, a type family change, a key column's
+    change). Every value must convert exactly to TARGET's type, or nothing is written. Stop SOURCE's writers
+    first: rows written during the copy may be missed."""
+    from segrep.data.rewrite import parse_renames, rewrite_table
+
+    result = rewrite_table(obj.catalog(), source, target, renames=parse_renames(renames), dry_run=dry_run)
+    if dry_run:
+        click.echo(
+            f"would write {result.rows} row(s) of {source} into {target} "
+            f"in {result.partitions} write(s) (one per source partition)"
+        )
+    else:
+        click.echo(
+            f"wrote {result.rows_written} row(s) of {source} into {target} "
+            f"({result.rows} read, {result.partitions} write(s), {result.segments} segment(s))"
+        )
+    for col in result.columns:
+        click.echo(f"  {col}")
+
+
 # -- data ------------------------------------------------------------------------------------------------
 @main.command()
 @click.argument("table")
@@ -347,18 +377,26 @@ def write(obj: Context, table: str, file: Path, fmt: str | None, delete: bool, s
 
     A table whose policy is `schedule: on_write` then tells Airflow (SEGREP_AIRFLOW_API_URL, _USER,
     _PASSWORD); if that fails the write stays committed and a warning on stderr says why."""
+    from segrep.catalog.schemas import schema_history
     from segrep.data.writer import write_batch
 
     catalog = obj.catalog()
     with catalog.read() as s:
         info = q.table_info(s, table)
-    batch = _read_input(file, fmt, info, keys_only=delete)
+        # a CSV column is read as its type at the newest version that has the name (an older writer's file)
+        types = {c.name: c.arrow_type for e in schema_history(s, info.table_id) for c in e.schema.columns}
+    batch = _read_input(file, fmt, types)
     result = write_batch(catalog, table, batch, delete=delete, site=site, defs=obj.defs_if_any())
     action = "deleted" if delete else "wrote"
     click.echo(
         f"{action} {result.rows_written} row(s) of {table} from {file} "
         f"({result.rows_in - result.rows_written} duplicate key(s) folded) in {len(result.segments)} segment(s)"
     )
+    if result.batch_version != result.stored_version:
+        click.echo(
+            f"  the file has the columns of schema version {result.batch_version}: stored at the current "
+            f"version {result.stored_version}"
+        )
     for seg in result.segments:
         click.echo(
             f"  partition {seg.partition_id} @ {seg.site}: segment {seg.segment_id} {seg.rows} rows {seg.byte_size} B"
@@ -369,12 +407,11 @@ def write(obj: Context, table: str, file: Path, fmt: str | None, delete: bool, s
         click.echo(f"segrep: warning: {result.event.detail}", err=True)
 
 
-def _read_input(file: Path, fmt: str | None, info: q.TableInfo, *, keys_only: bool) -> pa.Table:
+def _read_input(file: Path, fmt: str | None, types: dict[str, pa.DataType]) -> pa.Table:
     fmt = fmt or _format_from_suffix(file, ("parquet", "csv"))
     try:
         if fmt == "parquet":
             return pq.read_table(file)
-        types = {f.name: f.type for f in info.schema}
         return pacsv.read_csv(file, convert_options=pacsv.ConvertOptions(column_types=types))
     except FileNotFoundError:
         raise SegrepError(f"cannot read {file}: no such file") from None

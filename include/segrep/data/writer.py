@@ -6,11 +6,13 @@ added to that site's placement *beside* its chain (the root does not move), stam
 the partition's clock; the site reads it at once (read-your-writes), rounds push it to the leader, which merges
 it last-writer-wins, and the merged segment fast-forwards back to every site.
 
-Each batch is checked against the table, de-duplicated by primary key (its last row wins), routed by the
-partition key to each partition's leader placement and stamped with a version from that partition's hybrid
-logical clock. Files are written first (atomically, hashed); then one catalog transaction moves every touched
-placement's root with a conditional update and advances each clock. If another writer got there first, the
-new files are removed and the batch is re-planned: optimistic, never check-then-act.
+Each batch is checked against the table (a batch of an older schema version's columns, from a writer not
+yet redeployed, is checked at that version and projected to the current one: ``core.batch_versions``),
+de-duplicated by primary key (its last row wins), routed by the partition key to each partition's leader
+placement and stamped with a version from that partition's hybrid logical clock. Files are written first
+(atomically, hashed); then one catalog transaction moves every touched placement's root with a conditional
+update and advances each clock. If another writer got there first, the new files are removed and the batch is
+re-planned: optimistic, never check-then-act.
 
 A table whose policy is ``schedule: on_write`` (given ``defs``) then tells Airflow, after the commit and best
 effort (``segrep.data.write_events``): the result's ``event`` says whether the asset event was sent.
@@ -33,13 +35,14 @@ from sqlalchemy import update
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.catalog.schemas import current_schema
+from segrep.catalog.schemas import current_schema, schema_versions
 from segrep.catalog.segments import register_segment
 from segrep.catalog.site_identity import open_site
 from segrep.catalog.sql import rowcount
 from segrep.config.definitions import Definitions
 from segrep.core import hlc
 from segrep.core import schema as sch
+from segrep.core.batch_versions import conform_to_current
 from segrep.core.errors import ConflictError, SegrepError, WritesPausedError
 from segrep.core.ids import new_segment_id
 from segrep.core.schema_versions import SchemaVersion
@@ -76,6 +79,8 @@ class WriteResult:
     commit_s: float = 0.0  # the catalog transaction that registers them (last attempt)
     committed_us: int | None = None  # the commit time recorded for the segments (None: nothing written)
     event: WriteEvent | None = None  # the Airflow asset event of an on_write table (None: no event is due)
+    batch_version: int | None = None  # the schema version whose columns the batch had (older: a writer not redeployed)
+    stored_version: int | None = None  # the schema version the rows were stored at (the table's current one)
 
 
 @dataclass(frozen=True)
@@ -108,9 +113,18 @@ def write_batch(
     with catalog.read() as s:
         info = q.table_info(s, table)
         schema = current_schema(s, info.table_id)  # the files carry its field ids and the version itself
-    rows = sch.conform_batch(batch, info.schema, info.primary_key, keys_only=delete)
-    rows = sch.dedupe_last(rows, info.primary_key)
-    result = WriteResult(table=table, rows_in=batch.num_rows, rows_written=rows.num_rows, deleted=delete)
+        history = list(schema_versions(s, info.table_id).values())
+    # a batch of an older version's columns (a writer not yet redeployed) is projected to the current one
+    conformed = conform_to_current(batch, schema, history, info.primary_key, keys_only=delete)
+    rows = sch.dedupe_last(conformed.rows, info.primary_key)
+    result = WriteResult(
+        table=table,
+        rows_in=batch.num_rows,
+        rows_written=rows.num_rows,
+        deleted=delete,
+        batch_version=conformed.written_at,
+        stored_version=schema.version,
+    )
     if rows.num_rows == 0:
         return result
     for attempt in range(1, MAX_ATTEMPTS + 1):
