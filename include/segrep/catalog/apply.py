@@ -169,8 +169,8 @@ def _sync_table(s: Session, tdef: TableDef, changes: list[Change]) -> None:
         if has_data:
             raise RefusedError(
                 f"table {tdef.name} holds data; refusing to change its {', '.join(differences)} "
-                "(that would orphan or misread its segments). Create a new table, or use `segrep split` "
-                "for new partitions"
+                "(that would orphan or misread its segments). Define a new table and copy the rows with "
+                f"`segrep table rewrite {tdef.name} --into NEW_TABLE`, or use `segrep split` for new partitions"
             )
         _drop_table(s, row)
         _create_table(s, tdef, changes, verb="change", why=", ".join(differences))

@@ -22,7 +22,10 @@ from segrep.core.errors import RefusedError
 from segrep.core.schema import parse_type
 from segrep.core.schema_versions import Column, SchemaVersion
 
-REWRITE = "create a new table and copy with `segrep table rewrite`"
+REWRITE = (
+    "define a new table of the new shape, `segrep apply`, then copy the rows with "
+    "`segrep table rewrite {table} --into NEW_TABLE` (`--map OLD=NEW` for a renamed column)"
+)
 _INTS = ("int8", "int16", "int32", "int64")
 
 
@@ -92,7 +95,8 @@ def plan_schema_change(
     widens: list[str] = []
     nid = next_field_id
 
-    def refuse(column: str, what: str, way: str = REWRITE, *, recreate_ok: bool = True) -> SchemaChangeRefused:
+    def refuse(column: str, what: str, way: str | None = None, *, recreate_ok: bool = True) -> SchemaChangeRefused:
+        way = REWRITE.format(table=table) if way is None else way
         return SchemaChangeRefused(f"table {table}: column {column}: {what}; way out: {way}", recreate_ok=recreate_ok)
 
     for spec in specs:

@@ -1,0 +1,144 @@
+"""`segrep table rewrite SOURCE --into TARGET`: the way out of a schema change apply refuses. The source's
+visible rows (updates and deletes resolved, two partitions) are copied into a table of the new shape, each
+column converted by the writer's strict conform: a narrowing that fits is copied, one that does not and a type
+family change are refused naming the column with nothing written, --map renames, --dry-run writes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from segrep.data.reader import read_table
+from segrep.data.writer import write_batch
+from tests.support.badinput import assert_user_error, unchanged
+from tests.support.cli import cli
+from tests.support.env import Env, make_env
+
+COLUMNS = "{k: int64, n: int64, s: string, label: string}"
+YAML = f"""
+data_dir: data
+sites:
+  primary: {{id: 1, uri: sites/primary}}
+tables:
+  src:
+    columns: {COLUMNS}
+    primary_key: [k]
+    split_points: [100]
+    leader: primary
+  narrow:
+    columns: {{k: int64, n: int32, s: string, label: string}}
+    primary_key: [k]
+    leader: primary
+  typed:
+    columns: {{k: int64, n: int64, s: int64, label: string}}
+    primary_key: [k]
+    leader: primary
+  renamed:
+    columns: {{k: int64, n: int64, s: string, name: string}}
+    primary_key: [k]
+    split_points: [50]
+    leader: primary
+"""
+KEYS = [1, 2, 3, 150, 151]  # both partitions of src
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    e = make_env(tmp_path, f"sqlite:///{tmp_path}/catalog.db", YAML)
+    write_batch(e.catalog, "src", batch(KEYS))
+    write_batch(e.catalog, "src", batch([2], label="updated"))
+    write_batch(e.catalog, "src", pa.table({"k": pa.array([3], pa.int64())}), delete=True)
+    yield e
+    e.catalog.dispose()
+
+
+def batch(keys: list[int], *, label: str = "l", big: int | None = None) -> pa.Table:
+    return pa.table(
+        {
+            "k": pa.array(keys, pa.int64()),
+            "n": pa.array([big if big is not None else k * 10 for k in keys], pa.int64()),
+            "s": [str(k) for k in keys],  # numeric strings: still no integers
+            "label": [f"{label}{k}" for k in keys],
+        }
+    )
+
+
+def rows(env: Env, table: str) -> list[dict[str, Any]]:
+    return sorted(read_table(env.catalog, table).to_pylist(), key=lambda r: r["k"])
+
+
+def source_rows(label: str = "label") -> list[dict[str, Any]]:
+    out = []
+    for k in (1, 2, 150, 151):
+        out.append({"k": k, "n": k * 10, "s": str(k), label: f"{'updated' if k == 2 else 'l'}{k}"})
+    return out
+
+
+def test_a_narrowing_that_fits_is_copied_partition_by_partition(env: Env) -> None:
+    code, out, err = cli(env, "table", "rewrite", "src", "--into", "narrow")
+    assert code == 0, err
+    assert out.splitlines() == [
+        "wrote 4 row(s) of src into narrow (4 read, 2 write(s), 2 segment(s))",
+        "  k -> k (int64)",
+        "  n -> n (int64 -> int32)",
+        "  s -> s (string)",
+        "  label -> label (string)",
+    ]
+    got = read_table(env.catalog, "narrow")
+    assert got.schema.field("n").type == pa.int32()
+    assert sorted(got.to_pylist(), key=lambda r: r["k"]) == source_rows()
+
+
+def test_a_narrowing_that_does_not_fit_is_refused_and_nothing_is_written(env: Env) -> None:
+    write_batch(env.catalog, "src", batch([151], big=2**40))  # in the second partition: the first one fits
+    with unchanged(env):
+        code, out, err = cli(env, "table", "rewrite", "src", "--into", "narrow")
+    assert_user_error(code, out, err, "column n has type int64, table wants int32", "nothing was written to narrow")
+    assert rows(env, "narrow") == []
+
+
+def test_a_type_family_change_is_refused_even_for_numeric_strings(env: Env) -> None:
+    with unchanged(env):
+        code, out, err = cli(env, "table", "rewrite", "src", "--into", "typed")
+    assert_user_error(code, out, err, "column s", "string column is never converted to integer")
+
+
+def test_map_renames_a_column(env: Env) -> None:
+    with unchanged(env):
+        code, out, err = cli(env, "table", "rewrite", "src", "--into", "renamed")
+    assert_user_error(code, out, err, "src column(s) label have no column in renamed", "get no column", "--map")
+    code, out, err = cli(env, "table", "rewrite", "src", "--into", "renamed", "--map", "label=name")
+    assert code == 0, err
+    assert "  label -> name (string)" in out.splitlines()
+    assert rows(env, "renamed") == source_rows("name")
+
+
+def test_dry_run_checks_and_writes_nothing(env: Env) -> None:
+    with unchanged(env):
+        code, out, err = cli(env, "table", "rewrite", "src", "--into", "renamed", "--map", "label=name", "--dry-run")
+    assert code == 0, err
+    assert out.splitlines()[0] == "would write 4 row(s) of src into renamed in 2 write(s) (one per source partition)"
+    assert "  label -> name (string)" in out.splitlines()
+    with unchanged(env):  # a dry run checks every value as the copy would
+        code, out, err = cli(env, "table", "rewrite", "src", "--into", "typed", "--dry-run")
+    assert_user_error(code, out, err, "column s")
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--into", "src"], ["the source table src itself"]),
+        (["--into", "nope"], ["nope"]),
+        (["--into", "renamed", "--map", "label"], ["--map 'label'", "OLD=NEW"]),
+        (["--into", "renamed", "--map", "nope=name"], ["--map names column(s) nope"]),
+        (["--into", "renamed", "--map", "label=name", "--map", "s=name"], ["both be copied into name"]),
+    ],
+)
+def test_bad_arguments_are_refused(env: Env, args: list[str], needles: list[str]) -> None:
+    with unchanged(env):
+        code, out, err = cli(env, "table", "rewrite", "src", *args)
+    assert_user_error(code, out, err, *needles)
