@@ -142,3 +142,13 @@ def test_bad_arguments_are_refused(env: Env, args: list[str], needles: list[str]
     with unchanged(env):
         code, out, err = cli(env, "table", "rewrite", "src", *args)
     assert_user_error(code, out, err, *needles)
+
+
+def test_apply_refusals_name_the_rewrite_of_the_table(env: Env) -> None:
+    """The way out a refused narrowing names is this command, for this table."""
+    env.config.write_text(
+        YAML.replace(f"columns: {COLUMNS}", "columns: {k: int64, n: int32, s: string, label: string}")
+    )
+    with unchanged(env):
+        code, out, err = cli(env, "apply")
+    assert_user_error(code, out, err, "column n", "int64 -> int32", "`segrep table rewrite src --into NEW_TABLE`")

@@ -41,12 +41,13 @@ def conform_to_current(
     """``batch`` checked and converted to ``current`` (its types and column order). A batch with another
     column set is taken as rows of the newest version in ``history`` whose visible columns it has by name, and
     projected to ``current``. A delete (``keys_only``) holds key columns only, which never change. Raises
-    SchemaMismatchError naming the columns (missing and extra against ``current``) and the versions tried."""
+    SchemaMismatchError naming the columns (missing and extra against ``current``) and, when the table has
+    older versions, the versions tried (a table with one version gives the message it always gave)."""
     schema = _plain(current)
-    if keys_only or set(batch.column_names) == set(schema.names):
+    older = sorted((v for v in history if v.version != current.version), key=lambda v: -v.version)
+    if keys_only or not older or set(batch.column_names) == set(schema.names):
         return ConformedBatch(conform_batch(batch, schema, primary_key, keys_only=keys_only), current.version)
     given = set(batch.column_names)
-    older = sorted((v for v in history if v.version != current.version), key=lambda v: -v.version)
     match = next((v for v in older if {c.name for c in v.columns} == given), None)
     if match is None:
         try:
