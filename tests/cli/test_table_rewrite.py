@@ -152,3 +152,21 @@ def test_apply_refusals_name_the_rewrite_of_the_table(env: Env) -> None:
     with unchanged(env):
         code, out, err = cli(env, "apply")
     assert_user_error(code, out, err, "column n", "int64 -> int32", "`segrep table rewrite src --into NEW_TABLE`")
+
+
+def test_a_source_written_at_two_schema_versions_is_copied_at_its_current_one(env: Env) -> None:
+    """Rows of src written before and after a rename of label to name (segments of versions 1 and 2) are
+    copied as the current version reads them: no --map needed for the renamed column."""
+    env.config.write_text(
+        YAML.replace(
+            f"columns: {COLUMNS}", "columns: {k: int64, n: int64, s: string, name: {type: string, renamed_from: label}}"
+        )
+    )
+    code, _out, err = cli(env, "apply")
+    assert code == 0, err
+    write_batch(env.catalog, "src", pa.table({"k": [160], "n": [1600], "s": ["160"], "name": ["new160"]}))
+    code, out, err = cli(env, "table", "rewrite", "src", "--into", "renamed")
+    assert code == 0, err
+    assert "  name -> name (string)" in out.splitlines()
+    want = [*source_rows("name"), {"k": 160, "n": 1600, "s": "160", "name": "new160"}]
+    assert rows(env, "renamed") == sorted(want, key=lambda r: r["k"])

@@ -6,8 +6,8 @@ name (``--map old=new`` renames) and converted with the writer's strict conform:
 exactly (an int64 that no int32 holds, a string into an integer column) is an error naming the column, and
 nothing is written. So every partition is read and checked first; then each is read again and written, one
 write per source partition, so memory holds one partition's rows. The copy is an upsert: a rewrite that
-stopped half-way (a failed store) is simply run again. Rows written to the source while it runs may be missed:
-stop its writers first.
+stopped half-way (a failed store) is simply run again. Rows written to the source while it runs may be missed,
+or (if they do not convert) stop the copy half-way: stop its writers first.
 """
 
 from __future__ import annotations
@@ -86,6 +86,8 @@ def rewrite_table(
         result.per_partition.append((pf.partition_id, rows.num_rows))
     if dry_run:
         return result
+    # the files again: a compaction since the check may have replaced some (the rows are the same)
+    info, placements = placement_files(catalog, source)
     for pf in placements:  # one write per source partition: memory holds one partition's rows
         rows = _rows(info, pf, names)
         if rows.num_rows:
@@ -144,4 +146,9 @@ def _mapping(info: q.TableInfo, into: q.TableInfo, renames: dict[str, str]) -> l
 def _rows(info: q.TableInfo, pf: PlacementFiles, names: dict[str, str]) -> pa.Table:
     """One source partition's visible rows, columns renamed to the target's names."""
     rows = read_placement(info, pf)
+    changed = [c for c in rows.column_names if c not in names]
+    if changed:
+        raise SegrepError(
+            f"table {info.name} changed its columns during the copy ({', '.join(changed)}); run the rewrite again"
+        )
     return rows.rename_columns([names[c] for c in rows.column_names])
