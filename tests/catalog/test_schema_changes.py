@@ -49,7 +49,7 @@ V1 = [*V1, (6, "e", "string")]
 
 
 @pytest.fixture
-def env(catalog_url: str, tmp_path: Path) -> Env:
+def schema_env(catalog_url: str, tmp_path: Path) -> Env:
     e = make_env(tmp_path, catalog_url, YAML)
     yield e
     e.catalog.dispose()
@@ -69,20 +69,20 @@ def _batch(keys: list[int], **extra: pa.Array) -> pa.Table:
     return pa.table(cols)
 
 
-def _redefine(env: Env, columns: str) -> None:
-    env.config.write_text(YAML.replace(COLUMNS, columns))
+def _redefine(schema_env: Env, columns: str) -> None:
+    schema_env.config.write_text(YAML.replace(COLUMNS, columns))
 
 
-def _table(env: Env) -> m.Table:
-    with env.catalog.read() as s:
+def _table(schema_env: Env) -> m.Table:
+    with schema_env.catalog.read() as s:
         row = s.scalars(select(m.Table).where(m.Table.name == "t")).one()
         s.expunge(row)
         return row
 
 
-def _ids(env: Env) -> list[tuple[int, str, str]]:
-    with env.catalog.read() as s:
-        return [(c.field_id, c.name, c.type) for c in current_schema(s, _table(env).table_id).columns]
+def _ids(schema_env: Env) -> list[tuple[int, str, str]]:
+    with schema_env.catalog.read() as s:
+        return [(c.field_id, c.name, c.type) for c in current_schema(s, _table(schema_env).table_id).columns]
 
 
 CHANGED = """      k: int64
@@ -98,13 +98,13 @@ CHANGE_TEXT = (
 )
 
 
-def test_a_new_table_is_version_1_with_ids_in_column_order(env: Env) -> None:
-    table = _table(env)
+def test_a_new_table_is_version_1_with_ids_in_column_order(schema_env: Env) -> None:
+    table = _table(schema_env)
     assert (table.schema_version, table.next_field_id) == (1, 7)
-    assert _ids(env) == V1
+    assert _ids(schema_env) == V1
     assert table.schema_fingerprint == version_fingerprint(first_version([(n, t) for _, n, t in V1]), ["k"])
-    assert table.schema_fingerprint == env.defs.table("t").fingerprint
-    with env.catalog.read() as s:
+    assert table.schema_fingerprint == schema_env.defs.table("t").fingerprint
+    with schema_env.catalog.read() as s:
         history = schema_history(s, table.table_id)
         assert [(e.version, e.change) for e in history] == [(1, "created")]
         assert schema_version(s, table.table_id, 1) == history[0].schema
@@ -112,19 +112,19 @@ def test_a_new_table_is_version_1_with_ids_in_column_order(env: Env) -> None:
             schema_version(s, table.table_id, 2)
 
 
-def test_accepted_changes_make_one_version_and_keep_field_ids(env: Env) -> None:
-    write_batch(env.catalog, "t", _batch([1, 2]))
-    _redefine(env, CHANGED)
-    with unchanged(env):
-        code, out, _err = cli(env, "apply", "--dry-run")
+def test_accepted_changes_make_one_version_and_keep_field_ids(schema_env: Env) -> None:
+    write_batch(schema_env.catalog, "t", _batch([1, 2]))
+    _redefine(schema_env, CHANGED)
+    with unchanged(schema_env):
+        code, out, _err = cli(schema_env, "apply", "--dry-run")
     assert code == 0, out
     assert f"table t: schema v1 -> v2: {CHANGE_TEXT}" in out
-    code, out, err = cli(env, "apply")
+    code, out, err = cli(schema_env, "apply")
     assert code == 0, err
     assert f"table t: schema v1 -> v2: {CHANGE_TEXT}" in out
-    table = _table(env)
+    table = _table(schema_env)
     assert (table.schema_version, table.next_field_id) == (2, 8)
-    assert _ids(env) == [
+    assert _ids(schema_env) == [
         (1, "k", "int64"),
         (2, "note", "string"),
         (3, "b", "int64"),
@@ -133,29 +133,29 @@ def test_accepted_changes_make_one_version_and_keep_field_ids(env: Env) -> None:
         (7, "channel", "string"),
     ]
     assert list(table.columns) == ["k", "note", "b", "d", "c", "channel"]
-    with env.catalog.read() as s:
+    with schema_env.catalog.read() as s:
         history = schema_history(s, table.table_id)
         assert [(e.version, e.change) for e in history] == [(1, "created"), (2, CHANGE_TEXT)]
         assert history[1].schema.by_id()[7].default == "web"
         assert set(schema_versions(s, table.table_id)) == {1, 2}
     assert table.schema_fingerprint == version_fingerprint(history[1].schema, ["k"])
     # the file still says renamed_from: applying it again changes nothing
-    code, out, _err = cli(env, "apply")
+    code, out, _err = cli(schema_env, "apply")
     assert code == 0 and "schema" not in out, out
-    assert _table(env).schema_version == 2
+    assert _table(schema_env).schema_version == 2
     # a dropped id is never reused: the next new column takes 8
-    _redefine(env, CHANGED + "      more: {type: int16, default: 3}\n")
-    assert cli(env, "apply")[0] == 0
-    assert _ids(env)[-1] == (8, "more", "int16")
-    assert _table(env).next_field_id == 9
+    _redefine(schema_env, CHANGED + "      more: {type: int16, default: 3}\n")
+    assert cli(schema_env, "apply")[0] == 0
+    assert _ids(schema_env)[-1] == (8, "more", "int16")
+    assert _table(schema_env).next_field_id == 9
 
 
-def test_the_writer_stamps_the_version_and_field_ids(env: Env) -> None:
-    write_batch(env.catalog, "t", _batch([1]))
-    _redefine(env, CHANGED)
-    assert cli(env, "apply")[0] == 0
+def test_the_writer_stamps_the_version_and_field_ids(schema_env: Env) -> None:
+    write_batch(schema_env.catalog, "t", _batch([1]))
+    _redefine(schema_env, CHANGED)
+    assert cli(schema_env, "apply")[0] == 0
     write_batch(
-        env.catalog,
+        schema_env.catalog,
         "t",
         pa.table(
             {
@@ -168,18 +168,18 @@ def test_the_writer_stamps_the_version_and_field_ids(env: Env) -> None:
             }
         ),
     )
-    with env.catalog.read() as s:
+    with schema_env.catalog.read() as s:
         segs = s.scalars(select(m.Segment).order_by(m.Segment.entry_id)).all()
-        versions = schema_versions(s, _table(env).table_id)
+        versions = schema_versions(s, _table(schema_env).table_id)
     assert [x.schema_version for x in segs] == [1, 2]
     assert segs[0].schema_fingerprint != segs[1].schema_fingerprint  # each keeps the one it was written with
     for seg in segs:
-        schema = pq.read_schema(env.site_dir("primary") / seg.relpath)
+        schema = pq.read_schema(schema_env.site_dir("primary") / seg.relpath)
         assert version_of_file(schema) == versions[seg.schema_version]
         ids = [(int(f.metadata[FIELD_ID_KEY]), f.name) for f in schema if f.metadata and FIELD_ID_KEY in f.metadata]
         assert ids == [(c.field_id, c.name) for c in versions[seg.schema_version].columns]
         # Parquet's own field ids, as any Parquet reader sees them
-        parquet = pq.ParquetFile(env.site_dir("primary") / seg.relpath).schema
+        parquet = pq.ParquetFile(schema_env.site_dir("primary") / seg.relpath).schema
         assert parquet.column(0).name == "k" and "field_id=1" in str(parquet)
 
 
@@ -208,90 +208,90 @@ def test_the_writer_stamps_the_version_and_field_ids(env: Env) -> None:
         "default-later",
     ],
 )
-def test_refused_changes_name_the_column_and_write_nothing(env: Env, columns: str, needles: list[str]) -> None:
-    write_batch(env.catalog, "t", _batch([1]))
-    _redefine(env, columns)
-    with unchanged(env):
-        code, out, err = cli(env, "apply")
+def test_refused_changes_name_the_column_and_write_nothing(schema_env: Env, columns: str, needles: list[str]) -> None:
+    write_batch(schema_env.catalog, "t", _batch([1]))
+    _redefine(schema_env, columns)
+    with unchanged(schema_env):
+        code, out, err = cli(schema_env, "apply")
     assert_user_error(code, out, err, *needles)
 
 
-def test_a_new_tables_defaults_are_kept_in_version_1(env: Env) -> None:
-    _redefine(env, COLUMNS.replace("e: string", "e: {type: string, default: none}"))
-    code, out, err = cli(env, "apply")  # the table holds no segment: created again, with the default
+def test_a_new_tables_defaults_are_kept_in_version_1(schema_env: Env) -> None:
+    _redefine(schema_env, COLUMNS.replace("e: string", "e: {type: string, default: none}"))
+    code, out, err = cli(schema_env, "apply")  # the table holds no segment: created again, with the default
     assert code == 0, err
-    assert _ids(env)[-1] == (6, "e", "string")
-    code, out, _err = cli(env, "apply")
+    assert _ids(schema_env)[-1] == (6, "e", "string")
+    code, out, _err = cli(schema_env, "apply")
     assert (code, out) == (0, "no changes\n") or (code == 0 and "table t" not in out), out
-    with env.catalog.read() as s:
-        assert current_schema(s, _table(env).table_id).by_id()[6].default == "none"
+    with schema_env.catalog.read() as s:
+        assert current_schema(s, _table(schema_env).table_id).by_id()[6].default == "none"
 
 
-def test_key_columns_are_never_renamed_or_dropped(env: Env) -> None:
-    write_batch(env.catalog, "t", _batch([1]))
-    env.config.write_text(
+def test_key_columns_are_never_renamed_or_dropped(schema_env: Env) -> None:
+    write_batch(schema_env.catalog, "t", _batch([1]))
+    schema_env.config.write_text(
         YAML.replace("      k: int64\n", "      key: {type: int64, renamed_from: k}\n").replace("[k]", "[key]")
     )
-    with unchanged(env):
-        code, out, err = cli(env, "apply")
+    with unchanged(schema_env):
+        code, out, err = cli(schema_env, "apply")
     assert_user_error(code, out, err, "key column k", "renaming", "segrep table rewrite")
-    env.config.write_text(YAML.replace("      k: int64\n", "      k2: int64\n").replace("[k]", "[k2]"))
-    with unchanged(env):
-        code, out, err = cli(env, "apply")
+    schema_env.config.write_text(YAML.replace("      k: int64\n", "      k2: int64\n").replace("[k]", "[k2]"))
+    with unchanged(schema_env):
+        code, out, err = cli(schema_env, "apply")
     assert_user_error(code, out, err, "key column k", "dropping")
 
 
-def test_a_name_always_means_one_column(env: Env) -> None:
-    write_batch(env.catalog, "t", _batch([1]))
-    _redefine(env, COLUMNS.replace("      e: string\n", ""))
-    assert cli(env, "apply")[0] == 0  # e dropped (soft)
-    _redefine(env, COLUMNS.replace("e: string", "e: int64"))
-    with unchanged(env):
-        code, out, err = cli(env, "apply")
+def test_a_name_always_means_one_column(schema_env: Env) -> None:
+    write_batch(schema_env.catalog, "t", _batch([1]))
+    _redefine(schema_env, COLUMNS.replace("      e: string\n", ""))
+    assert cli(schema_env, "apply")[0] == 0  # e dropped (soft)
+    _redefine(schema_env, COLUMNS.replace("e: string", "e: int64"))
+    with unchanged(schema_env):
+        code, out, err = cli(schema_env, "apply")
     assert_user_error(code, out, err, "column e", "field id 6", "another name")
     swapped = COLUMNS.replace("      e: string\n", "").replace("a: string", "e: {type: string, renamed_from: a}")
-    _redefine(env, swapped)
-    with unchanged(env):
-        code, out, err = cli(env, "apply")
+    _redefine(schema_env, swapped)
+    with unchanged(schema_env):
+        code, out, err = cli(schema_env, "apply")
     assert_user_error(code, out, err, "renaming a to e", "field id 6")
 
 
-def test_an_empty_table_is_created_again_for_a_change_that_would_misread_rows(env: Env) -> None:
-    _redefine(env, COLUMNS.replace("b: int32", "b: string"))
-    code, out, err = cli(env, "apply")
+def test_an_empty_table_is_created_again_for_a_change_that_would_misread_rows(schema_env: Env) -> None:
+    _redefine(schema_env, COLUMNS.replace("b: int32", "b: string"))
+    code, out, err = cli(schema_env, "apply")
     assert code == 0, err
     assert "table t (columns)" in out
-    assert _table(env).schema_version == 1
-    assert (3, "b", "string") in _ids(env)
+    assert _table(schema_env).schema_version == 1
+    assert (3, "b", "string") in _ids(schema_env)
 
 
 def test_migration_gives_existing_tables_version_1(catalog_url: str, tmp_path: Path) -> None:
     """A catalog with a table and a segment at the previous revision (0009: downgraded from head, which drops
     what 0010 added) upgraded to head: version 1 from tables.columns, ids 1..n, the segment at version 1."""
-    env = make_env(tmp_path, catalog_url, YAML)
-    write_batch(env.catalog, "t", _batch([1]))
+    schema_env = make_env(tmp_path, catalog_url, YAML)
+    write_batch(schema_env.catalog, "t", _batch([1]))
     cfg = _config()
-    with env.catalog.engine.begin() as conn:
+    with schema_env.catalog.engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.downgrade(cfg, "0009")
-    assert upgrade(env.catalog) == ("0009", head_revision())
-    table = _table(env)
+    assert upgrade(schema_env.catalog) == ("0009", head_revision())
+    table = _table(schema_env)
     assert (table.schema_version, table.next_field_id) == (1, 7)
-    assert _ids(env) == V1
-    assert table.schema_fingerprint == env.defs.table("t").fingerprint
-    with env.catalog.read() as s:
+    assert _ids(schema_env) == V1
+    assert table.schema_fingerprint == schema_env.defs.table("t").fingerprint
+    with schema_env.catalog.read() as s:
         assert [x.schema_version for x in s.scalars(select(m.Segment))] == [1]
         assert [e.change for e in schema_history(s, table.table_id)] == ["created"]
-    code, out, _err = cli(env, "apply")
+    code, out, _err = cli(schema_env, "apply")
     assert code == 0 and "schema" not in out, out
-    assert _table(env).schema_version == 1
-    env.catalog.dispose()
+    assert _table(schema_env).schema_version == 1
+    schema_env.catalog.dispose()
 
 
-def test_describe_shows_the_schema_history(env: Env) -> None:
-    _redefine(env, CHANGED)
-    assert cli(env, "apply")[0] == 0
-    code, out, err = cli(env, "table", "describe", "t")
+def test_describe_shows_the_schema_history(schema_env: Env) -> None:
+    _redefine(schema_env, CHANGED)
+    assert cli(schema_env, "apply")[0] == 0
+    code, out, err = cli(schema_env, "table", "describe", "t")
     assert code == 0, err
     assert "table t  (schema v2, fingerprint" in out
     assert "schema history" in out
@@ -303,12 +303,12 @@ def test_describe_shows_the_schema_history(env: Env) -> None:
     assert f"  v2  {year}" in out
 
 
-def test_a_rebuild_recovers_a_version_the_catalog_lost(env: Env) -> None:
-    write_batch(env.catalog, "t", _batch([1]))
-    _redefine(env, CHANGED)
-    assert cli(env, "apply")[0] == 0
+def test_a_rebuild_recovers_a_version_the_catalog_lost(schema_env: Env) -> None:
+    write_batch(schema_env.catalog, "t", _batch([1]))
+    _redefine(schema_env, CHANGED)
+    assert cli(schema_env, "apply")[0] == 0
     write_batch(
-        env.catalog,
+        schema_env.catalog,
         "t",
         pa.table(
             {
@@ -321,22 +321,22 @@ def test_a_rebuild_recovers_a_version_the_catalog_lost(env: Env) -> None:
             }
         ),
     )
-    with env.catalog.read() as s:
-        v2 = current_schema(s, _table(env).table_id)
+    with schema_env.catalog.read() as s:
+        v2 = current_schema(s, _table(schema_env).table_id)
     # the catalog restored from before the change: version 1 current, version 2 unknown
-    with env.catalog.write() as s:
+    with schema_env.catalog.write() as s:
         table = s.scalars(select(m.Table).where(m.Table.name == "t")).one()
         s.execute(delete(m.SchemaVersionRow).where(m.SchemaVersionRow.version == 2))
         table.schema_version, table.next_field_id = 1, 7
         table.columns = {name: kind for _, name, kind in V1}
-    code, out, err = cli(env, "catalog", "rebuild", "--site", "primary", "--dry-run")
+    code, out, err = cli(schema_env, "catalog", "rebuild", "--site", "primary", "--dry-run")
     assert code == 0, err
     assert "SCHEMA: table t schema version 2" in out and "would be recorded" in out
-    code, out, err = cli(env, "catalog", "rebuild", "--site", "primary")
+    code, out, err = cli(schema_env, "catalog", "rebuild", "--site", "primary")
     assert code == 0, err
-    table = _table(env)
+    table = _table(schema_env)
     assert (table.schema_version, table.next_field_id, list(table.columns)) == (2, 8, [c.name for c in v2.columns])
-    with env.catalog.read() as s:
+    with schema_env.catalog.read() as s:
         assert current_schema(s, table.table_id) == v2
         assert sorted(x.schema_version for x in s.scalars(select(m.Segment))) == [1, 2]
         assert schema_history(s, table.table_id)[1].change == "recovered from segment files at site primary"

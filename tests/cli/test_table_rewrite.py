@@ -47,7 +47,7 @@ KEYS = [1, 2, 3, 150, 151]  # both partitions of src
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
+def rewrite_env(tmp_path: Path) -> Iterator[Env]:
     e = make_env(tmp_path, f"sqlite:///{tmp_path}/catalog.db", YAML)
     write_batch(e.catalog, "src", batch(KEYS))
     write_batch(e.catalog, "src", batch([2], label="updated"))
@@ -67,8 +67,8 @@ def batch(keys: list[int], *, label: str = "l", big: int | None = None) -> pa.Ta
     )
 
 
-def rows(env: Env, table: str) -> list[dict[str, Any]]:
-    return sorted(read_table(env.catalog, table).to_pylist(), key=lambda r: r["k"])
+def rows(rewrite_env: Env, table: str) -> list[dict[str, Any]]:
+    return sorted(read_table(rewrite_env.catalog, table).to_pylist(), key=lambda r: r["k"])
 
 
 def source_rows(label: str = "label") -> list[dict[str, Any]]:
@@ -78,8 +78,8 @@ def source_rows(label: str = "label") -> list[dict[str, Any]]:
     return out
 
 
-def test_a_narrowing_that_fits_is_copied_partition_by_partition(env: Env) -> None:
-    code, out, err = cli(env, "table", "rewrite", "src", "--into", "narrow")
+def test_a_narrowing_that_fits_is_copied_partition_by_partition(rewrite_env: Env) -> None:
+    code, out, err = cli(rewrite_env, "table", "rewrite", "src", "--into", "narrow")
     assert code == 0, err
     assert out.splitlines() == [
         "wrote 4 row(s) of src into narrow (4 read, 2 write(s), 2 segment(s))",
@@ -88,43 +88,45 @@ def test_a_narrowing_that_fits_is_copied_partition_by_partition(env: Env) -> Non
         "  s -> s (string)",
         "  label -> label (string)",
     ]
-    got = read_table(env.catalog, "narrow")
+    got = read_table(rewrite_env.catalog, "narrow")
     assert got.schema.field("n").type == pa.int32()
     assert sorted(got.to_pylist(), key=lambda r: r["k"]) == source_rows()
 
 
-def test_a_narrowing_that_does_not_fit_is_refused_and_nothing_is_written(env: Env) -> None:
-    write_batch(env.catalog, "src", batch([151], big=2**40))  # in the second partition: the first one fits
-    with unchanged(env):
-        code, out, err = cli(env, "table", "rewrite", "src", "--into", "narrow")
+def test_a_narrowing_that_does_not_fit_is_refused_and_nothing_is_written(rewrite_env: Env) -> None:
+    write_batch(rewrite_env.catalog, "src", batch([151], big=2**40))  # in the second partition: the first one fits
+    with unchanged(rewrite_env):
+        code, out, err = cli(rewrite_env, "table", "rewrite", "src", "--into", "narrow")
     assert_user_error(code, out, err, "column n has type int64, table wants int32", "nothing was written to narrow")
-    assert rows(env, "narrow") == []
+    assert rows(rewrite_env, "narrow") == []
 
 
-def test_a_type_family_change_is_refused_even_for_numeric_strings(env: Env) -> None:
-    with unchanged(env):
-        code, out, err = cli(env, "table", "rewrite", "src", "--into", "typed")
+def test_a_type_family_change_is_refused_even_for_numeric_strings(rewrite_env: Env) -> None:
+    with unchanged(rewrite_env):
+        code, out, err = cli(rewrite_env, "table", "rewrite", "src", "--into", "typed")
     assert_user_error(code, out, err, "column s", "string column is never converted to integer")
 
 
-def test_map_renames_a_column(env: Env) -> None:
-    with unchanged(env):
-        code, out, err = cli(env, "table", "rewrite", "src", "--into", "renamed")
+def test_map_renames_a_column(rewrite_env: Env) -> None:
+    with unchanged(rewrite_env):
+        code, out, err = cli(rewrite_env, "table", "rewrite", "src", "--into", "renamed")
     assert_user_error(code, out, err, "src column(s) label have no column in renamed", "get no column", "--map")
-    code, out, err = cli(env, "table", "rewrite", "src", "--into", "renamed", "--map", "label=name")
+    code, out, err = cli(rewrite_env, "table", "rewrite", "src", "--into", "renamed", "--map", "label=name")
     assert code == 0, err
     assert "  label -> name (string)" in out.splitlines()
-    assert rows(env, "renamed") == source_rows("name")
+    assert rows(rewrite_env, "renamed") == source_rows("name")
 
 
-def test_dry_run_checks_and_writes_nothing(env: Env) -> None:
-    with unchanged(env):
-        code, out, err = cli(env, "table", "rewrite", "src", "--into", "renamed", "--map", "label=name", "--dry-run")
+def test_dry_run_checks_and_writes_nothing(rewrite_env: Env) -> None:
+    with unchanged(rewrite_env):
+        code, out, err = cli(
+            rewrite_env, "table", "rewrite", "src", "--into", "renamed", "--map", "label=name", "--dry-run"
+        )
     assert code == 0, err
     assert out.splitlines()[0] == "would write 4 row(s) of src into renamed in 2 write(s) (one per source partition)"
     assert "  label -> name (string)" in out.splitlines()
-    with unchanged(env):  # a dry run checks every value as the copy would
-        code, out, err = cli(env, "table", "rewrite", "src", "--into", "typed", "--dry-run")
+    with unchanged(rewrite_env):  # a dry run checks every value as the copy would
+        code, out, err = cli(rewrite_env, "table", "rewrite", "src", "--into", "typed", "--dry-run")
     assert_user_error(code, out, err, "column s")
 
 
@@ -138,35 +140,35 @@ def test_dry_run_checks_and_writes_nothing(env: Env) -> None:
         (["--into", "renamed", "--map", "label=name", "--map", "s=name"], ["both be copied into name"]),
     ],
 )
-def test_bad_arguments_are_refused(env: Env, args: list[str], needles: list[str]) -> None:
-    with unchanged(env):
-        code, out, err = cli(env, "table", "rewrite", "src", *args)
+def test_bad_arguments_are_refused(rewrite_env: Env, args: list[str], needles: list[str]) -> None:
+    with unchanged(rewrite_env):
+        code, out, err = cli(rewrite_env, "table", "rewrite", "src", *args)
     assert_user_error(code, out, err, *needles)
 
 
-def test_apply_refusals_name_the_rewrite_of_the_table(env: Env) -> None:
+def test_apply_refusals_name_the_rewrite_of_the_table(rewrite_env: Env) -> None:
     """The way out a refused narrowing names is this command, for this table."""
-    env.config.write_text(
+    rewrite_env.config.write_text(
         YAML.replace(f"columns: {COLUMNS}", "columns: {k: int64, n: int32, s: string, label: string}")
     )
-    with unchanged(env):
-        code, out, err = cli(env, "apply")
+    with unchanged(rewrite_env):
+        code, out, err = cli(rewrite_env, "apply")
     assert_user_error(code, out, err, "column n", "int64 -> int32", "`segrep table rewrite src --into NEW_TABLE`")
 
 
-def test_a_source_written_at_two_schema_versions_is_copied_at_its_current_one(env: Env) -> None:
+def test_a_source_written_at_two_schema_versions_is_copied_at_its_current_one(rewrite_env: Env) -> None:
     """Rows of src written before and after a rename of label to name (segments of versions 1 and 2) are
     copied as the current version reads them: no --map needed for the renamed column."""
-    env.config.write_text(
+    rewrite_env.config.write_text(
         YAML.replace(
             f"columns: {COLUMNS}", "columns: {k: int64, n: int64, s: string, name: {type: string, renamed_from: label}}"
         )
     )
-    code, _out, err = cli(env, "apply")
+    code, _out, err = cli(rewrite_env, "apply")
     assert code == 0, err
-    write_batch(env.catalog, "src", pa.table({"k": [160], "n": [1600], "s": ["160"], "name": ["new160"]}))
-    code, out, err = cli(env, "table", "rewrite", "src", "--into", "renamed")
+    write_batch(rewrite_env.catalog, "src", pa.table({"k": [160], "n": [1600], "s": ["160"], "name": ["new160"]}))
+    code, out, err = cli(rewrite_env, "table", "rewrite", "src", "--into", "renamed")
     assert code == 0, err
     assert "  name -> name (string)" in out.splitlines()
     want = [*source_rows("name"), {"k": 160, "n": 1600, "s": "160", "name": "new160"}]
-    assert rows(env, "renamed") == sorted(want, key=lambda r: r["k"])
+    assert rows(rewrite_env, "renamed") == sorted(want, key=lambda r: r["k"])

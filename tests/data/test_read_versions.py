@@ -89,24 +89,24 @@ def to_v2(row: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+def kv_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
     e = make_env(tmp_path, f"sqlite:///{tmp_path}/catalog.db", YAML)
     yield e
     e.catalog.dispose()
 
 
-def at_version_2(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+def at_version_2(kv_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     """The schema change through the definitions file and `segrep apply`, as an operator makes it."""
-    env.config.write_text(YAML_V2)
-    apply_definitions(env.catalog, env.defs)
-    with env.catalog.read() as s:
+    kv_env.config.write_text(YAML_V2)
+    apply_definitions(kv_env.catalog, kv_env.defs)
+    with kv_env.catalog.read() as s:
         info = table_info(s, "kv")
     assert info.versions == ReadVersions(V1, V2), info.versions  # the ids the catalog gave: as the oracle's
 
 
-def add_v2_segment(env: Env, rows: list[dict[str, Any]]) -> None:
+def add_v2_segment(kv_env: Env, rows: list[dict[str, Any]]) -> None:
     """A segment file at version 2 on top of the leader's chain of each partition the rows fall in."""
-    with env.catalog.read() as s:
+    with kv_env.catalog.read() as s:
         snap = snapshot(s, "kv")
     now = hlc.now_us()
     for part in snap.partitions:
@@ -114,71 +114,71 @@ def add_v2_segment(env: Env, rows: list[dict[str, Any]]) -> None:
         mine = [r for r in rows if (lo is None or r["k"] >= lo) and (hi is None or r["k"] < hi)]
         if mine:
             stamped = [{**r, sch.VERSION_COL: now, sch.ORIGIN_COL: 1} for r in mine]
-            add_segment(env.catalog, snap, part, part.leader, stamped, V2.segment_arrow())
+            add_segment(kv_env.catalog, snap, part, part.leader, stamped, V2.segment_arrow())
 
 
 def as_dicts(t: pa.Table) -> list[dict[str, Any]]:
     return sorted(t.to_pylist(), key=lambda r: r["k"])
 
 
-def mixed_versions(env: Env, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+def mixed_versions(kv_env: Env, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Segments at version 1 (an update and a delete among them), the table moved to version 2, a segment
     at version 2 (an update of a version 1 row, a new row, a delete); replicated to dr. The oracle's rows."""
-    write_batch(env.catalog, "kv", v1_rows(range(10), "a"))
-    write_batch(env.catalog, "kv", v1_rows([2, 6], "b"))
-    write_batch(env.catalog, "kv", pa.table({"k": pa.array([3], pa.int64())}), delete=True)
+    write_batch(kv_env.catalog, "kv", v1_rows(range(10), "a"))
+    write_batch(kv_env.catalog, "kv", v1_rows([2, 6], "b"))
+    write_batch(kv_env.catalog, "kv", pa.table({"k": pa.array([3], pa.int64())}), delete=True)
     oracle = {r["k"]: r for r in v1_rows(range(10), "a").to_pylist()}
     oracle.update({r["k"]: r for r in v1_rows([2, 6], "b").to_pylist()})
     del oracle[3]
     oracle = {k: to_v2(r) for k, r in oracle.items()}
 
-    at_version_2(env, monkeypatch)
+    at_version_2(kv_env, monkeypatch)
     v2 = [
         {"value": "c1", "k": 1, "n": 100_000, "note": "x", sch.DELETED_COL: False},  # n no int16 holds
         {"value": "c7", "k": 7, "n": 7, "note": None, sch.DELETED_COL: False},
         {"value": None, "k": 4, "n": None, "note": None, sch.DELETED_COL: True},
         {"value": "c11", "k": 11, "n": 11, "note": "y", sch.DELETED_COL: False},
     ]
-    add_v2_segment(env, v2)
+    add_v2_segment(kv_env, v2)
     for r in v2:
         if r[sch.DELETED_COL]:
             del oracle[r["k"]]
         else:
             oracle[r["k"]] = {c.name: r[c.name] for c in V2.columns}
     want = sorted(oracle.values(), key=lambda r: r["k"])
-    assert run_round(env.catalog, env.defs, "kv", submit=no_spark).status == "ok"
+    assert run_round(kv_env.catalog, kv_env.defs, "kv", submit=no_spark).status == "ok"
     return want
 
 
 def test_segments_of_two_versions_read_resolve_compact_and_digest_at_the_newer(
-    env: Env, monkeypatch: pytest.MonkeyPatch
+    kv_env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    want = mixed_versions(env, monkeypatch)
+    want = mixed_versions(kv_env, monkeypatch)
 
-    got = read_table(env.catalog, "kv")
+    got = read_table(kv_env.catalog, "kv")
     assert got.column_names == ["value", "k", "n", "note"]
     assert got.schema.field("n").type == pa.int64()
     assert as_dicts(got) == want  # k=1 written again at version 2 wins over version 1 by _version
-    assert as_dicts(read_table(env.catalog, "kv", columns=["k", "note"])) == [
+    assert as_dicts(read_table(kv_env.catalog, "kv", columns=["k", "note"])) == [
         {"k": r["k"], "note": r["note"]} for r in want
     ]
 
-    assert as_dicts(read_table(env.catalog, "kv", site="dr")) == want  # the replica's copies, both versions
+    assert as_dicts(read_table(kv_env.catalog, "kv", site="dr")) == want  # the replica's copies, both versions
 
-    report = compact(env.catalog, env.defs, "kv", force=True, submit=no_spark)
+    report = compact(kv_env.catalog, kv_env.defs, "kv", force=True, submit=no_spark)
     assert report.commit.committed == 2, report
-    assert as_dicts(read_table(env.catalog, "kv")) == want
-    assert_majors_at_version_2(env)
+    assert as_dicts(read_table(kv_env.catalog, "kv")) == want
+    assert_majors_at_version_2(kv_env)
     # primary holds majors at version 2, dr the minors of both versions: the same rows, the same digests
-    assert_same_digests(verify(env.catalog, "kv", record=False).rows, len(want), on_spark=False)
+    assert_same_digests(verify(kv_env.catalog, "kv", record=False).rows, len(want), on_spark=False)
 
 
 def test_after_apply_the_writer_writes_at_the_new_version_and_a_round_copies_it_unchanged(
-    env: Env, monkeypatch: pytest.MonkeyPatch
+    kv_env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A writer at the new version (the real writer, after `segrep apply`): its file carries version 2, the
     round fast-forwards it to dr as it is (the same bytes), and both sites read the oracle's rows."""
-    want = {r["k"]: r for r in mixed_versions(env, monkeypatch)}
+    want = {r["k"]: r for r in mixed_versions(kv_env, monkeypatch)}
     batch = pa.table(
         {
             "value": ["w5", "w20"],
@@ -187,39 +187,39 @@ def test_after_apply_the_writer_writes_at_the_new_version_and_a_round_copies_it_
             "note": ["z", None],
         }
     )
-    result = write_batch(env.catalog, "kv", batch)
+    result = write_batch(kv_env.catalog, "kv", batch)
     want.update({r["k"]: r for r in batch.to_pylist()})
-    with env.catalog.read() as s:
+    with kv_env.catalog.read() as s:
         versions = sorted({seg.schema_version for seg in s.query(m.Segment).all()})
     assert versions == [1, 2], versions
-    assert run_round(env.catalog, env.defs, "kv", submit=no_spark).status == "ok"
+    assert run_round(kv_env.catalog, kv_env.defs, "kv", submit=no_spark).status == "ok"
     for site in ("primary", "dr"):
-        assert as_dicts(read_table(env.catalog, "kv", site=site)) == sorted(want.values(), key=lambda r: r["k"])
+        assert as_dicts(read_table(kv_env.catalog, "kv", site=site)) == sorted(want.values(), key=lambda r: r["k"])
     for seg in result.segments:  # fast-forward: the replica's file is the leader's, byte for byte
         rel = segment_relpath("kv", seg.partition_id, seg.segment_id)
-        assert (env.site_dir("primary") / rel).read_bytes() == (env.site_dir("dr") / rel).read_bytes()
+        assert (kv_env.site_dir("primary") / rel).read_bytes() == (kv_env.site_dir("dr") / rel).read_bytes()
 
 
 @pytest.mark.spark
-def test_on_spark_the_executors_project_every_file(env: Env, monkeypatch: pytest.MonkeyPatch, spark: Any) -> None:
+def test_on_spark_the_executors_project_every_file(kv_env: Env, monkeypatch: pytest.MonkeyPatch, spark: Any) -> None:
     """The Spark reader, a compaction by the Spark merge job and verify's Spark digests: each file projected
     to version 2 on the executors."""
-    want = mixed_versions(env, monkeypatch)
+    want = mixed_versions(kv_env, monkeypatch)
     for site in ("primary", "dr"):
-        assert as_dicts(read_dataframe(spark, env.catalog, "kv", site=site).toArrow()) == want
+        assert as_dicts(read_dataframe(spark, kv_env.catalog, "kv", site=site).toArrow()) == want
     submit = spark_submit_in(spark)
     with merge_engine("spark"):
-        report = compact(env.catalog, env.defs, "kv", force=True, submit=submit)
+        report = compact(kv_env.catalog, kv_env.defs, "kv", force=True, submit=submit)
     assert report.commit.committed == 2 and report.commit.spark_apps == 1, report
-    assert as_dicts(read_table(env.catalog, "kv")) == want
-    assert_majors_at_version_2(env)
-    digests = replace(SparkDigests.for_table(env.defs, "kv", submit), threshold_bytes=0)  # every pair on Spark
-    assert_same_digests(verify(env.catalog, "kv", record=False, spark=digests).rows, len(want), on_spark=True)
+    assert as_dicts(read_table(kv_env.catalog, "kv")) == want
+    assert_majors_at_version_2(kv_env)
+    digests = replace(SparkDigests.for_table(kv_env.defs, "kv", submit), threshold_bytes=0)  # every pair on Spark
+    assert_same_digests(verify(kv_env.catalog, "kv", record=False, spark=digests).rows, len(want), on_spark=True)
 
 
-def assert_majors_at_version_2(env: Env) -> None:
+def assert_majors_at_version_2(kv_env: Env) -> None:
     """Each leader placement's chain starts with a major written at version 2 (field ids and version in it)."""
-    _, placements = placement_files(env.catalog, "kv", "primary")
+    _, placements = placement_files(kv_env.catalog, "kv", "primary")
     for pf in placements:
         major = pf.segments[0]
         assert major.is_major
@@ -234,11 +234,11 @@ def assert_same_digests(checks: list[RowCheck], rows: int, *, on_spark: bool) ->
     assert sum(c.leader.rows for c in checks if c.leader is not None) == rows
 
 
-def test_a_file_must_hold_the_columns_of_the_version_it_declares(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_must_hold_the_columns_of_the_version_it_declares(kv_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     """The footer check takes a file's own version: a version 2 file passes with version 2's columns, fails
     naming the column if they are not that version's, and fails where the catalog records another version."""
-    mixed_versions(env, monkeypatch)
-    info, placements = placement_files(env.catalog, "kv", "primary")
+    mixed_versions(kv_env, monkeypatch)
+    info, placements = placement_files(kv_env.catalog, "kv", "primary")
     pf = placements[0]
     seg = pf.segments[-1]  # the version 2 segment on top of the chain
     footer = pq.read_metadata(pf.site.path(seg.relpath))

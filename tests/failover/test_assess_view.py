@@ -20,6 +20,8 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.core import keys
 from segrep.core.chain import Chain, SegmentRef, is_referenced, visible_segments
+from segrep.core.projection import ReadVersions
+from segrep.core.schema_versions import first_version
 from segrep.failover.assess import PlacementRow, _begin_keys, _json_values, _Part
 from tests.support.chains import Built, built_chains
 
@@ -94,7 +96,9 @@ def test_json_values_decode_as_one_value_per_text() -> None:
 
 
 def info_for(type_name: str) -> q.TableInfo:
-    return q.TableInfo.of(m.Table(name="t", columns={"k": type_name}, primary_key=["k"], partition_key="k"))
+    row = m.Table(name="t", columns={"k": type_name}, primary_key=["k"], partition_key="k")
+    version = first_version(row.columns)
+    return q.TableInfo(row, version.arrow(), ReadVersions(version, version))
 
 
 @pytest.mark.parametrize(
