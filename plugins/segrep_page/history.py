@@ -12,14 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
-from segrep.replication.overview import MAX_POINTS, LagPoint
+from segrep.replication.overview import MAX_POINTS, LagPoint, lag_points
 
 WINDOWS: dict[str, int] = {"1h": 3_600, "6h": 6 * 3_600, "24h": 86_400, "7d": 7 * 86_400}  # name -> seconds
 DEFAULT_WINDOW = "6h"
@@ -64,7 +62,7 @@ def lag_series(
         query = select(m.Table.name, m.Table.table_id).where(m.Table.name.in_(list(sites)))
         ids = {name: table_id for name, table_id in s.execute(query)}
         for table, replicas in sites.items():
-            points = _points(s, ids[table], list(replicas), since) if replicas and table in ids else {}
+            points = lag_points(s, ids[table], list(replicas), since) if replicas and table in ids else {}
             out[table] = [_series(table, site, w, points.get(site, []), now_us) for site in replicas for w in windows]
     return out
 
@@ -86,49 +84,3 @@ def worst_per_slot(points: Iterable[LagPoint], start_us: int, slot_us: float) ->
         if key not in worst or p.lag_s > worst[key].lag_s:
             worst[key] = p
     return [worst[k] for k in sorted(worst)]
-
-
-def _points(s: Session, table_id: int, sites: list[str], since_us: int) -> dict[str, list[LagPoint]]:
-    """Each site's points since ``since_us`` from the finished rounds, the safe times and statuses taken out
-    of the reports by JSON path (no report is loaded whole), as ``overview`` reads them."""
-    r = m.Round
-    columns: list[Any] = [r.interval_end_us, r.started_us, r.finished_us]
-    for site in sites:
-        columns.append(r.report[("safe_time_us", site)].as_string())
-        columns.append(r.report[("targets", site, "status")].as_string())
-    # The round before the window too: the lag at the window's first round start is measured against it.
-    first = s.scalar(
-        select(r.interval_end_us)
-        .where(r.table_id == table_id, r.finished_us.is_not(None), r.finished_us < since_us)
-        .order_by(r.interval_end_us.desc())
-        .limit(1)
-    )
-    rows = s.execute(
-        select(*columns)
-        .where(
-            r.table_id == table_id,
-            r.finished_us.is_not(None),
-            r.interval_end_us >= (since_us if first is None else first),
-        )
-        .order_by(r.interval_end_us)
-    ).all()
-    out: dict[str, list[LagPoint]] = {}
-    for i, site in enumerate(sites):
-        points = out.setdefault(site, [])
-        previous: int | None = None
-        for row in rows:
-            end_us, started_us, finished_us = int(row[0]), int(row[1]), int(row[2])  # finished: filtered above
-            raw_safe, raw_status = row[3 + 2 * i], row[4 + 2 * i]
-            safe = None if raw_safe is None else int(raw_safe)
-            status = None if raw_status is None else str(raw_status)
-            if previous is not None and started_us >= since_us:
-                points.append(LagPoint(started_us, _seconds(started_us - previous), end_us, status))
-            if safe is not None:
-                if finished_us >= since_us:
-                    points.append(LagPoint(finished_us, _seconds(finished_us - safe), end_us, status))
-                previous = safe if previous is None else max(previous, safe)
-    return out
-
-
-def _seconds(us: int) -> float:
-    return round(max(us, 0) / 1e6, 1)

@@ -18,26 +18,15 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from tests.support.airflow import REPO
-from tests.support.airflow_services import free_port, stop_group
+from tests.support.airflow_services import free_port, script_env, stop_group
 
 START_TIMEOUT_S = 300  # standalone migrates its database and starts four processes: slow on a busy machine
-
-
-def _script_env(home: Path, port: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__") and k != "AIRFLOW_HOME"}
-    return {
-        **env,
-        "AIRFLOW_HOME": str(home),
-        "SEGREP_AIRFLOW_PORT": str(port),
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),  # not :8793, which another Airflow may hold
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-    }
 
 
 def test_a_bad_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
     done = subprocess.run(
         [str(REPO / "scripts" / "airflow.sh")],
-        env={**_script_env(tmp_path / "home", 1), "SEGREP_AIRFLOW_PORT": "80a"},
+        env=script_env(tmp_path / "home", 1, SEGREP_AIRFLOW_PORT="80a"),
         capture_output=True,
         text=True,
         timeout=60,
@@ -51,8 +40,10 @@ def test_without_postgresql_the_script_says_airflow_runs_on_sqlite(tmp_path: Pat
     """No server answers at SEGREP_AIRFLOW_PG_URL: the script falls back to SQLite and says so (backfills
     refused), before Airflow starts; stopped as soon as it has said it."""
     env = {
-        **_script_env(tmp_path / "home", free_port()),
+        **script_env(tmp_path / "home", free_port()),
         "SEGREP_AIRFLOW_PG_URL": f"postgresql+psycopg://x@127.0.0.1:{free_port()}/postgres",
+        # a catalog of its own: without one the script would run `segrep init` in the checkout's data/
+        "SEGREP_CATALOG_URL": f"sqlite:///{tmp_path / 'catalog.db'}",
     }
     log = tmp_path / "standalone.log"
     with log.open("wb") as out:

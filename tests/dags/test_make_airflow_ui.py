@@ -18,7 +18,6 @@ Never skipped: without PostgreSQL or Chromium these fail.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 import urllib.parse
@@ -35,7 +34,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from tests.support.airflow import EVENTS_DAG, REPO, events_batch, events_yaml, read_sorted, rounds
-from tests.support.airflow_services import free_port, stop_group
+from tests.support.airflow_services import free_port, script_env, stop_group
 from tests.support.browser import button, chrome, dialog, login, wait
 from tests.support.env import Env, make_env
 
@@ -109,22 +108,17 @@ def ui(tmp_path_factory: pytest.TempPathFactory, pg_server: str) -> Iterator[Ui]
     server = make_url(pg_server).set(database="postgres")
     database = f"segrep_airflow_t{uuid.uuid4().hex[:10]}"
     home, port = root / "airflow-home", free_port()
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "SEGREP_")) and k != "AIRFLOW_HOME"}
-    script_env = base | {
-        "AIRFLOW_HOME": str(home),
-        "SEGREP_AIRFLOW_PORT": str(port),
+    settings = {
         "SEGREP_AIRFLOW_PG_URL": server.render_as_string(hide_password=False),
         "SEGREP_AIRFLOW_DB_NAME": database,
         "SEGREP_CONFIG": str(env.config),
         "SEGREP_CATALOG_URL": env.url,
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),  # not :8793, which another Airflow may hold
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
     }
     log = root / "standalone.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [str(REPO / "scripts" / "airflow.sh")],
-            env=script_env,
+            env=script_env(home, port, **settings),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -117,3 +117,17 @@ def stop_group(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
         _signal_group(proc, signal.SIGKILL)
         proc.wait(timeout=10)
     _signal_group(proc, signal.SIGKILL)
+
+
+def script_env(home: Path, port: int, **settings: str) -> dict[str, str]:
+    """The environment of scripts/airflow.sh (`make airflow`) in a test: this process's environment without
+    its Airflow and segrep settings, a throw-away AIRFLOW_HOME, the port, log-server ports of its own (not
+    :8793, which another Airflow may hold) and ``settings`` (SEGREP_CONFIG, SEGREP_CATALOG_URL...)."""
+    kept = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "SEGREP_")) and k != "AIRFLOW_HOME"}
+    return kept | {
+        "AIRFLOW_HOME": str(home),
+        "SEGREP_AIRFLOW_PORT": str(port),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+        **settings,
+    }

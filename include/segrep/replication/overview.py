@@ -176,11 +176,23 @@ def _site_rows(lead: Leadership, targets: Sequence[TargetState]) -> list[SiteRow
 
 
 def _history(s: Session, table_id: int, table: str, sites: Sequence[str], now_us: int) -> list[LagSeries]:
-    """Each site's lag series over each window, from the finished rounds of the longest window: one query,
-    the safe times and statuses taken out of the reports by JSON path (no report is loaded whole)."""
+    """Each site's lag series over each window, from the finished rounds of the longest window."""
     if not sites:
         return []
-    since = now_us - max(HISTORY_WINDOWS_S) * 1_000_000
+    points_of = lag_points(s, table_id, sites, now_us - max(HISTORY_WINDOWS_S) * 1_000_000)
+    out = []
+    for site in sites:
+        for window in HISTORY_WINDOWS_S:
+            start = now_us - window * 1_000_000
+            kept = [p for p in points_of[site] if p.at_us >= start]
+            out.append(LagSeries(table, site, window, _worst_per_bucket(kept, start, now_us)))
+    return out
+
+
+def lag_points(s: Session, table_id: int, sites: Sequence[str], since_us: int) -> dict[str, list[LagPoint]]:
+    """Each site's lag at each finished round since ``since_us`` (at its start: against the safe time before
+    it; at its end: against the safe time it reached), oldest first: one query, the safe times and statuses
+    taken out of the reports by JSON path (no report is loaded whole). Shared by the operator page's windows."""
     r = m.Round
     columns: list[Any] = [r.interval_end_us, r.started_us, r.finished_us]
     for site in sites:
@@ -189,35 +201,34 @@ def _history(s: Session, table_id: int, table: str, sites: Sequence[str], now_us
     # The round before the window too: the lag at the window's first round start is measured against it.
     first = s.scalar(
         select(r.interval_end_us)
-        .where(r.table_id == table_id, r.finished_us.is_not(None), r.finished_us < since)
+        .where(r.table_id == table_id, r.finished_us.is_not(None), r.finished_us < since_us)
         .order_by(r.interval_end_us.desc())
         .limit(1)
     )
-    low = since if first is None else first
     rows = s.execute(
         select(*columns)
-        .where(r.table_id == table_id, r.finished_us.is_not(None), r.interval_end_us >= low)
+        .where(
+            r.table_id == table_id,
+            r.finished_us.is_not(None),
+            r.interval_end_us >= (since_us if first is None else first),
+        )
         .order_by(r.interval_end_us)
     ).all()
-    out = []
+    out: dict[str, list[LagPoint]] = {}
     for i, site in enumerate(sites):
-        points: list[LagPoint] = []
+        points = out.setdefault(site, [])
         previous: int | None = None
         for row in rows:
             end_us, started_us, finished_us = int(row[0]), int(row[1]), int(row[2])  # finished: filtered above
             raw_safe, raw_status = row[3 + 2 * i], row[4 + 2 * i]
             safe = None if raw_safe is None else int(raw_safe)
             status = None if raw_status is None else str(raw_status)
-            if previous is not None and started_us >= since:
+            if previous is not None and started_us >= since_us:
                 points.append(LagPoint(started_us, _seconds(started_us - previous), end_us, status))
             if safe is not None:
-                if finished_us >= since:
+                if finished_us >= since_us:
                     points.append(LagPoint(finished_us, _seconds(finished_us - safe), end_us, status))
                 previous = safe if previous is None else max(previous, safe)
-        for window in HISTORY_WINDOWS_S:
-            start = now_us - window * 1_000_000
-            kept = [p for p in points if p.at_us >= start]
-            out.append(LagSeries(table, site, window, _worst_per_bucket(kept, start, now_us)))
     return out
 
 
