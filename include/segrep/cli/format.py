@@ -17,12 +17,12 @@ STATUS_HEADER = [
     "target",
     "safe time",
     "lag s",
-    "schema",
     "pending segs",
     "pending bytes",
     "last round",
     "declines",
     "last verified",
+    "schema",
     "note",
 ]
 
@@ -54,12 +54,12 @@ def status_table(rows: Sequence[TargetState]) -> list[list[object]]:
             r.target,
             "-" if r.safe_time_us is None else hlc.iso(r.safe_time_us),
             "-" if r.lag_s is None else r.lag_s,
-            r.schema_text(),
             r.pending_segments,
             r.pending_bytes,
             r.last_round_text() or "-",
             ", ".join(f"{k} {v}" for k, v in sorted(r.declines.items())) or "-",
             r.last_verified_text() or "-",
+            r.schema_text(),
             Whole(r.note() or "-"),
         ]
         for r in rows
