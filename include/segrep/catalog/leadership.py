@@ -1,7 +1,7 @@
 """Who leads each table now and how it got there: the leader sites, their epochs, a switchover's pause, and
 the last recorded move (``segrep failover`` / ``switchover``) with what it gave up, the table's schema version
-and the one each leader's newest segment is at. Read by ``segrep status``
-and ``segrep table describe``: one query per question, whatever the number of partitions."""
+and the one each leader's newest segment is at. Read by ``segrep status`` and ``segrep table describe``: one
+query per question, whatever the number of partitions."""
 
 from __future__ import annotations
 
