@@ -67,13 +67,16 @@ def failover(report: FailoverReport) -> None:
 
 
 def bootstrap(catalog: Catalog, report: BootstrapReport) -> None:
-    """A bootstrap's decision tree: the site's copy of the table, from the leaders' copies."""
+    """A bootstrap's decision tree: the site's copy of the table, from the leaders' copies (each with the
+    table's current schema)."""
     if active():
         with _recording("bootstrap"):
             from segrep.catalog.leadership import leadership
+            from segrep_airflow.assets import table_schema
             from segrep_airflow.lineage_facets import bootstrap_lineage
 
-            _record(bootstrap_lineage(report, list(leadership(catalog, report.table)[0].leaders)))
+            leaders = list(leadership(catalog, report.table)[0].leaders)
+            _record(bootstrap_lineage(report, leaders, table_schema(catalog, report.table)))
 
 
 def split_pass(plan: Mapping[str, Any], summary: CommitSummary) -> None:

@@ -289,8 +289,11 @@ def failover_lineage(report: FailoverReport) -> Lineage:
     )
 
 
-def bootstrap_lineage(report: BootstrapReport, leaders: Collection[str]) -> Lineage:
-    """A bootstrap: the leaders' copies read (adopted files are checked against them), the site's written."""
+def bootstrap_lineage(
+    report: BootstrapReport, leaders: Collection[str], schema: SchemaVersion | None = None
+) -> Lineage:
+    """A bootstrap: the leaders' copies read (adopted files are checked against them), the site's written;
+    both with the table's current ``schema``."""
     facet = SegrepBootstrapFacet(
         table=report.table,
         site=report.site,
@@ -299,8 +302,8 @@ def bootstrap_lineage(report: BootstrapReport, leaders: Collection[str]) -> Line
         joiningPlacements=list(report.joining),
     )
     return OperatorLineage(
-        inputs=read(leaders, report.table),
-        outputs=[written(report.site, report.table)],
+        inputs=read(leaders, report.table, schema),
+        outputs=[written(report.site, report.table, schema=schema)],
         run_facets={"segrepBootstrap": facet},
     )
 

@@ -236,6 +236,8 @@ def test_bootstrap_names_the_joining_copy_and_what_its_catch_up_copied(segrep_en
     assert _names(joined["outputs"]) == ["segrep://edge/events"]
     facet = joined["run"]["facets"]["segrepBootstrap"]
     assert (facet["table"], facet["site"], facet["mode"]) == ("events", "edge", "auto") and facet["joiningPlacements"]
+    assert all(d["facets"]["segrepSchema"]["version"] == 1 for d in [*joined["inputs"], *joined["outputs"]])
+    assert [f["name"] for f in joined["outputs"][0]["facets"]["schema"]["fields"]] == ["tenant", "seq", "payload", "at"]
     caught_up = _complete(sent, "segrep_bootstrap", "catch_up")
     copy = _copies(caught_up)["segrep://edge/events"]
     by_id = {r.round_id: r.report for r in rounds(env)}
