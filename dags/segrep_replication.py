@@ -123,7 +123,8 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
                 # a small round: the rest of it here, no other task process (a retry is not held back by a back-off)
                 view = steps.finish(planned, retry=retried(ti))
                 lineage.rounds(catalog, [view.report])
-            ti.xcom_push(key=VIEW_KEY, value=_reported(view, outlet_events))
+                schema = assets.table_schema(catalog, name)
+            ti.xcom_push(key=VIEW_KEY, value=_reported(view, outlet_events, schema))
             return [IN_ONE_TASK]
 
         @task
@@ -149,8 +150,9 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
 
             with segrep_context() as (defs, catalog):
                 report = RoundSteps(catalog, defs, name).commit(PlannedRound.from_dict(p))
+                schema = assets.table_schema(catalog, name)
             if outlet_events is not None:
-                assets.emit(outlet_events, report, report.advanced)
+                assets.emit(outlet_events, report, report.advanced, schema)
             return report.to_dict()
 
         @task(trigger_rule="all_done_min_one_success", retries=0, outlets=[alias])
@@ -163,10 +165,12 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
                 steps = RoundSteps(catalog, defs, name)
                 view = steps.report(steps.commit(planned))
                 lineage.rounds(catalog, [view.report])
-            return _reported(view, outlet_events)
+                schema = assets.table_schema(catalog, name)
+            return _reported(view, outlet_events, schema)
 
-        def _reported(view: Any, outlet_events: Any) -> dict[str, Any]:
-            """Log the round's lines, send its metrics and Asset events, raise on its problems."""
+        def _reported(view: Any, outlet_events: Any, schema: Any) -> dict[str, Any]:
+            """Log the round's lines, send its metrics and Asset events (with the table's schema), raise on its
+            problems."""
             import structlog
 
             from segrep_airflow.metrics import emit_round
@@ -179,7 +183,7 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
                 log.info(line)
             emit_round(view)
             if outlet_events is not None:
-                assets.emit(outlet_events, view.report, view.report.advanced)
+                assets.emit(outlet_events, view.report, view.report.advanced, schema)
             view.raise_on_problems()  # a failed target, a file that failed verification, a target behind its RPO
             return view.to_xcom()
 

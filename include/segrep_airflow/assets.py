@@ -26,6 +26,8 @@ from segrep.data.write_events import writes_uri
 if TYPE_CHECKING:
     from airflow.sdk import Asset, AssetAlias
 
+    from segrep.catalog import Catalog
+    from segrep.core.schema_versions import SchemaVersion
     from segrep.data.writer import WriteResult
     from segrep.replication.reports import RoundReport
 
@@ -72,8 +74,24 @@ def alias(table: str) -> AssetAlias:
     return AssetAlias(name=f"segrep_replicas_{table}", group=SCHEME)
 
 
-def event_extra(report: RoundReport, site: str) -> dict[str, Any]:
-    """What a consumer reads from the event: the new safe time (ISO and µs), what the round copied there."""
+def table_schema(catalog: Catalog, table: str) -> SchemaVersion:
+    """The table's current schema version: the columns a consumer of its events reads the copies with (older
+    segments are projected to it by field id)."""
+    from segrep.catalog.queries import table_info
+
+    with catalog.read() as s:
+        return table_info(s, table).versions.target
+
+
+def schema_extra(schema: SchemaVersion) -> dict[str, Any]:
+    """``schema_version`` and ``columns`` (each: ``id``, the field id that never changes, ``name``, ``type``,
+    and ``default`` where the definitions give one)."""
+    return {"schema_version": schema.version, "columns": [c.to_dict() for c in schema.columns]}
+
+
+def event_extra(report: RoundReport, site: str, schema: SchemaVersion | None = None) -> dict[str, Any]:
+    """What a consumer reads from the event: the new safe time (ISO and µs), what the round copied there, and
+    (``schema``) the table's current schema version and columns."""
     target = report.targets.get(site)
     safe_us = report.safe_time_us[site]
     return {
@@ -85,17 +103,21 @@ def event_extra(report: RoundReport, site: str) -> dict[str, Any]:
         "bytes_copied": target.bytes_copied if target else 0,
         "round_id": report.round_id,
         "round_end": hlc.iso(report.end_us),
+        **({} if schema is None else schema_extra(schema)),
     }
 
 
-def emit(outlet_events: Any, report: RoundReport, sites: list[str]) -> list[dict[str, Any]]:
-    """Add one event per site in ``sites`` to the running task's ``outlet_events`` (its alias outlet)."""
+def emit(
+    outlet_events: Any, report: RoundReport, sites: list[str], schema: SchemaVersion | None = None
+) -> list[dict[str, Any]]:
+    """Add one event per site in ``sites`` to the running task's ``outlet_events`` (its alias outlet), each
+    with the table's current ``schema`` (:func:`table_schema`)."""
     extras = []
     accessor = outlet_events[alias(report.table)]
     for site in sites:
         if site not in report.safe_time_us:
             continue
-        extra = event_extra(report, site)
+        extra = event_extra(report, site, schema)
         accessor.add(replica_asset(site, report.table), extra=extra)
         extras.append(extra)
     return extras

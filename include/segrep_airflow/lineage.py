@@ -44,14 +44,17 @@ def active() -> bool:
 
 def rounds(catalog: Catalog, reports: Sequence[RoundReport]) -> None:
     """Rounds this task ran (a replication round, a bootstrap's catch-up, a failover's verifying round): the
-    leaders' copies read, each target's copy written with what was copied and its safe time."""
+    leaders' copies read, each target's copy written with what was copied and its safe time; each copy with
+    the table's current schema."""
     if reports and active():
         with _recording("rounds"):
             from segrep.catalog.leadership import leadership
+            from segrep_airflow.assets import table_schema
             from segrep_airflow.lineage_facets import rounds_lineage
 
-            leaders = {t: list(leadership(catalog, t)[0].leaders) for t in sorted({r.table for r in reports})}
-            _record(rounds_lineage(reports, leaders))
+            tables = sorted({r.table for r in reports})
+            leaders = {t: list(leadership(catalog, t)[0].leaders) for t in tables}
+            _record(rounds_lineage(reports, leaders, {t: table_schema(catalog, t) for t in tables}))
 
 
 def failover(report: FailoverReport) -> None:
@@ -64,13 +67,16 @@ def failover(report: FailoverReport) -> None:
 
 
 def bootstrap(catalog: Catalog, report: BootstrapReport) -> None:
-    """A bootstrap's decision tree: the site's copy of the table, from the leaders' copies."""
+    """A bootstrap's decision tree: the site's copy of the table, from the leaders' copies (each with the
+    table's current schema)."""
     if active():
         with _recording("bootstrap"):
             from segrep.catalog.leadership import leadership
+            from segrep_airflow.assets import table_schema
             from segrep_airflow.lineage_facets import bootstrap_lineage
 
-            _record(bootstrap_lineage(report, list(leadership(catalog, report.table)[0].leaders)))
+            leaders = list(leadership(catalog, report.table)[0].leaders)
+            _record(bootstrap_lineage(report, leaders, table_schema(catalog, report.table)))
 
 
 def split_pass(plan: Mapping[str, Any], summary: CommitSummary) -> None:

@@ -7,7 +7,9 @@ alike. The facets say what the run did, in the units segrep reports:
 - ``segrepCopy`` (an output's facet): what a round copied to that copy, and its new safe time; with the
   standard ``outputStatistics`` (bytes, files);
 - ``segrepRounds``, ``segrepFailover``, ``segrepBootstrap``, ``segrepSplit`` (run facets): the rounds, the
-  leader move and its loss (the RPO of a failover, exact), the bootstrap's decisions, the split pass.
+  leader move and its loss (the RPO of a failover, exact), the bootstrap's decisions, the split pass;
+- on the copies a round read and wrote (dataset facets): the table's current columns as the standard
+  ``schema`` facet (name, type) and ``segrepSchema``: the version number and each column's field id.
 
 Imported only when OpenLineage is configured (``segrep_airflow.lineage`` checks first): the client and the
 provider's classes are not loaded by a task that sends nothing.
@@ -21,12 +23,19 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import attrs
 from airflow.providers.openlineage.extractors import OperatorLineage
 from openlineage.client.event_v2 import InputDataset, OutputDataset
-from openlineage.client.facet_v2 import OutputDatasetFacet, RunFacet, output_statistics_output_dataset
+from openlineage.client.facet_v2 import (
+    DatasetFacet,
+    OutputDatasetFacet,
+    RunFacet,
+    output_statistics_output_dataset,
+    schema_dataset,
+)
 
 from segrep.core import hlc
 from segrep_airflow.assets import SCHEME
 
 if TYPE_CHECKING:
+    from segrep.core.schema_versions import SchemaVersion
     from segrep.failover.promote import FailoverReport
     from segrep.maintenance.bootstrap import BootstrapReport
     from segrep.replication.reports import RoundReport
@@ -55,6 +64,32 @@ class SegrepCopyFacet(OutputDatasetFacet):
     @staticmethod
     def _get_schema() -> str:
         return SCHEMA + "SegrepCopyFacet"
+
+
+@attrs.define
+class SegrepSchemaFacet(DatasetFacet):
+    """The table's schema version the copy is read at (older segments are projected to it by field id), and
+    each column's field id (kept across renames; the standard ``schema`` facet has no place for it)."""
+
+    version: int = 1
+    fieldIds: dict[str, int] = attrs.field(factory=dict)
+
+    @staticmethod
+    def _get_schema() -> str:
+        return SCHEMA + "SegrepSchemaFacet"
+
+
+def schema_facets(schema: SchemaVersion | None) -> dict[str, DatasetFacet]:
+    """A copy's dataset facets for the table's current schema: the standard ``schema`` and ``segrepSchema``."""
+    if schema is None:
+        return {}
+    fields = [schema_dataset.SchemaDatasetFacetFields(name=c.name, type=c.type) for c in schema.columns]
+    return {
+        "schema": schema_dataset.SchemaDatasetFacet(fields=fields),
+        "segrepSchema": SegrepSchemaFacet(
+            version=schema.version, fieldIds={c.name: c.field_id for c in schema.columns}
+        ),
+    }
 
 
 @attrs.define
@@ -127,12 +162,21 @@ def namespace(site: str) -> str:
     return f"{SCHEME}://{site}"
 
 
-def read(sites: Iterable[str], table: str) -> list[InputDataset]:
-    return [InputDataset(namespace=namespace(site), name=table) for site in sorted(set(sites))]
+def read(sites: Iterable[str], table: str, schema: SchemaVersion | None = None) -> list[InputDataset]:
+    return [
+        InputDataset(namespace=namespace(site), name=table, facets=schema_facets(schema)) for site in sorted(set(sites))
+    ]
 
 
-def written(site: str, table: str, facets: Mapping[str, OutputDatasetFacet] | None = None) -> OutputDataset:
-    return OutputDataset(namespace=namespace(site), name=table, outputFacets=dict(facets or {}))
+def written(
+    site: str,
+    table: str,
+    facets: Mapping[str, OutputDatasetFacet] | None = None,
+    schema: SchemaVersion | None = None,
+) -> OutputDataset:
+    return OutputDataset(
+        namespace=namespace(site), name=table, outputFacets=dict(facets or {}), facets=schema_facets(schema)
+    )
 
 
 def merged(earlier: Lineage, later: Lineage) -> Lineage:
@@ -154,10 +198,16 @@ def merged(earlier: Lineage, later: Lineage) -> Lineage:
     )
 
 
-def rounds_lineage(reports: Sequence[RoundReport], leaders: Mapping[str, Collection[str]]) -> Lineage:
+def rounds_lineage(
+    reports: Sequence[RoundReport],
+    leaders: Mapping[str, Collection[str]],
+    schemas: Mapping[str, SchemaVersion] | None = None,
+) -> Lineage:
     """Rounds (one, or a catch-up's several, or one per table): each table's copies at its ``leaders`` (and at
     any other site a copy came from: a feeder in a cascade) read, every target's copy written with what the
-    rounds copied there, summed, and its last safe time."""
+    rounds copied there, summed, and its last safe time; every copy with its table's current schema
+    (``schemas``, by table)."""
+    known = schemas or {}
     copies: dict[tuple[str, str], SegrepCopyFacet] = {}
     sources: dict[str, set[str]] = {r.table: set(leaders.get(r.table, ())) for r in reports}
     for r in reports:
@@ -178,7 +228,7 @@ def rounds_lineage(reports: Sequence[RoundReport], leaders: Mapping[str, Collect
         stats = output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
             size=copy.bytesCopied, fileCount=copy.segmentsCopied
         )
-        outputs.append(written(site, table, {"segrepCopy": copy, "outputStatistics": stats}))
+        outputs.append(written(site, table, {"segrepCopy": copy, "outputStatistics": stats}, known.get(table)))
     rounds = [
         {
             "table": r.table,
@@ -191,7 +241,7 @@ def rounds_lineage(reports: Sequence[RoundReport], leaders: Mapping[str, Collect
         for r in reports
     ]
     return OperatorLineage(
-        inputs=[d for table, sites in sorted(sources.items()) for d in read(sites, table)],
+        inputs=[d for table, sites in sorted(sources.items()) for d in read(sites, table, known.get(table))],
         outputs=outputs,
         run_facets={"segrepRounds": SegrepRoundsFacet(rounds=rounds)},
     )
@@ -239,8 +289,11 @@ def failover_lineage(report: FailoverReport) -> Lineage:
     )
 
 
-def bootstrap_lineage(report: BootstrapReport, leaders: Collection[str]) -> Lineage:
-    """A bootstrap: the leaders' copies read (adopted files are checked against them), the site's written."""
+def bootstrap_lineage(
+    report: BootstrapReport, leaders: Collection[str], schema: SchemaVersion | None = None
+) -> Lineage:
+    """A bootstrap: the leaders' copies read (adopted files are checked against them), the site's written;
+    both with the table's current ``schema``."""
     facet = SegrepBootstrapFacet(
         table=report.table,
         site=report.site,
@@ -249,8 +302,8 @@ def bootstrap_lineage(report: BootstrapReport, leaders: Collection[str]) -> Line
         joiningPlacements=list(report.joining),
     )
     return OperatorLineage(
-        inputs=read(leaders, report.table),
-        outputs=[written(report.site, report.table)],
+        inputs=read(leaders, report.table, schema),
+        outputs=[written(report.site, report.table, schema=schema)],
         run_facets={"segrepBootstrap": facet},
     )
 

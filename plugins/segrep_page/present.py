@@ -93,6 +93,9 @@ def row_view(row: SiteRow, now_us: int, links: Links, dag: dict[str, Any] | None
         "role": str(row.role),
         "led_partitions": row.led_partitions,
         "state": str(row.state),
+        "schema_version": row.schema_version,  # the newest segment's at this site (None: it holds none)
+        "table_schema_version": row.table_schema_version,
+        "schema": row.schema_text,  # "v3", or "v2 (table v3)": old segments stay valid, not an error
         "replica": t is not None,
         "dag_health": None if dag is None else dag["health"],
         "attention": dag["summary"] if dag is not None and dag["problem"] else None,

@@ -7,8 +7,10 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
+from segrep.catalog.apply import apply_definitions
 from segrep.catalog.snapshot import snapshot
 from segrep.cli.views import rpo_cell, status_output
 from segrep.config.definitions import load_definitions
@@ -153,3 +155,40 @@ def test_status_shows_the_tables_replicated_on_write(tmp_path: Path) -> None:
     assert list(json.loads(status_output(env.catalog, defs, "orders", as_json=True))["schedules"]) == ["orders"]
     assert "rounds on write" not in status_output(env.catalog, defs, "orders", as_json=False)
     assert json.loads(status_output(env.catalog, None, None, as_json=True))["schedules"] == {}
+
+
+def test_status_shows_each_sites_schema_version_beside_the_tables(tmp_path: Path) -> None:
+    """After `segrep apply` adds a column: the leader shows the new version once it has written at it, a replica
+    not replicated since the old one ("v1 (table v2)", not an error), and after a round the new one."""
+    env = make_env(tmp_path, f"sqlite:///{tmp_path / 'catalog.db'}", RPO_YAML)
+    write_batch(env.catalog, TABLE, batch(range(10), "a"))
+    assert run_round(env.catalog, env.defs, TABLE, submit=no_spark).status == "ok"
+    assert {r.target: r.schema_text() for r in status_rows(env.catalog, TABLE)} == {"dr": "v1", "edge": "v1"}
+    assert status_output(env.catalog, None, TABLE, as_json=False).splitlines()[0] == (
+        f"{TABLE}: leader primary (2 partitions), epoch 1"  # columns never changed: no schema said
+    )
+
+    env.config.write_text(RPO_YAML.replace("at: timestamp}", "at: timestamp, note: string}"))
+    apply_definitions(env.catalog, env.defs)
+    first = status_output(env.catalog, None, TABLE, as_json=False).splitlines()[0]
+    assert first == f"{TABLE}: leader primary (2 partitions), epoch 1, schema v1 (table v2)"  # nothing written at v2
+    new = batch(range(10, 20), "b")
+    write_batch(env.catalog, TABLE, new.append_column("note", pa.array(["n"] * new.num_rows)))
+
+    lines = status_output(env.catalog, None, TABLE, as_json=False).splitlines()
+    assert lines[0] == f"{TABLE}: leader primary (2 partitions), epoch 1, schema v2"
+    assert lines[1].split()[-2:] == ["schema", "note"]  # last but the note: earlier columns keep their places
+    replicas = [line for line in lines if line.startswith(f"{TABLE} ")]
+    assert len(replicas) == 2 and all(" v1 (table v2) " in line for line in replicas), lines
+    doc = json.loads(status_output(env.catalog, None, TABLE, as_json=True))
+    for r in doc["replication"]:
+        assert (r["schema_version"], r["table_schema_version"], r["schema"]) == (1, 2, "v1 (table v2)")
+    [lead] = doc["leadership"]
+    assert lead["schema_version"] == 2 and lead["leader_schema_versions"] == {"primary": 2}
+
+    assert run_round(env.catalog, env.defs, TABLE, target="dr", submit=no_spark).status == "ok"
+    rows = {r.target: r for r in status_rows(env.catalog, TABLE)}
+    assert (rows["dr"].schema_version, rows["dr"].schema_text()) == (2, "v2")
+    assert (rows["edge"].schema_version, rows["edge"].schema_text()) == (1, "v1 (table v2)")
+    assert "schema" not in rows["edge"].note()  # an older version is not a problem to act on
+    env.catalog.dispose()

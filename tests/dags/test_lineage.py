@@ -146,6 +146,11 @@ def test_a_round_names_the_leader_copy_and_each_replica_with_what_it_got(
             "size": target["bytes_copied"],
             "fileCount": target["segments_copied"],
         }
+    columns = [("tenant", "string"), ("seq", "int64"), ("payload", "string"), ("at", "timestamp")]
+    for copy in [*event["inputs"], *event["outputs"]]:  # every copy with the table's current schema
+        assert [(f["name"], f["type"]) for f in copy["facets"]["schema"]["fields"]] == columns
+        assert copy["facets"]["segrepSchema"]["version"] == 1
+        assert copy["facets"]["segrepSchema"]["fieldIds"] == {"tenant": 1, "seq": 2, "payload": 3, "at": 4}
     (facet_round,) = event["run"]["facets"]["segrepRounds"]["rounds"]
     assert facet_round["roundId"] == last.round_id and facet_round["status"] == "ok"
     assert event["run"]["facets"]["parent"]["job"]["name"] == "segrep_replicate_events"  # under the DAG run
@@ -231,6 +236,8 @@ def test_bootstrap_names_the_joining_copy_and_what_its_catch_up_copied(segrep_en
     assert _names(joined["outputs"]) == ["segrep://edge/events"]
     facet = joined["run"]["facets"]["segrepBootstrap"]
     assert (facet["table"], facet["site"], facet["mode"]) == ("events", "edge", "auto") and facet["joiningPlacements"]
+    assert all(d["facets"]["segrepSchema"]["version"] == 1 for d in [*joined["inputs"], *joined["outputs"]])
+    assert [f["name"] for f in joined["outputs"][0]["facets"]["schema"]["fields"]] == ["tenant", "seq", "payload", "at"]
     caught_up = _complete(sent, "segrep_bootstrap", "catch_up")
     copy = _copies(caught_up)["segrep://edge/events"]
     by_id = {r.round_id: r.report for r in rounds(env)}
@@ -274,6 +281,7 @@ def test_split_copy_pass_names_the_copy_it_read_and_the_children_it_wrote(
 def test_rounds_of_two_tables_in_one_task_are_both_recorded() -> None:
     """A failover's `verify` records one round per table, one call each: the task's record keeps both tables'
     copies and both rounds (``merged``), as the listener then sends them."""
+    from segrep.core.schema_versions import Column, SchemaVersion
     from segrep.replication.reports import RoundReport, RoundStatus, TargetReport
     from segrep.spark.results import CommitSummary
     from segrep_airflow.lineage_facets import merged, rounds_lineage
@@ -284,12 +292,21 @@ def test_rounds_of_two_tables_in_one_task_are_both_recorded() -> None:
             round_id, table, 1_000, RoundStatus.OK, [], {"edge": target}, CommitSummary(), {"edge": 999}, 0
         )
 
+    v2 = SchemaVersion(2, (Column(1, "k", "int64"), Column(3, "renamed", "string")))
     both = merged(
         rounds_lineage([report(1, "orders", 10)], {"orders": ["dr"]}),
-        rounds_lineage([report(2, "events", 20)], {"events": ["dr"]}),
+        rounds_lineage([report(2, "events", 20)], {"events": ["dr"]}, {"events": v2}),
     )
 
     assert [(d.namespace, d.name) for d in both.inputs] == [("segrep://dr", "orders"), ("segrep://dr", "events")]
     copied = {d.name: d.outputFacets["segrepCopy"].bytesCopied for d in both.outputs}
     assert copied == {"orders": 10, "events": 20}
     assert [r["roundId"] for r in both.run_facets["segrepRounds"].rounds] == [1, 2]
+    facets = {(d.namespace, d.name): d.facets for d in [*both.inputs, *both.outputs]}
+    assert facets[("segrep://dr", "orders")] == {} and facets[("segrep://edge", "orders")] == {}  # none given
+    for where in (("segrep://dr", "events"), ("segrep://edge", "events")):
+        assert [(f.name, f.type) for f in facets[where]["schema"].fields] == [("k", "int64"), ("renamed", "string")]
+        assert (facets[where]["segrepSchema"].version, facets[where]["segrepSchema"].fieldIds) == (
+            2,
+            {"k": 1, "renamed": 3},
+        )

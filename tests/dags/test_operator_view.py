@@ -214,6 +214,9 @@ def test_a_run_emits_an_asset_event_per_advanced_site_and_the_consumer_is_trigge
         assert last["safe_time_us"] == rnd.interval_end_us - 1
         assert last["safe_time"].startswith(pendulum.from_timestamp(last["safe_time_us"] / 1e6).to_date_string())
         assert {last["table"], last["site"]} == {"orders", "dr"}
+        assert last["schema_version"] == 1 and len(last["columns"]) == 9  # the table's current schema
+        assert last["columns"][0] == {"id": 1, "name": "o_orderkey", "type": "int64"}
+        assert last["columns"][-1] == {"id": 9, "name": "o_comment", "type": "string"}
 
         _query, triggered = DagModel.dags_needing_dagruns(session)
         assert CONSUMER in triggered
@@ -225,6 +228,42 @@ def test_a_run_emits_an_asset_event_per_advanced_site_and_the_consumer_is_trigge
         assert len(consumer_runs) == 1 and str(consumer_runs[0].run_type) == "asset_triggered"
         consumed = [e.extra for e in consumer_runs[0].consumed_asset_events]
         assert last in consumed
+
+
+def test_a_replica_event_carries_the_tables_current_schema(segrep_env: Any) -> None:
+    """After `segrep apply` adds a column, the events of a round carry version 2 and its columns with their
+    field ids (what the DAG's `commit` and `report` tasks emit through the table's alias)."""
+    import pyarrow as pa
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    from segrep.catalog.apply import apply_definitions
+    from segrep.data.writer import write_batch
+    from segrep.replication.orchestrator import run_round
+    from segrep_airflow.assets import alias, emit, table_schema
+    from tests.support.env import ORDERS_YAML
+    from tests.support.rounds import no_spark
+
+    env = segrep_env(yaml_text=ORDERS_YAML)
+    env.config.write_text(ORDERS_YAML.replace("at: timestamp}", "at: timestamp, note: {type: string, default: n}}"))
+    apply_definitions(env.catalog, env.defs)
+    write_batch(env.catalog, "events", events_batch([1, 2, 3], "a").append_column("note", pa.array(["x"] * 3)))
+    report = run_round(env.catalog, env.defs, "events", submit=no_spark)
+    outlet_events = OutletEventAccessors()
+
+    extras = emit(outlet_events, report, report.advanced, table_schema(env.catalog, "events"))
+
+    assert sorted(e["site"] for e in extras) == ["dr", "edge"]
+    for extra in extras:
+        assert extra["schema_version"] == 2
+        assert extra["columns"] == [
+            {"id": 1, "name": "tenant", "type": "string"},
+            {"id": 2, "name": "seq", "type": "int64"},
+            {"id": 3, "name": "payload", "type": "string"},
+            {"id": 4, "name": "at", "type": "timestamp"},
+            {"id": 5, "name": "note", "type": "string", "default": "n"},
+        ]
+    sent = outlet_events[alias("events")].asset_alias_events
+    assert sorted(e.extra["schema_version"] for e in sent) == [2, 2]
 
 
 def test_clear_only_failed_tasks_reports_from_the_catalog_not_the_old_commit(

@@ -581,3 +581,39 @@ def test_the_page_works_when_airflows_dag_states_cannot_be_read(
     assert len(doc["replication"]) == 3
     rows = page_rows(c.get("/", headers=tokens.header("viewer")).text)
     assert rows[("events", "dr")]["dag:text"] == "unknown" and rows[("events", "dr")]["pending_segments"] == "2"
+
+
+def test_each_sites_schema_version_is_shown_beside_the_tables(lag_env: Env, tokens: Tokens) -> None:
+    """`segrep apply` adds a column to `events` and the leader writes at version 2: its row says v2, the
+    replicas' (not replicated since) "v1 (table v2)", plainly (not an error), in the JSON and on the page."""
+    import pyarrow as pa
+
+    from segrep.catalog.apply import apply_definitions
+    from segrep.data.writer import write_batch
+    from tests.support.tables import batch
+
+    lag_env.config.write_text(RPO_YAML.replace("at: timestamp}", "at: timestamp, note: string}"))
+    apply_definitions(lag_env.catalog, lag_env.defs)
+    new = batch(range(30, 40), "c")
+    write_batch(lag_env.catalog, "events", new.append_column("note", pa.array(["n"] * new.num_rows)))
+
+    c = client(lag_env)
+    api = c.get("/api/overview", headers=tokens.header("viewer"))
+    assert api.status_code == 200, api.text
+    sites = {(r["table"], r["site"]): r for r in api.json()["sites"]}
+    shown = {key: (r["schema_version"], r["table_schema_version"], r["schema"]) for key, r in sites.items()}
+    assert shown == {
+        ("events", "primary"): (2, 2, "v2"),
+        ("events", "dr"): (1, 2, "v1 (table v2)"),
+        ("events", "edge"): (1, 2, "v1 (table v2)"),
+        ("orders", "primary"): (1, 1, "v1"),
+        ("orders", "dr"): (None, 1, "- (table v1)"),  # never replicated: it holds no segment
+    }
+    replication = {(r["table"], r["target"]): r["schema"] for r in api.json()["replication"]}
+    assert replication[("events", "dr")] == "v1 (table v2)"
+    assert all(sites[key]["state"] == "LIVE" for key in sites)  # an older version is no state of its own
+
+    rows = page_rows(c.get("/", headers=tokens.header("viewer")).text)
+    assert rows[("events", "primary")]["schema:text"] == "v2" and rows[("events", "primary")]["schema"] == "2"
+    assert rows[("events", "dr")]["schema:text"] == "v1 (table v2)" and rows[("events", "dr")]["schema"] == "1"
+    assert rows[("orders", "dr")]["schema:text"] == "- (table v1)"

@@ -1,10 +1,11 @@
 """Who leads each table now and how it got there: the leader sites, their epochs, a switchover's pause, and
-the last recorded move (``segrep failover`` / ``switchover``) with what it gave up. Read by ``segrep status``
-and ``segrep table describe``: one query per question, whatever the number of partitions."""
+the last recorded move (``segrep failover`` / ``switchover``) with what it gave up, the table's schema version
+and the one each leader's newest segment is at. Read by ``segrep status`` and ``segrep table describe``: one
+query per question, whatever the number of partitions."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sqlalchemy import func, select
@@ -13,7 +14,9 @@ from sqlalchemy.orm import Session
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.schemas import schema_text, site_schema_versions
 from segrep.core import hlc
+from segrep.core.schema_versions import FIRST_VERSION
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,24 @@ class Leadership:
     max_epoch: int
     paused_since_us: int | None  # writes paused by a switchover under way
     last_move: LastMove | None
+    schema_version: int = 1  # the table's current schema version
+    # per leader site: the schema version of the newest segment it holds (absent: it holds none)
+    leader_schema_versions: dict[str, int] = field(default_factory=dict)
+
+    def schema_text(self) -> str:
+        """``schema v3``; ``schema v2 (table v3)`` while the leader has written nothing at the current version
+        (not an error); with several leader sites, each one's."""
+        leads = sorted(self.leaders)
+        if all(self.leader_schema_versions.get(site) == self.schema_version for site in leads):
+            return f"schema v{self.schema_version}"
+        if len(leads) == 1:
+            return f"schema {schema_text(self.leader_schema_versions.get(leads[0]), self.schema_version)}"
+        each = ", ".join(f"{site} {_v(self.leader_schema_versions.get(site))}" for site in leads)
+        return f"schema {each} (table v{self.schema_version})"
 
     def __str__(self) -> str:
-        """One line: the leader site(s), epochs, a switchover's pause, and the last leader move."""
+        """One line: the leader site(s), epochs, the schema versions once the columns have changed, a
+        switchover's pause, and the last leader move."""
         leads = ", ".join(f"{site} ({n} partition{'s' if n != 1 else ''})" for site, n in sorted(self.leaders.items()))
         epochs = (
             f"epoch {self.max_epoch}"
@@ -46,6 +64,8 @@ class Leadership:
             else f"epochs {self.min_epoch}-{self.max_epoch}"
         )
         line = f"{self.table}: leader {leads or '-'}, {epochs}"
+        if self.schema_version > FIRST_VERSION:  # a table whose columns never changed: nothing to say
+            line += f", {self.schema_text()}"
         if self.paused_since_us is not None:
             line += f"; SWITCHING OVER: writes paused since {hlc.iso(self.paused_since_us)}"
         if self.last_move is not None:
@@ -74,6 +94,7 @@ def _of(s: Session, info: q.TableInfo) -> Leadership:
         .where(m.Partition.table_id == info.table_id, m.Placement.removed_us.is_(None))  # not a retired parent
         .group_by(m.Placement.site_id)
     ).all()
+    versions = site_schema_versions(s, info.table_id)
     paused = s.scalar(select(func.min(m.Partition.paused_us)).where(m.Partition.table_id == info.table_id))
     move = q.last_failover(s, info.table_id)
     last = None
@@ -95,4 +116,10 @@ def _of(s: Session, info: q.TableInfo) -> Leadership:
         max((int(hi) for _s, _n, _lo, hi in rows), default=0),
         paused,
         last,
+        info.row.schema_version,
+        {sites[site_id].name: versions[site_id] for site_id, *_ in rows if site_id in versions},
     )
+
+
+def _v(version: int | None) -> str:
+    return "-" if version is None else f"v{version}"

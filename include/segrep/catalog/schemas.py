@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from segrep.catalog import models as m
@@ -85,3 +85,26 @@ def record_version(
         table.columns = {c.name: c.type for c in version.columns}
         table.schema_fingerprint = version_fingerprint(version, table.primary_key)
     s.flush()
+
+
+def site_schema_versions(s: Session, table_id: int) -> dict[int, int]:
+    """Per site id: the newest schema version among the segments its placements of the table hold (one GROUP
+    BY; versions only grow, so the highest is the newest segment's). A site holding no segment is absent."""
+    pl, pa, sg = m.Placement, m.Partition, m.Segment
+    rows = s.execute(
+        select(pl.site_id, func.max(sg.schema_version))
+        .join(pl, pl.placement_id == sg.placement_id)
+        .join(pa, pa.partition_id == pl.partition_id)
+        .where(pa.table_id == table_id, pl.removed_us.is_(None))
+        .group_by(pl.site_id)
+    ).all()
+    return {int(site): int(version) for site, version in rows}
+
+
+def schema_text(site_version: int | None, table_version: int) -> str:
+    """A site's newest segment's version beside the table's: ``v3``, or ``v2 (table v3)`` while the site
+    holds no segment written at the current version yet (not an error: old segments stay valid), or
+    ``- (table v3)`` for a site holding no segment."""
+    if site_version == table_version:
+        return f"v{table_version}"
+    return f"{'-' if site_version is None else f'v{site_version}'} (table v{table_version})"

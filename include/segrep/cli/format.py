@@ -22,6 +22,7 @@ STATUS_HEADER = [
     "last round",
     "declines",
     "last verified",
+    "schema",
     "note",
 ]
 
@@ -58,6 +59,7 @@ def status_table(rows: Sequence[TargetState]) -> list[list[object]]:
             r.last_round_text() or "-",
             ", ".join(f"{k} {v}" for k, v in sorted(r.declines.items())) or "-",
             r.last_verified_text() or "-",
+            r.schema_text(),
             Whole(r.note() or "-"),
         ]
         for r in rows

@@ -1,6 +1,6 @@
 """What the operator's page shows, assembled from the catalog: per table and site the role, leader epochs and
-state with the replication numbers of ``segrep status``, the lag over time from the kept round reports, and
-the last leader moves.
+state with the replication numbers of ``segrep status`` and the schema version of the site's newest segment
+(beside the table's), the lag over time from the kept round reports, and the last leader moves.
 
 The replication numbers are :func:`segrep.replication.status.status_rows`' own records (one call, one
 ``now``), never recomputed here, so the page, its Prometheus endpoint and ``segrep status --json`` agree.
@@ -26,6 +26,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.leadership import Leadership, leadership
+from segrep.catalog.schemas import schema_text
 from segrep.core import hlc
 from segrep.replication.reports import TargetStatus
 from segrep.replication.status import TargetState, status_rows
@@ -60,6 +61,13 @@ class SiteRow:
     led_partitions: int
     state: SiteState
     target: TargetState | None
+    schema_version: int | None = None  # the newest segment's at this site (None: it holds none)
+    table_schema_version: int = 1  # the table's current one
+
+    @property
+    def schema_text(self) -> str:
+        """``v3``, or ``v2 (table v3)`` while the site holds nothing written at the current version."""
+        return schema_text(self.schema_version, self.table_schema_version)
 
 
 @dataclass(frozen=True)
@@ -157,7 +165,10 @@ def _site_rows(lead: Leadership, targets: Sequence[TargetState]) -> list[SiteRow
     rows = []
     for site in sorted(set(lead.leaders) - set(by_site)):
         state = SiteState.PAUSED if lead.paused_since_us is not None else SiteState.LIVE
-        rows.append(SiteRow(lead.table, site, Role.LEADER, lead.leaders[site], state, None))
+        version = lead.leader_schema_versions.get(site)
+        rows.append(
+            SiteRow(lead.table, site, Role.LEADER, lead.leaders[site], state, None, version, lead.schema_version)
+        )
     for t in targets:
         led = lead.leaders.get(t.target, 0)
         if t.last_status == TargetStatus.DOWN:
@@ -171,7 +182,7 @@ def _site_rows(lead: Leadership, targets: Sequence[TargetState]) -> list[SiteRow
         else:
             state = SiteState.LIVE
         role = Role.LEADER_AND_REPLICA if led else Role.REPLICA
-        rows.append(SiteRow(lead.table, t.target, role, led, state, t))
+        rows.append(SiteRow(lead.table, t.target, role, led, state, t, t.schema_version, lead.schema_version))
     return rows
 
 

@@ -4,8 +4,10 @@ Safe time and lag come from the catalog's safe_times; pending segments and bytes
 offer now (its visible chain minus the target's acks); the last round's outcome, duration and declines by
 reason come from the rounds report; back-off, stuck partitions and the leases other rounds hold there say why
 a target is not catching up; the segments old leaders hold that a failover gave up and nobody merged yet
-("unmerged at <site>") say which rows no safe time covers; the table's recovery-point objective
-(``policy.rpo``, from the definitions: the catalog does not keep policies) says whether the lag is acceptable.
+("unmerged at <site>") say which rows no safe time covers; the table's recovery-point objective (``policy.rpo``,
+from the definitions: the catalog does not keep policies) says whether the lag is acceptable. The schema version
+of the newest segment each site holds stands beside the table's current one (a site at an older version is not
+an error: old segments stay valid).
 
 The lag is measured from now, never from the last round: a paused replication DAG or a stopped scheduler
 makes it grow like any other reason for not replicating. A target that never received a round (no safe time
@@ -34,6 +36,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.losses import losses_held
+from segrep.catalog.schemas import schema_text, site_schema_versions
 from segrep.catalog.snapshot import RECEIVING_STATES, REPLICATING_STATES
 from segrep.catalog.verifications import VerificationState, last_verifications
 from segrep.core import hlc
@@ -97,6 +100,10 @@ class TargetState:
     # Per site: the segments a failover gave up (``on_return: merge``) that the site still holds and the leader
     # has not merged yet. Their rows are outside every safe time of the table until merged ("unmerged at").
     unmerged: dict[str, int] = field(default_factory=dict)
+    # The schema version of the newest segment the site holds (None: it holds none) and the table's current
+    # one: a site still at an older version is not behind on that account (old segments stay valid).
+    schema_version: int | None = None
+    table_schema_version: int | None = None
 
     @property
     def last_round_seconds(self) -> float | None:
@@ -151,6 +158,12 @@ class TargetState:
             notes.append(f"NEEDS BOOTSTRAP: run segrep bootstrap {self.table} {self.target}")
         return "; ".join(notes)
 
+    def schema_text(self) -> str:
+        """``v3``, or ``v2 (table v3)`` while the site's newest segment is at an older version."""
+        if self.table_schema_version is None:
+            return "-"
+        return schema_text(self.schema_version, self.table_schema_version)
+
     def last_verified_text(self) -> str | None:
         """When this site was last verified, and what was found (``equal``, or the number of differences)."""
         v = self.last_verified
@@ -165,7 +178,7 @@ class TargetState:
         return f"{hlc.iso(self.last_round_end_us)} {self.last_round_status}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "last_round_seconds": self.last_round_seconds}
+        return {**asdict(self), "last_round_seconds": self.last_round_seconds, "schema": self.schema_text()}
 
 
 def rpo_breached(lag_us: int | None, rpo_s: int | None, *, pending_segments: int = 0) -> bool:
@@ -217,6 +230,7 @@ def status_rows(
             leased = _lease_holds(s, tid, now)
             verified = {v.site: v for v in last_verifications(s, name)}
             pending = _pending(s, tid)
+            versions = site_schema_versions(s, tid)
             unmerged = dict(
                 sorted(Counter(sites[x.site_id].name for x in losses_held(s, tid) if x.on_return == "merge").items())
             )
@@ -262,6 +276,8 @@ def status_rows(
                         rpo_breached=rpo_breached(lag_us, objective, pending_segments=pending.segments[site_id]),
                         behind_since_us=since,
                         unmerged=dict(unmerged),
+                        schema_version=versions.get(site_id),
+                        table_schema_version=info.row.schema_version,
                     )
                 )
     return out
