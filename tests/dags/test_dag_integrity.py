@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from segrep.storage.workdir import compaction_paths, manifest_path, result_path, split_pass_paths
-from tests.support.airflow import DAGS, EVENTS_DAG, REPO, load_dag
+from tests.support.airflow import DAGS, EVENTS_DAG, REPO, airflow_rows, load_dag, made_nothing
 from tests.support.golden import EXPECTED, PLACEHOLDERS, assert_matches_expected, machine_paths, normalise
 
 DEFAULT_CONFIG = REPO / "include" / "segrep.yaml"
@@ -289,19 +289,6 @@ def _files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and "catalog.db" not in p.name)
 
 
-def _airflow_rows(dag_id: str) -> tuple[int, int]:
-    """How many DAG runs and task instances of ``dag_id`` Airflow's metadata database holds."""
-    from airflow.models.dagrun import DagRun
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.utils.session import create_session
-    from sqlalchemy import func, select
-
-    with create_session() as session:
-        runs = session.scalar(select(func.count()).select_from(DagRun).where(DagRun.dag_id == dag_id))
-        tis = session.scalar(select(func.count()).select_from(TaskInstance).where(TaskInstance.dag_id == dag_id))
-    return int(runs or 0), int(tis or 0)
-
-
 @pytest.mark.parametrize(
     ("conf", "message"),
     [
@@ -318,14 +305,14 @@ def test_malformed_params_are_rejected_before_any_task(segrep_env: Any, conf: di
     env = segrep_env({"schedule": "@hourly", "start_date": "2026-11-01"})
     dag = load_dag(EVENTS_DAG)
     catalog_before, files_before = _catalog_dump(env), _files(env.root)
-    runs_before, tis_before = _airflow_rows(dag.dag_id)
+    rows_before = airflow_rows(dag.dag_id)
 
     with pytest.raises(ParamValidationError, match=message):
         dag.test(logical_date=None, run_conf=conf)
     with pytest.raises(ParamValidationError, match=message):  # what `airflow dags trigger -c` and the API call
         trigger_dag(dag.dag_id, conf=conf, triggered_by=DagRunTriggeredByType.CLI)
 
-    assert _airflow_rows(dag.dag_id) == (runs_before, tis_before)  # no run was created, no task ran
+    assert made_nothing(rows_before, dag.dag_id)  # no run was created, no task ran
     assert _catalog_dump(env) == catalog_before
     assert _files(env.root) == files_before
 

@@ -155,3 +155,28 @@ def postgres_dag_env(pg_server: str, tmp_path: Path, monkeypatch: Any, yaml_text
             monkeypatch.delenv(var, raising=False)
         yield env
         env.catalog.dispose()
+
+
+def airflow_rows(dag_id: str) -> tuple[frozenset[str], frozenset[tuple[str, str, int]]]:
+    """The DAG runs (ids) and task instances (run, task, map index) of ``dag_id`` in Airflow's database."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        runs = frozenset(session.scalars(select(DagRun.run_id).where(DagRun.dag_id == dag_id)))
+        tis = session.execute(
+            select(TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index).where(
+                TaskInstance.dag_id == dag_id
+            )
+        )
+        return runs, frozenset((str(r), str(t), int(i)) for r, t, i in tis)
+
+
+def made_nothing(before: tuple[frozenset[str], frozenset[tuple[str, str, int]]], dag_id: str) -> bool:
+    """No run and no task instance of ``dag_id`` appeared since ``before`` (``airflow_rows``). Not equality:
+    ``dag.test`` deletes an earlier run it would collide with (one without a logical date, which other tests
+    of the worker's Airflow database may have left) before it validates the conf."""
+    runs, tis = airflow_rows(dag_id)
+    return runs <= before[0] and tis <= before[1]
