@@ -151,23 +151,7 @@ def test_accepted_changes_make_one_version_and_keep_field_ids(schema_env: Env) -
 
 
 def test_the_writer_stamps_the_version_and_field_ids(schema_env: Env) -> None:
-    write_batch(schema_env.catalog, "t", _batch([1]))
-    _redefine(schema_env, CHANGED)
-    assert cli(schema_env, "apply")[0] == 0
-    write_batch(
-        schema_env.catalog,
-        "t",
-        pa.table(
-            {
-                "k": pa.array([2], pa.int64()),
-                "note": pa.array(["n"]),
-                "b": pa.array([2**40], pa.int64()),
-                "d": pa.array([decimal.Decimal("1234567890.12")], pa.decimal128(12, 2)),
-                "c": pa.array([0.25], pa.float64()),
-                "channel": pa.array(["app"]),
-            }
-        ),
-    )
+    _written_before_and_after_the_change(schema_env, b=2**40, d="1234567890.12")
     with schema_env.catalog.read() as s:
         segs = s.scalars(select(m.Segment).order_by(m.Segment.entry_id)).all()
         versions = schema_versions(s, _table(schema_env).table_id)
@@ -304,23 +288,7 @@ def test_describe_shows_the_schema_history(schema_env: Env) -> None:
 
 
 def test_a_rebuild_recovers_a_version_the_catalog_lost(schema_env: Env) -> None:
-    write_batch(schema_env.catalog, "t", _batch([1]))
-    _redefine(schema_env, CHANGED)
-    assert cli(schema_env, "apply")[0] == 0
-    write_batch(
-        schema_env.catalog,
-        "t",
-        pa.table(
-            {
-                "k": pa.array([2], pa.int64()),
-                "note": pa.array(["n"]),
-                "b": pa.array([7], pa.int64()),
-                "d": pa.array([decimal.Decimal("1.00")], pa.decimal128(12, 2)),
-                "c": pa.array([0.25], pa.float64()),
-                "channel": pa.array(["app"]),
-            }
-        ),
-    )
+    _written_before_and_after_the_change(schema_env, b=7, d="1.00")
     with schema_env.catalog.read() as s:
         v2 = current_schema(s, _table(schema_env).table_id)
     # the catalog restored from before the change: version 1 current, version 2 unknown
@@ -363,3 +331,19 @@ def test_a_rebuild_recovers_a_version_the_catalog_lost(schema_env: Env) -> None:
 )
 def test_only_widening_is_a_type_change(old: str, new: str, ok: bool) -> None:
     assert widens_to(old, new) is ok
+
+
+def _written_before_and_after_the_change(schema_env: Env, *, b: int, d: str) -> None:
+    """A row written at version 1, the CHANGED definitions applied, a row written at version 2."""
+    write_batch(schema_env.catalog, "t", _batch([1]))
+    _redefine(schema_env, CHANGED)
+    assert cli(schema_env, "apply")[0] == 0
+    v2_row = {
+        "k": pa.array([2], pa.int64()),
+        "note": pa.array(["n"]),
+        "b": pa.array([b], pa.int64()),
+        "d": pa.array([decimal.Decimal(d)], pa.decimal128(12, 2)),
+        "c": pa.array([0.25], pa.float64()),
+        "channel": pa.array(["app"]),
+    }
+    write_batch(schema_env.catalog, "t", pa.table(v2_row))
