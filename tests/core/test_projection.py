@@ -7,6 +7,7 @@ oracle gets by applying the same changes to plain Python dicts.
 
 from __future__ import annotations
 
+import datetime as dt
 import decimal
 from dataclasses import replace
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from segrep.core import keys
 from segrep.core import schema as sch
 from segrep.core.errors import SegrepError
 from segrep.core.projection import ReadVersions, file_version_of, project, read_projected
@@ -147,6 +149,25 @@ def test_a_narrowing_type_change_is_refused_naming_the_column_and_both_types() -
     v3 = SchemaVersion(3, (v1.columns[0], Column(2, "n", "string")))
     with pytest.raises(SegrepError, match="int32 cannot be read as string"):
         project(segment(v1, [{"id": 1, "n": 5}]), v1, v3)
+
+
+def test_an_added_columns_default_reads_as_the_definitions_gave_it_in_every_type() -> None:
+    """Defaults are kept in their JSON form (``keys.encode``, as the definitions store them): a binary one
+    is its hex text and reads as those bytes, a decimal, date or timestamp one as its value."""
+    given = {
+        "binary": b"\x00\xff",
+        "decimal(10,2)": decimal.Decimal("1.50"),
+        "date": dt.date(2026, 11, 28),
+        "int32": 7,
+        "string": "web",
+    }
+    v1 = first_version([("id", "int64")])
+    added = tuple(
+        Column(i, f"c{i}", kind, keys.encode(value)) for i, (kind, value) in enumerate(given.items(), start=2)
+    )
+    v2 = SchemaVersion(2, (v1.columns[0], *added))
+    got = project(segment(v1, [{"id": 1}]), v1, v2).to_pylist()[0]
+    assert [got[c.name] for c in added] == list(given.values())
 
 
 def test_a_file_without_metadata_is_version_one_and_a_file_with_it_says_its_version(tmp_path: Any) -> None:

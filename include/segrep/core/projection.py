@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 
+from segrep.core import keys
 from segrep.core.errors import SegrepError
 from segrep.core.schema import INTERNAL_COLUMNS
 from segrep.core.schema_versions import Column, SchemaVersion, version_of_file
@@ -150,19 +150,13 @@ def is_widening(given: pa.DataType, wanted: pa.DataType) -> bool:
 
 
 def _default(col: Column, n: int) -> pa.Array:
-    """``n`` values of a column added after the file was written: its default, or nulls."""
+    """``n`` values of a column added after the file was written: its default, or nulls. The default is kept in
+    its JSON form (``keys.encode``, as the definitions give it): decoded by its inverse, ``keys.decode``."""
     dtype = col.arrow_type
     if col.default is None:
         return pa.nulls(n, dtype)
-    return pa.repeat(_scalar(col, col.default, dtype), n)
-
-
-def _scalar(col: Column, value: Any, dtype: pa.DataType) -> pa.Scalar:
     try:
-        return pa.scalar(value, dtype)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError):
-        pass
-    try:  # JSON has no decimal, date or timestamp: such a default is its text
-        return pa.scalar(str(value)).cast(dtype)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-        raise SegrepError(f"column {col.name}: default {value!r} is not a {col.type}: {exc}") from None
+        value = pa.scalar(keys.decode(col.default, dtype), dtype)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError) as exc:
+        raise SegrepError(f"column {col.name}: default {col.default!r} is not a {col.type}: {exc}") from None
+    return pa.repeat(value, n)

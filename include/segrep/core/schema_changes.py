@@ -16,9 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
-
 from segrep.core.errors import RefusedError
+from segrep.core.projection import is_widening
 from segrep.core.schema import parse_type
 from segrep.core.schema_versions import Column, SchemaVersion
 
@@ -26,7 +25,6 @@ REWRITE = (
     "define a new table of the new shape, `segrep apply`, then copy the rows with "
     "`segrep table rewrite {table} --into NEW_TABLE` (`--map OLD=NEW` for a renamed column)"
 )
-_INTS = ("int8", "int16", "int32", "int64")
 
 
 @dataclass(frozen=True)
@@ -188,10 +186,6 @@ def _source(table: str, spec: ColumnSpec, by_name: dict[str, Column]) -> Column 
 
 
 def widens_to(old: str, new: str) -> bool:
-    """True if every value of type ``old`` is exactly a value of type ``new`` (and they differ)."""
-    if old in _INTS and new in _INTS:
-        return _INTS.index(new) > _INTS.index(old)
-    if (old, new) == ("float32", "float64"):
-        return True
-    a, b = parse_type(old), parse_type(new)
-    return bool(pa.types.is_decimal(a) and pa.types.is_decimal(b) and a.scale == b.scale and b.precision > a.precision)
+    """True if every value of type ``old`` is exactly a value of type ``new`` (and they differ): the rule the
+    read side casts by (``projection.is_widening``), on the definitions' type names."""
+    return is_widening(parse_type(old), parse_type(new))
