@@ -5,7 +5,7 @@ key the row with the highest ``(_version, _origin)`` wins; a winning tombstone h
 segments' leading-key ranges do not overlap and hold no tombstone, no key can appear twice and the files are
 simply concatenated: the common case of append-mostly tables costs no more than reading the files.
 
-Every file is read at the table's target schema version (``data.table_schema``): its columns are projected
+Every file is read at the table's target schema version (``TableInfo.versions``, read with the table's row): its columns are projected
 by field id (``core.projection``) before rows of files of different versions meet, so a table whose
 segments were written at several versions resolves, merges and digests as one.
 
@@ -40,7 +40,6 @@ from segrep.core.chain import is_referenced, visible_segments
 from segrep.core.errors import CorruptSegmentError, NotFoundError
 from segrep.core.projection import ReadVersions
 from segrep.core.states import PartitionState
-from segrep.data.table_schema import read_versions
 from segrep.storage.segment_meta import ExpectedSegment
 from segrep.storage.site import Site
 
@@ -199,7 +198,7 @@ def expected_segment(info: q.TableInfo, seg: m.Segment) -> ExpectedSegment:
         max_version=seg.max_version,
         key_min=seg.key_min,
         key_max=seg.key_max,
-        schema=sch.segment_schema(read_versions(info).first.arrow()),
+        schema=sch.segment_schema(info.versions.first.arrow()),
         schema_version=seg.schema_version,
         sha256=seg.sha256,
         crc64nvme=seg.crc64nvme,
@@ -223,7 +222,7 @@ def placement_rows(info: q.TableInfo, pf: PlacementFiles) -> pa.Table:
     restricted to the placement's key range. None of its files: an empty segment-layout table."""
     tables = checked_reads(info, [(pf, seg) for seg in pf.segments])
     if not tables:
-        return sch.segment_schema(read_versions(info).target.arrow()).empty_table()
+        return sch.segment_schema(info.versions.target.arrow()).empty_table()
     rows = pa.concat_tables(tables)
     restriction = _range_filter(info, pf.key_begin, pf.key_end)
     return rows if restriction is None else rows.filter(restriction)
@@ -258,7 +257,7 @@ def checked_reads(
     first damaged file in order raises, with what to do about it (``restore_advice``); files not started yet
     are then not read."""
 
-    versions = read_versions(info)
+    versions = info.versions
 
     def read(item: tuple[PlacementFiles, m.Segment]) -> pa.Table:
         pf, seg = item
@@ -282,8 +281,8 @@ def checked_read(
     versions: ReadVersions | None = None,
 ) -> pa.Table:
     """One segment file's rows (segment layout; only ``columns`` if given), checked against the catalog's row
-    and projected to the table's target version (``versions``, default ``data.table_schema.read_versions``)."""
-    versions = read_versions(info) if versions is None else versions
+    and projected to the table's target version (``versions``, default the table's ``info.versions``)."""
+    versions = info.versions if versions is None else versions
     return site.read_checked(seg.relpath, expected_segment(info, seg), info.primary_key, columns, versions)
 
 

@@ -17,7 +17,6 @@ from segrep.config.stores import options_for
 from segrep.core import schema as sch
 from segrep.data.reader import PlacementFiles, expected_segment, placement_files, restore_advice
 from segrep.data.spark_files import SegmentFile, segment_frame
-from segrep.data.table_schema import read_versions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -71,7 +70,7 @@ def _files(info: TableInfo, pf: PlacementFiles) -> list[SegmentFile]:
     """The placement's files as the executors read them: its site's options, each file's catalog entry."""
     options = options_for(pf.site.name, pf.site.uri)
     key = tuple(info.primary_key)
-    versions = read_versions(info)
+    versions = info.versions
     return [
         SegmentFile(pf.site.name, pf.site.uri, options, seg.relpath, expected_segment(info, seg), key, versions)
         for seg in pf.segments

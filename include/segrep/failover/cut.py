@@ -30,7 +30,6 @@ from segrep.core.chain import visible_segments
 from segrep.core.errors import RefusedError, SegrepError
 from segrep.core.projection import stamp
 from segrep.data.reader import checked_read
-from segrep.data.table_schema import read_versions
 from segrep.replication.rollback import rollback_relpath, stored_rows, write_rollback
 from segrep.spark.items import round_item
 from segrep.spark.launch import Submit
@@ -189,4 +188,4 @@ def _rows_past_cut(info: q.TableInfo, site: Site, segments: list[m.Segment], cut
     """The rows of ``segments`` (as written: version, origin, tombstone) newer than the cut, read checked."""
     rows = pa.concat_tables([checked_read(info, site, seg) for seg in segments])
     rows = rows.filter(pc.greater(rows[sch.VERSION_COL], pa.scalar(cut_us, pa.int64())))
-    return stamp(rows, read_versions(info).target)  # at the table's target version, which the file says
+    return stamp(rows, info.versions.target)  # at the table's target version, which the file says

@@ -36,7 +36,6 @@ from segrep.core.errors import RefusedError, SegrepError
 from segrep.core.projection import read_projected
 from segrep.core.states import PlacementState
 from segrep.data.reader import placement_files, read_placement, resolve
-from segrep.data.table_schema import read_versions
 from segrep.storage.site import Site
 
 
@@ -187,7 +186,7 @@ def _adopt_problem(
 ) -> str | None:
     """None if the files resolve to exactly the rows the leader's placement resolves to (each file projected to
     the table's target schema version first, as every read does)."""
-    versions = read_versions(info)
+    versions = info.versions
 
     def read(rel: str) -> pa.Table:
         with storage.fs.open_input_file(storage.path(rel)) as f:

@@ -17,7 +17,6 @@ from segrep.config.definitions import Definitions
 from segrep.core import hlc
 from segrep.data.digest import Digest
 from segrep.data.reader import PlacementFiles
-from segrep.data.table_schema import read_versions
 from segrep.spark.digest_manifest import DigestItem, DigestManifest, load_outcomes
 from segrep.spark.items import digest_item
 from segrep.spark.launch import Submit
@@ -89,7 +88,7 @@ class SparkDigests:
             items.setdefault(leader.item_id, leader)
             items.setdefault(replica.item_id, replica)
             sides[p.key] = (leader.item_id, replica.item_id)
-        versions = read_versions(info)
+        versions = info.versions
         DigestManifest(
             self.key,
             info.name,

@@ -32,7 +32,6 @@ from segrep.core.chain import visible_segments
 from segrep.core.errors import NotFoundError, SegrepError
 from segrep.core.projection import stamp
 from segrep.data.reader import checked_read
-from segrep.data.table_schema import read_versions
 from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.site import Site
 
@@ -187,7 +186,7 @@ def _set_aside_rows(
 ) -> pa.Table:
     """The rows of ``lost`` (as written: version, origin, tombstone) that the new leader does not hold, at the
     table's target schema version (the file says it: ``core.projection.stamp``)."""
-    target = read_versions(info).target
+    target = info.versions.target
     columns = [*info.schema.names, *sch.INTERNAL_COLUMNS]
     mine = [checked_read(info, site, seg, columns) for seg in lost]
     rows = pa.concat_tables(mine) if mine else sch.segment_schema(info.schema).empty_table()

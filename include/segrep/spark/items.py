@@ -18,7 +18,6 @@ from segrep.catalog.splits import SplitView
 from segrep.config.stores import options_for
 from segrep.core.chain import visible_segments
 from segrep.data.reader import PlacementFiles
-from segrep.data.table_schema import read_versions
 from segrep.spark.digest_manifest import DigestItem
 from segrep.spark.manifest import FileRef, MergeItem, output_segment_id
 
@@ -52,8 +51,8 @@ def leader_item(
     **extra: Any,
 ) -> MergeItem:
     """An item that writes into ``partition`` at its leader placement (rounds, compaction and splits): its
-    inputs read, and its output written, at the table's target version (``data.table_schema``)."""
-    versions = read_versions(info)
+    inputs read, and its output written, at the table's target version (``TableInfo.versions``, read with the table's row)."""
+    versions = info.versions
     return MergeItem(
         item_id=item_id,
         kind=kind,
