@@ -5,9 +5,9 @@ key the row with the highest ``(_version, _origin)`` wins; a winning tombstone h
 segments' leading-key ranges do not overlap and hold no tombstone, no key can appear twice and the files are
 simply concatenated: the common case of append-mostly tables costs no more than reading the files.
 
-Every file is read at the table's target schema version (``TableInfo.versions``, read with the table's row): its columns are projected
-by field id (``core.projection``) before rows of files of different versions meet, so a table whose
-segments were written at several versions resolves, merges and digests as one.
+Every file is read at the table's target schema version (``TableInfo.versions``, read with the table's
+row): its columns are projected by field id (``core.projection``) before rows of files of different versions
+meet, so a table whose segments were written at several versions resolves, merges and digests as one.
 
 No file serves rows before it proved to be the segment the catalog names: its bytes' content checksum
 (computed as they are read, once, into memory: ``Site.read_checked``), its footer entry (segment id, table,

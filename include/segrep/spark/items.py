@@ -51,7 +51,8 @@ def leader_item(
     **extra: Any,
 ) -> MergeItem:
     """An item that writes into ``partition`` at its leader placement (rounds, compaction and splits): its
-    inputs read, and its output written, at the table's target version (``TableInfo.versions``, read with the table's row)."""
+    inputs read, and its output written, at the table's target version (``TableInfo.versions``, read with
+    the table's row)."""
     versions = info.versions
     return MergeItem(
         item_id=item_id,

@@ -81,7 +81,8 @@ class MergeItem:
     # (an active-active conflict, counted by the job)
     origin_forks: dict[str, int] = field(default_factory=dict)
     # the schema versions every input file is projected between (``SchemaVersion.to_json``; "" for version 1
-    # of ``columns``): the table's version 1, and the version read and written (``TableInfo.versions``, read with the table's row)
+    # of ``columns``): the table's version 1, and the version read and written (``TableInfo.versions``, read
+    # with the table's row)
     first_schema: str = ""
     target_schema: str = ""
 
