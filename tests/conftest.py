@@ -25,7 +25,7 @@ from segrep.spark.merge_runner import ENGINE_ENV
 from segrep.storage.stores import set_connection_resolver
 from tests.support.env import ORDERS_YAML, OUTAGE_YAML, Env, env_fixture, make_env, pg_schema_url, sqlite_url
 from tests.support.jvm_start import JvmArchive, speed_up_jvm_start
-from tests.support.s3 import S3Endpoint, s3_events_yaml, start_s3_endpoints
+from tests.support.s3 import S3Endpoint, s3_events_yaml, start_s3_endpoints, use_site_keys
 
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -163,10 +163,7 @@ def s3_env(
     """`events` with `primary` local, `dr` on S3 endpoint a and `edge` on endpoint b (SQLite catalog, applied);
     each site's keys only in its own DR_S3_* / EDGE_S3_* variables, no AWS_* variable set."""
     a, b = s3_endpoints
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(var, raising=False)
-    for name, value in {**a.env("DR_S3"), **b.env("EDGE_S3")}.items():
-        monkeypatch.setenv(name, value)
+    use_site_keys(monkeypatch, DR_S3=a, EDGE_S3=b)
     yield make_env(tmp_path, sqlite_url(tmp_path), s3_events_yaml(a, b, uuid.uuid4().hex[:12]))
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
+import pytest
 
 BUCKETS = ("segrep-a", "segrep-b", "segrep-c")
 _NO_AUTH_CALLS = 3  # create_user, put_user_policy, create_access_key
@@ -58,9 +59,35 @@ class S3Endpoint:
         pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)  # type: ignore[attr-defined]
         return sorted(obj["Key"] for page in pages for obj in page.get("Contents", []))
 
+    def objects(self, uri: str) -> dict[str, tuple[int, str, str]]:
+        """Every object under an ``s3://bucket/prefix`` site root: key -> (size, ETag, last modified), what
+        changes when an object is written again (for tests that check nothing was rewritten). The empty
+        ``dir/`` markers pyarrow puts (again) when it makes a "directory" are left out."""
+        bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)  # type: ignore[attr-defined]
+        return {
+            obj["Key"]: (obj["Size"], obj["ETag"], obj["LastModified"].isoformat())
+            for page in pages
+            for obj in page.get("Contents", [])
+            if not obj["Key"].endswith("/")
+        }
+
     def multipart_uploads(self, bucket: str) -> list[str]:
         listing = self.client().list_multipart_uploads(Bucket=bucket)  # type: ignore[attr-defined]
         return [u["Key"] for u in listing.get("Uploads", [])]
+
+
+AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
+
+
+def use_site_keys(monkeypatch: pytest.MonkeyPatch, **endpoints: S3Endpoint) -> None:
+    """Each endpoint's keys in the variables of its env prefix (``DR_S3=a``: DR_S3_ACCESS_KEY_ID...), and no
+    AWS_* variable set: a site can reach its store only through its own credentials reference."""
+    for var in AWS_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    for prefix, endpoint in endpoints.items():
+        for name, value in endpoint.env(prefix).items():
+            monkeypatch.setenv(name, value)
 
 
 def free_port() -> int:
@@ -86,7 +113,7 @@ def start_endpoint(name: str, region: str, logdir: Path) -> tuple[S3Endpoint, su
     port = free_port()
     log = logdir / f"moto-{name}.log"
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(_NO_AUTH_CALLS)}
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+    for var in AWS_VARIABLES:
         env.pop(var, None)
     moto = Path(sys.executable).with_name("moto_server")
     with open(log, "wb") as out:
