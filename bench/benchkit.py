@@ -1,6 +1,7 @@
 """Helpers shared by the benches (bench/rounds.py, bench/failover.py, bench/object_store.py): logging and timing,
-a scratch PostgreSQL schema, definitions applied to a fresh catalog, profiling, the markdown table, and
-``fill_chains``, which builds a large catalog with COPY (bench/rounds.py (e), bench/failover.py (a)).
+a scratch PostgreSQL schema, definitions applied to a fresh catalog, interleaved writes, background load,
+profiling, the markdown table, and ``fill_chains``, which builds a large catalog with COPY (bench/rounds.py
+(e), bench/failover.py (a)).
 
 Imported as ``benchkit``: a bench run as ``python bench/<name>.py`` has this folder first on ``sys.path``.
 """
@@ -21,6 +22,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import yaml
 from sqlalchemy import select, update
 
@@ -29,6 +32,7 @@ from segrep.catalog import models as m
 from segrep.catalog.apply import apply_definitions
 from segrep.catalog.migrate import upgrade
 from segrep.config.definitions import Definitions, load_definitions
+from segrep.data.writer import WriteResult, write_batch
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 PG_CONNINFO = "postgresql://postgres@127.0.0.1:5432/test"
@@ -107,6 +111,20 @@ def make_env(root: Path, url: str, sites: list[str], table: str, body: dict[str,
     defs = load_definitions(config)
     apply_definitions(catalog, defs)
     return catalog, defs
+
+
+def write_interleaved(catalog: Catalog, table: str, rows: pa.Table, batches: int) -> list[WriteResult]:
+    """Write ``rows`` in ``batches`` interleaved batches: each spans every partition, so each partition gets one
+    segment per batch (several segments per partition, as a table written over time has)."""
+    return [
+        write_batch(catalog, table, rows.take(pa.array(np.arange(k, rows.num_rows, batches)))) for k in range(batches)
+    ]
+
+
+def quantile_splits(rows: pa.Table, key: str, parts: int = 4) -> list[int]:
+    """Split points that cut ``rows`` into ``parts`` partitions of about equal size by ``key``."""
+    keys = rows.column(key).to_numpy()
+    return [int(np.quantile(keys, q / parts)) for q in range(1, parts)]
 
 
 def _spin() -> None:

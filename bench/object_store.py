@@ -54,7 +54,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -63,7 +62,7 @@ from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support (the moto servers)
 
-from benchkit import background_load, evict, log, timed, warm
+from benchkit import background_load, evict, log, quantile_splits, timed, warm, write_interleaved
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
@@ -71,7 +70,6 @@ from segrep.catalog.apply import apply_definitions
 from segrep.catalog.migrate import upgrade
 from segrep.config.definitions import Definitions, load_definitions
 from segrep.data import demo as demo_data
-from segrep.data.writer import write_batch
 from segrep.replication.orchestrator import run_round
 from segrep.storage.identity import marker_path
 from segrep.storage.site import Site
@@ -198,11 +196,6 @@ def definitions_doc(route: Route, source: Path, splits: list[int], prefix: str, 
     return {"data_dir": "data", "sites": sites, "tables": {TABLE: table}}
 
 
-def quartile_splits(rows: pa.Table) -> list[int]:
-    keys = rows.column("l_orderkey").to_numpy()
-    return [int(np.quantile(keys, q)) for q in (0.25, 0.5, 0.75)]
-
-
 def build_world(
     route: Route, work: Path, source: Path, rows: pa.Table, eps: dict[str, S3Endpoint], args: argparse.Namespace
 ) -> World:
@@ -212,13 +205,13 @@ def build_world(
     root = work / route.key
     root.mkdir()
     config = root / "segrep.yaml"
-    doc = definitions_doc(route, source, quartile_splits(rows), prefix, eps)
+    doc = definitions_doc(route, source, quantile_splits(rows, "l_orderkey"), prefix, eps)
     config.write_text(yaml.safe_dump(doc, sort_keys=False))
     catalog = Catalog(f"sqlite:///{root}/catalog.db")
     upgrade(catalog)
     defs = load_definitions(config)
     apply_definitions(catalog, defs)
-    _, write_s = timed(write_in_batches, catalog, rows, args.batches)
+    _, write_s = timed(write_interleaved, catalog, TABLE, rows, args.batches)
     with catalog.read() as s:
         leaders = select(m.Partition.leader_placement_id)
         segs = list(s.scalars(select(m.Segment).where(m.Segment.placement_id.in_(leaders))))
@@ -258,12 +251,6 @@ def _sites_per_endpoint(route: Route) -> dict[str, str]:
 def caches_of(route: Route) -> tuple[str, ...]:
     """Local → local in a cold-ish and a warm page cache; the others read from a store or a warm cache."""
     return ("cold", "warm") if route.key == "local_local" else ("warm",)
-
-
-def write_in_batches(catalog: Catalog, rows: pa.Table, batches: int) -> None:
-    """Interleaved batches: each spans every partition, so each partition gets one segment per batch."""
-    for k in range(batches):
-        write_batch(catalog, TABLE, rows.take(pa.array(np.arange(k, rows.num_rows, batches))))
 
 
 def set_leader(catalog: Catalog, site: str) -> None:

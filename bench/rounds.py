@@ -1,5 +1,5 @@
-"""Benchmark: replication rounds (fast-forward, no-op round, Spark merge, planning at scale), each against a
-baseline measured in the same run.
+"""Benchmark: replication rounds (fast-forward, no-op round, Spark merge, planning at scale, the round after a
+schema change), each against a baseline measured in the same run.
 
 Run by hand (`python bench/rounds.py --scale 1`); prints a markdown table with each target and MET / NOT MET,
 and writes a small JSON to bench/results/rounds-<date>.json. The catalog is PostgreSQL (a fresh schema per part,
@@ -22,6 +22,11 @@ d. fast-forward rows/s (a, cold-ish median) vs the batched row-based rate of (c)
 e. plan_round on a catalog built with COPY: ``--plan-partitions`` partitions, 2 targets, ``--plan-segments``
    segments (chains mostly acked, a major every 16 segments, ~100 new unacked segments), then ten times the
    history with the same new segments. Profiled (cProfile, top entries) when a target is not met.
+f. schema change (bench/schema_change.py): TPC-H orders at ``--scale``; the round after one `apply` that adds a
+   column with a default, widens one and renames one, followed by a write, moves exactly that write's segments
+   and rewrites nothing at the target; baseline: the rounds after equal writes without a change.
+
+``--background-load N`` runs N CPU-bound processes for the whole run (figures under load).
 """
 
 from __future__ import annotations
@@ -41,10 +46,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from benchkit import evict, fill_chains, log, make_env, pg_schema, print_table, profile_top, timed, verdict, warm
+from benchkit import (
+    background_load,
+    evict,
+    fill_chains,
+    log,
+    make_env,
+    pg_schema,
+    print_table,
+    profile_top,
+    quantile_splits,
+    timed,
+    verdict,
+    warm,
+    write_interleaved,
+)
+from schema_change import bench_schema_change
+from schema_change import table_rows as schema_rows
 from sqlalchemy import select
 
 from segrep.catalog import Catalog
@@ -52,7 +72,6 @@ from segrep.catalog import models as m
 from segrep.config.definitions import load_definitions
 from segrep.core.errors import SegrepError
 from segrep.data import demo as demo_data
-from segrep.data.writer import write_batch
 from segrep.replication.commit import commit_round
 from segrep.replication.fast_forward import fast_forward_target
 from segrep.replication.orchestrator import run_round
@@ -101,17 +120,12 @@ def lineitem_env(root: Path, url: str, sites: list[str], source: Path, splits: l
 
 
 def quartile_splits(rows: pa.Table) -> list[int]:
-    keys = rows.column("l_orderkey").to_numpy()
-    return [int(np.quantile(keys, q)) for q in (0.25, 0.5, 0.75)]
+    return quantile_splits(rows, "l_orderkey")
 
 
 def write_in_batches(catalog: Catalog, rows: pa.Table, batches: int) -> float:
-    """Write ``rows`` in ``batches`` interleaved batches (every batch spans every partition, so each partition
-    gets one segment per batch); return the seconds taken (the take of each batch included)."""
-    start = time.perf_counter()
-    for k in range(batches):
-        write_batch(catalog, TABLE, rows.take(pa.array(np.arange(k, rows.num_rows, batches))))
-    return time.perf_counter() - start
+    """``write_interleaved`` of lineitem; the seconds taken (the take of each batch included)."""
+    return timed(write_interleaved, catalog, TABLE, rows, batches)[1]
 
 
 def set_leader(catalog: Catalog, site_id: int) -> None:
@@ -435,7 +449,7 @@ def bench_planning(source: Path, work: Path, args: argparse.Namespace) -> Result
 
 def table_rows(r: Results) -> list[tuple[str, str, str, str, str, str]]:
     rows: list[tuple[str, str, str, str, str, str]] = []
-    a, c, e = r.get("a"), r.get("c"), r.get("e")
+    a, c, e, f = r.get("a"), r.get("c"), r.get("e"), r.get("f")
     base = r.get("c_baselines")
     if a:
         mb = a["bytes"] / 1e6
@@ -552,6 +566,8 @@ def table_rows(r: Results) -> list[tuple[str, str, str, str, str, str]]:
                 verdict(e["growth"] is not None and e["growth"] <= 1.5),
             )
         )
+    if f:
+        rows += schema_rows(f)
     return rows
 
 
@@ -561,7 +577,7 @@ def main() -> int:
     ap.add_argument("--batches", type=int, default=10, help="write batches (= segments per partition)")
     ap.add_argument("--repeats", type=int, default=3, help="(a) repeats; each one copy cold-ish and one warm")
     ap.add_argument("--noop-repeats", type=int, default=7, help="(b) no-op rounds (median reported)")
-    ap.add_argument("--catalog", choices=["postgresql", "sqlite"], default="postgresql", help="catalog for a-c")
+    ap.add_argument("--catalog", choices=["postgresql", "sqlite"], default="postgresql", help="catalog for a-c, f")
     ap.add_argument(
         "--spark-driver-memory",
         default="4g",
@@ -581,6 +597,8 @@ def main() -> int:
     ap.add_argument("--skip-merge", action="store_true", help="skip the Spark merge of (c)")
     ap.add_argument("--skip-baselines", action="store_true", help="skip the row-based baselines of (c) and (d)")
     ap.add_argument("--skip-plan", action="store_true", help="skip (e)")
+    ap.add_argument("--skip-schema", action="store_true", help="skip (f)")
+    ap.add_argument("--background-load", type=int, default=0, metavar="N", help="N CPU-bound processes meanwhile")
     ap.add_argument("--tpch-dir", type=Path, default=Path("data/tpch"))
     ap.add_argument("--work-dir", type=Path, default=None, help="parent of the scratch directory (default: /tmp)")
     ap.add_argument("--results-dir", type=Path, default=Path(__file__).parent / "results")
@@ -594,12 +612,19 @@ def main() -> int:
     if args.spark_driver_memory:
         os.environ["SPARK_DRIVER_MEMORY"] = args.spark_driver_memory  # spark-submit reads it; launch passes env
     results["loadavg_start"] = os.getloadavg()
-    source = demo_data.generate_tpch("lineitem", args.scale, args.tpch_dir / f"sf{args.scale:g}").resolve()
+    results["background_load"] = args.background_load
+    lineitem_parts = not (args.skip_ff and args.skip_merge and args.skip_baselines and args.skip_plan)
+    source = Path()
+    if lineitem_parts:
+        source = demo_data.generate_tpch("lineitem", args.scale, args.tpch_dir / f"sf{args.scale:g}").resolve()
     rows = None
     if not (args.skip_ff and args.skip_merge and args.skip_baselines):
         rows = demo_data.normalized(pq.read_table(source))
         rows = rows.sort_by([(k, "ascending") for k in PK])
-    with tempfile.TemporaryDirectory(prefix="segrep-bench-rounds-", dir=args.work_dir) as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="segrep-bench-rounds-", dir=args.work_dir) as tmp,
+        background_load(args.background_load),
+    ):
         work = Path(tmp)
         if not args.skip_ff:
             results["a"], seconds["a+b"] = timed(bench_fast_forward, rows, source, work, args)
@@ -609,13 +634,22 @@ def main() -> int:
             results["c_baselines"], seconds["c baselines"] = timed(bench_row_baselines, rows, args)
         if not args.skip_plan:
             results["e"], seconds["e"] = timed(bench_planning, source, work, args)
+        if not args.skip_schema:
+            (work / "f").mkdir()
+            with catalog_url(args.catalog, work / "f", "bench_schema") as url:
+                results["f"], seconds["f"] = timed(
+                    bench_schema_change, url, work / "f", args.scale, args.tpch_dir, args.batches, CountingSubmit()
+                )
     results["loadavg_end"] = os.getloadavg()
     results["part_seconds"] = {k: round(v, 1) for k, v in seconds.items()}
 
     print_table(table_rows(results))
     print("\nruntime per part: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()))
+    start, end = results["loadavg_start"], results["loadavg_end"]
+    print(f"background load {args.background_load}; load average {start[0]:.2f} at the start, {end[0]:.2f} at the end")
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    out = args.results_dir / f"rounds-{results['date']}.json"
+    load = f"-load{args.background_load}" if args.background_load else ""
+    out = args.results_dir / f"rounds-{results['date']}{load}.json"
     out.write_text(json.dumps(results, indent=1, default=str) + "\n")
     print(f"results: {out}", file=sys.stderr)
     return 0

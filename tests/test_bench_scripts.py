@@ -39,6 +39,9 @@ SCRIPTS = {
         *("--plan-segments", "1000", "--plan-repeats", "1"),
     ],
 }
+# a line the table must hold, and end with MET: a target that is a property at any size (rounds (f): the round
+# after a schema change moves exactly the new write's segments and rewrites nothing)
+MET_LINES = {"rounds": "(f) round after the change and a write"}
 # where a script writes by default (its TPC-H cache, its results), sent to the test's directory instead
 OPTIONS = {
     "object_store": ("--tpch-dir", "--work-dir"),
@@ -69,3 +72,6 @@ def test_the_benchmark_runs_to_the_end(script: str, pg_server: str, tmp_path: Pa
     )
     assert done.returncode == 0, f"{script}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    if script in MET_LINES:
+        lines = [line for line in done.stdout.splitlines() if line.startswith(f"| {MET_LINES[script]}")]
+        assert len(lines) == 1 and lines[0].endswith("| MET |"), done.stdout[-3000:]
