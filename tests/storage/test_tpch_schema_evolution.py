@@ -41,6 +41,8 @@ from tests.support.env import ORDERS_YAML, Env, make_env
 from tests.support.rounds import no_spark
 from tests.support.s3 import BUCKETS, S3Endpoint, use_site_keys
 
+pytestmark = pytest.mark.slow  # TPC-H data from tpchgen-cli
+
 Endpoints = tuple[S3Endpoint, S3Endpoint]
 TABLE = "orders"
 KEY = "o_orderkey"
