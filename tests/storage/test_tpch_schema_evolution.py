@@ -11,7 +11,9 @@ widened values, the new name), equal to the leader's. A schema change costs no c
 exactly the segments written before it, the round after the next writes moves exactly those writes' segments
 (bytes in the round's report = their sizes), every file arrives byte for byte, and no object already at `dr`
 is written again. Changes `segrep apply` refuses (a decimal narrowed, an int64 made int32) exit 2 with one
-line naming the column and the change, and leave the catalog, `primary` and `dr` as they were.
+line naming the column and the change, and leave the catalog, `primary` and `dr` as they were. At the end,
+reads as of each earlier step give that step's rows at the newest schema, and `segrep verify --files` finds
+`dr` equal to the leader and every file as the catalog records it.
 """
 
 from __future__ import annotations
@@ -102,8 +104,8 @@ def evolving_env(
 class Model:
     """What the writes leave, independent of segrep: key -> the row in the newest names (o_note, o_channel)."""
 
-    def __init__(self) -> None:
-        self.rows: dict[int, dict[str, Any]] = {}
+    def __init__(self, rows: dict[int, dict[str, Any]] | None = None) -> None:
+        self.rows: dict[int, dict[str, Any]] = dict(rows or {})
 
     def upsert(self, batch: pa.Table) -> None:
         for row in batch.to_pylist():
@@ -124,15 +126,18 @@ class Model:
             if f.name == "o_comment" and version >= 4:
                 f = f.with_name("o_note")
             fields.append(f)
-        schema = pa.schema([*fields, pa.field("o_channel", pa.string())][: len(fields) + (version >= 2)])
+        if version >= 2:
+            fields.append(pa.field("o_channel", pa.string()))
+        schema = pa.schema(fields)
         rename = {} if version >= 4 else {"o_note": "o_comment"}
         rows = [{rename.get(k, k): v for k, v in self.rows[key].items()} for key in sorted(self.rows)]
         return pa.Table.from_pylist(rows, schema=schema)
 
 
 def at_version(rows: pa.Table, version: int, tag: str) -> pa.Table:
-    """TPC-H rows as a writer at ``version`` sends them. From version 2 each row has a channel (``tag``'s),
-    from version 3 a shipping priority past int32 (the widened column), from version 4 the comment is o_note."""
+    """TPC-H rows as a writer at ``version`` sends them. From version 2 each row has a channel (``tag``'s);
+    the shipping priority (0 in TPC-H) is the key mod 7, from version 3 past int32 (the widened column); from
+    version 4 the comment is o_note."""
     keys = rows[KEY].to_numpy()
     if version >= 2:
         rows = rows.append_column("o_channel", pa.array([f"{tag}-{k % 3}" for k in keys], pa.string()))
@@ -211,10 +216,10 @@ def assert_copied_exactly(
         assert after[key][:2] == (len(local), f'"{hashlib.md5(local).hexdigest()}"'), key  # the same bytes
 
 
-def assert_dr_reads(env: Env, model: Model, source: pa.Schema, version: int) -> None:
+def assert_dr_reads(env: Env, model: Model, source: pa.Schema, version: int, as_of: int | None = None) -> None:
     expected = model.expected(source, version)
-    leader = read_table(env.catalog, TABLE).sort_by(KEY)
-    dr = read_table(env.catalog, TABLE, "dr").sort_by(KEY)
+    leader = read_table(env.catalog, TABLE, as_of=as_of).sort_by(KEY)
+    dr = read_table(env.catalog, TABLE, "dr", as_of=as_of).sort_by(KEY)
     assert dr.column_names == expected.column_names
     assert dr.equals(expected), f"dr: {dr.num_rows} rows, expected {expected.num_rows}"
     assert leader.equals(dr)
@@ -237,7 +242,9 @@ def test_orders_replicate_to_s3_while_columns_are_added_widened_and_renamed(
     a, _ = s3_endpoints
     chunks = [tpch_orders.take(pa.array(idx)) for idx in np.array_split(np.arange(len(tpch_orders)), CHUNKS)]
     model = Model()
-    write(env, model, at_version(chunks[0], 1, "v1"), 1, 1)
+    history: list[tuple[int, Model]] = []  # (version of the last write, the model then) after each step
+    first = write(env, model, at_version(chunks[0], 1, "v1"), 1, 1)
+    history.append((first.committed_us or 0, Model(model.rows)))
     rounds_until_idle(env)
     assert_dr_reads(env, model, tpch_orders.schema, 1)
     previous = V1
@@ -276,6 +283,7 @@ def test_orders_replicate_to_s3_while_columns_are_added_widened_and_renamed(
         ids = [seg.segment_id for r in writes for seg in r.segments]
         assert schema_versions_at(env, "dr", ids) == {version}  # stored at the current version, copied as such
         assert_dr_reads(env, model, tpch_orders.schema, version)
+        history.append((max(r.committed_us or 0 for r in writes), Model(model.rows)))
 
     # refused changes: one clear line, and nothing written to the catalog, primary or dr
     for columns, needles in REFUSED:
@@ -290,3 +298,8 @@ def test_orders_replicate_to_s3_while_columns_are_added_widened_and_renamed(
     assert code == 0 and "nothing to change" in out, (out, err)
     assert rounds_until_idle(env)[0].targets["dr"].bytes_copied == 0
     assert_dr_reads(env, model, tpch_orders.schema, 4)
+    # as of each earlier step, the rows then, read at the current version; and verify finds nothing
+    for as_of, then in history:
+        assert_dr_reads(env, then, tpch_orders.schema, 4, as_of=as_of)
+    code, out, err = cli(env, "verify", TABLE, "--files")
+    assert code == 0 and "all equal" in out and ", 0 bad" in out, (out, err)
