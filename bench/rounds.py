@@ -2,9 +2,9 @@
 schema change), each against a baseline measured in the same run.
 
 Run by hand (`python bench/rounds.py --scale 1`); prints a markdown table with each target and MET / NOT MET,
-and writes a small JSON to bench/results/rounds-<date>.json. The catalog is PostgreSQL (a fresh schema per part,
-dropped at the end; `--catalog sqlite` for parts a-c) and TPC-H lineitem comes from tpchgen-cli (cached in
-data/tpch/sf<scale>).
+and writes a small JSON to bench/results/rounds-<date>[-load<N>].json. The catalog is PostgreSQL (a fresh
+schema per part, dropped at the end; `--catalog sqlite` for parts a-c and f) and TPC-H lineitem (orders for f)
+comes from tpchgen-cli (cached in data/tpch/sf<scale>).
 
 a. fast-forward: lineitem written through ``write_batch`` (4 partitions, ``--batches`` batches, so several
    segments per partition), then one round to one fresh target (``run_round(target=...)``) vs ``cp`` of the
