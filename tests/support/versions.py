@@ -20,16 +20,13 @@ from segrep.catalog.apply import apply_definitions
 from segrep.catalog.queries import table_info
 from segrep.core.schema_versions import SchemaVersion, version_of_file
 from segrep.data.writer import write_batch
-from tests.support.env import Env
+from tests.support.env import KV_YAML, Env
 
 MIXED = "mixed"
-MIXED_YAML = """
-data_dir: data
-sites:
-  primary: {id: 1, uri: sites/primary}
-  dr: {id: 2, uri: sites/dr}
-  edge: {id: 3, uri: sites/edge}
-tables:
+# the sites of KV_YAML (primary, dr, edge), the one table `mixed`
+MIXED_YAML = (
+    KV_YAML[: KV_YAML.index("tables:\n")]
+    + """tables:
   mixed:
     columns: {tenant: string, seq: int64, payload: string, n: int16}
     primary_key: [tenant, seq]
@@ -39,6 +36,7 @@ tables:
     replicas: [dr]
     policy: {retry_delay_s: 0}
 """
+)
 V1_COLUMNS = "    columns: {tenant: string, seq: int64, payload: string, n: int16}\n"
 V2_COLUMNS = (
     "    columns:\n"
