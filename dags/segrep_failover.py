@@ -86,7 +86,7 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
                 raise SegrepError("a switchover needs the site that takes the lead")
             with segrep_context() as (defs, catalog):
                 report = failover(catalog, defs, p["tables"], to=p["site"] or None, cut=Cut(p["at"]), dry_run=True)
-            lineage.failover(report)
+                lineage.failover(catalog, report)
             text = str(report)
             print(text)
             if dag_run is not None:  # the loss, where the run's page shows it first
@@ -107,7 +107,7 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
                 report = failover(
                     catalog, defs, plan["tables"], to=plan["site"], cut=Cut(plan["at"]), submit=hook_submit
                 )
-            lineage.failover(report)
+                lineage.failover(catalog, report)
             print(report)
             return report.to_dict()
 
@@ -122,7 +122,7 @@ def build_failover_dag(tables: list[str], sites: list[str]):  # type: ignore[no-
                 report, drained = switchover(
                     catalog, defs, plan["tables"], plan["site"], timeout_s=seconds, submit=hook_submit
                 )
-            lineage.failover(report)
+                lineage.failover(catalog, report)
             for d in drained:
                 print(d)
             print(report)

@@ -122,7 +122,7 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
 
             with segrep_context() as (_defs, catalog):
                 summary = commit_pass(catalog, p)
-            lineage.split_pass(p, summary)
+                lineage.split_pass(catalog, p, summary)
             print(summary)
             return summary.to_dict()
 

@@ -57,13 +57,16 @@ def rounds(catalog: Catalog, reports: Sequence[RoundReport]) -> None:
             _record(rounds_lineage(reports, leaders, {t: table_schema(catalog, t) for t in tables}))
 
 
-def failover(report: FailoverReport) -> None:
-    """A failover or switchover (or its dry-run assessment) and its loss."""
+def failover(catalog: Catalog, report: FailoverReport) -> None:
+    """A failover or switchover (or its dry-run assessment) and its loss; each copy with its table's current
+    schema."""
     if active():
         with _recording("failover"):
+            from segrep_airflow.assets import table_schema
             from segrep_airflow.lineage_facets import failover_lineage
 
-            _record(failover_lineage(report))
+            tables = sorted({move.assessment.table for move in report.moves})
+            _record(failover_lineage(report, {t: table_schema(catalog, t) for t in tables}))
 
 
 def bootstrap(catalog: Catalog, report: BootstrapReport) -> None:
@@ -79,15 +82,18 @@ def bootstrap(catalog: Catalog, report: BootstrapReport) -> None:
             _record(bootstrap_lineage(report, leaders, table_schema(catalog, report.table)))
 
 
-def split_pass(plan: Mapping[str, Any], summary: CommitSummary) -> None:
-    """A split pass committed from ``plan`` (``segrep.split.workflow.PassPlan`` as a dict); nothing when the
-    pass had nothing to run."""
+def split_pass(catalog: Catalog, plan: Mapping[str, Any], summary: CommitSummary) -> None:
+    """A split pass committed from ``plan`` (``segrep.split.workflow.PassPlan`` as a dict), each copy with the
+    table's current schema (the children's files are written at it); nothing when the pass had nothing to
+    run."""
     if plan.get("manifest") and active():
         with _recording("split"):
             from segrep.spark.manifest import Manifest
+            from segrep_airflow.assets import table_schema
             from segrep_airflow.lineage_facets import split_lineage
 
-            _record(split_lineage(plan, Manifest.load(plan["manifest"]), summary))
+            schema = table_schema(catalog, str(plan["table"]))
+            _record(split_lineage(plan, Manifest.load(plan["manifest"]), summary, schema))
 
 
 @contextmanager

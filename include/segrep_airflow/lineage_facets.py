@@ -8,8 +8,9 @@ alike. The facets say what the run did, in the units segrep reports:
   standard ``outputStatistics`` (bytes, files);
 - ``segrepRounds``, ``segrepFailover``, ``segrepBootstrap``, ``segrepSplit`` (run facets): the rounds, the
   leader move and its loss (the RPO of a failover, exact), the bootstrap's decisions, the split pass;
-- on the copies a round read and wrote (dataset facets): the table's current columns as the standard
-  ``schema`` facet (name, type) and ``segrepSchema``: the version number and each column's field id.
+- on every copy a round, a bootstrap, a failover or a split pass read and wrote (dataset facets): the table's
+  current columns as the standard ``schema`` facet (name, type) and ``segrepSchema``: the version number and
+  each column's field id.
 
 Imported only when OpenLineage is configured (``segrep_airflow.lineage`` checks first): the client and the
 provider's classes are not loaded by a task that sends nothing.
@@ -247,9 +248,11 @@ def rounds_lineage(
     )
 
 
-def failover_lineage(report: FailoverReport) -> Lineage:
+def failover_lineage(report: FailoverReport, schemas: Mapping[str, SchemaVersion] | None = None) -> Lineage:
     """A leader move: each table's old leader's copy read; its new leader's copy written (none in a dry run,
-    which moves nothing); the loss as the run's ``segrepFailover`` facet."""
+    which moves nothing), each with its table's current schema (``schemas``, by table); the loss as the run's
+    ``segrepFailover`` facet."""
+    known = schemas or {}
     tables: list[dict[str, Any]] = []
     for move in report.moves:
         a = move.assessment
@@ -283,8 +286,8 @@ def failover_lineage(report: FailoverReport) -> Lineage:
     )
     moves = [m.assessment for m in report.moves]
     return OperatorLineage(
-        inputs=[d for a in moves for d in read([a.from_site], a.table)],
-        outputs=[] if report.dry_run else [written(a.to_site, a.table) for a in moves],
+        inputs=[d for a in moves for d in read([a.from_site], a.table, known.get(a.table))],
+        outputs=[] if report.dry_run else [written(a.to_site, a.table, schema=known.get(a.table)) for a in moves],
         run_facets={"segrepFailover": facet},
     )
 
@@ -308,9 +311,12 @@ def bootstrap_lineage(
     )
 
 
-def split_lineage(plan: Mapping[str, Any], manifest: Manifest | None, summary: CommitSummary) -> Lineage:
+def split_lineage(
+    plan: Mapping[str, Any], manifest: Manifest | None, summary: CommitSummary, schema: SchemaVersion | None = None
+) -> Lineage:
     """A split pass: the copies its merge job read segments from (the parent's leader in the copy pass, every
-    parent replica in the unload pass), the copies it wrote the children at (the children's leaders)."""
+    parent replica in the unload pass), the copies it wrote the children at (the children's leaders); all with
+    the table's current ``schema`` (older segments are read projected to it, the children written at it)."""
     items = manifest.items if manifest is not None else []
     bytes_read: dict[str, int] = {}
     for item in items:
@@ -329,7 +335,7 @@ def split_lineage(plan: Mapping[str, Any], manifest: Manifest | None, summary: C
         bytesRead=bytes_read,
     )
     return OperatorLineage(
-        inputs=read(bytes_read, table),
-        outputs=[written(site, table) for site in sorted({item.leader_site for item in items})],
+        inputs=read(bytes_read, table, schema),
+        outputs=[written(site, table, schema=schema) for site in sorted({item.leader_site for item in items})],
         run_facets={"segrepSplit": facet},
     )

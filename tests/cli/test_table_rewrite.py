@@ -1,7 +1,9 @@
 """`segrep table rewrite SOURCE --into TARGET`: the way out of a schema change apply refuses. The source's
 visible rows (updates and deletes resolved, two partitions) are copied into a table of the new shape, each
 column converted by the writer's strict conform: a narrowing that fits is copied, one that does not and a type
-family change are refused naming the column with nothing written, --map renames, --dry-run writes nothing."""
+family change are refused naming the column with nothing written, --map renames, --dry-run writes nothing.
+A target holding rows is refused unless --into-nonempty; the copy is one commit, so a crash half-way leaves
+the target as it was and a re-run copies exactly the source's rows."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from segrep.core import faults
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
-from tests.support.badinput import assert_user_error, unchanged
+from tests.support.badinput import assert_user_error, catalog_rows, unchanged
 from tests.support.cli import cli
 from tests.support.env import Env, make_env
 
@@ -78,11 +81,11 @@ def source_rows(label: str = "label") -> list[dict[str, Any]]:
     return out
 
 
-def test_a_narrowing_that_fits_is_copied_partition_by_partition(rewrite_env: Env) -> None:
+def test_a_narrowing_that_fits_is_copied_in_one_commit(rewrite_env: Env) -> None:
     code, out, err = cli(rewrite_env, "table", "rewrite", "src", "--into", "narrow")
     assert code == 0, err
     assert out.splitlines() == [
-        "wrote 4 row(s) of src into narrow (4 read, 2 write(s), 2 segment(s))",
+        "wrote 4 row(s) of src into narrow in one commit (4 read from 2 source partition(s), 2 segment(s))",
         "  k -> k (int64)",
         "  n -> n (int64 -> int32)",
         "  s -> s (string)",
@@ -123,7 +126,9 @@ def test_dry_run_checks_and_writes_nothing(rewrite_env: Env) -> None:
             rewrite_env, "table", "rewrite", "src", "--into", "renamed", "--map", "label=name", "--dry-run"
         )
     assert code == 0, err
-    assert out.splitlines()[0] == "would write 4 row(s) of src into renamed in 2 write(s) (one per source partition)"
+    assert out.splitlines()[0] == (
+        "would write 4 row(s) of src into renamed in one commit (read from 2 source partition(s), one at a time)"
+    )
     assert "  label -> name (string)" in out.splitlines()
     with unchanged(rewrite_env):  # a dry run checks every value as the copy would
         code, out, err = cli(rewrite_env, "table", "rewrite", "src", "--into", "typed", "--dry-run")
@@ -172,3 +177,45 @@ def test_a_source_written_at_two_schema_versions_is_copied_at_its_current_one(re
     assert "  name -> name (string)" in out.splitlines()
     want = [*source_rows("name"), {"k": 160, "n": 1600, "s": "160", "name": "new160"}]
     assert rows(rewrite_env, "renamed") == sorted(want, key=lambda r: r["k"])
+
+
+def test_a_target_holding_rows_is_refused_unless_into_nonempty(rewrite_env: Env) -> None:
+    """A copy into a table with rows would upsert over them (a mix of both tables): refused naming the table
+    and what it holds, nothing written; --into-nonempty copies over them (source rows win by key)."""
+    write_batch(
+        rewrite_env.catalog, "narrow", pa.table({"k": [2, 500], "n": [0, 5], "s": ["x", "y"], "label": ["z", "z"]})
+    )
+    with unchanged(rewrite_env):
+        code, out, err = cli(rewrite_env, "table", "rewrite", "src", "--into", "narrow")
+    assert_user_error(
+        code, out, err, "table narrow already holds 2 row(s) (1 segment(s) at its leaders)", "nothing was written"
+    )
+    with unchanged(rewrite_env):  # the dry run says so too
+        code, out, err = cli(rewrite_env, "table", "rewrite", "src", "--into", "narrow", "--dry-run")
+    assert_user_error(code, out, err, "--into-nonempty")
+    code, out, err = cli(rewrite_env, "table", "rewrite", "src", "--into", "narrow", "--into-nonempty")
+    assert code == 0, err
+    assert rows(rewrite_env, "narrow") == [*source_rows(), {"k": 500, "n": 5, "s": "y", "label": "z"}]  # k=2: src's
+    write_batch(rewrite_env.catalog, "renamed", pa.table({"k": [7], "n": [1], "s": ["s"], "name": ["n"]}))
+    write_batch(rewrite_env.catalog, "renamed", pa.table({"k": [7]}), delete=True)  # no row left: empty again
+    code, out, err = cli(rewrite_env, "table", "rewrite", "src", "--into", "renamed", "--map", "label=name")
+    assert code == 0, err
+    assert rows(rewrite_env, "renamed") == source_rows("name")
+
+
+def test_a_crash_half_way_leaves_the_target_as_it_was_and_a_rerun_copies_exactly_the_source(
+    rewrite_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first source partition's files are written, then the process dies: nothing is registered (the
+    files are removed), so the target holds no row of a half copy; the re-run needs no flag and converges."""
+    before = catalog_rows(rewrite_env)
+    monkeypatch.setenv(faults.FAULTS_ENV, "write_between_batches")
+    with pytest.raises(faults.InjectedFault):
+        cli(rewrite_env, "table", "rewrite", "src", "--into", "narrow")
+    monkeypatch.delenv(faults.FAULTS_ENV)
+    assert catalog_rows(rewrite_env) == before
+    assert rows(rewrite_env, "narrow") == []
+    assert list((rewrite_env.site_dir("primary") / "narrow").rglob("*.parquet")) == []
+    code, _out, err = cli(rewrite_env, "table", "rewrite", "src", "--into", "narrow")
+    assert code == 0, err
+    assert rows(rewrite_env, "narrow") == source_rows()

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+import yaml
 
+from segrep.catalog.apply import apply_definitions
 from segrep.data.writer import write_batch
 from segrep.replication.orchestrator import run_round
 from tests.support.airflow import REPO, edge_rejoins, events_batch, rounds
@@ -114,6 +116,44 @@ def _copies(event: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {f"{d['namespace']}/{d['name']}": d["outputFacets"]["segrepCopy"] for d in event["outputs"]}
 
 
+V1_SCHEMA = (1, [("tenant", "string", 1), ("seq", "int64", 2), ("payload", "string", 3), ("at", "timestamp", 4)])
+# payload renamed to body (its field id kept), note added with a default (the next id)
+V2_SCHEMA = (
+    2,
+    [
+        ("tenant", "string", 1),
+        ("seq", "int64", 2),
+        ("body", "string", 3),
+        ("at", "timestamp", 4),
+        ("note", "string", 5),
+    ],
+)
+
+
+def events_at_version_2(env: Any) -> None:
+    """`events` moves to V2_SCHEMA through the definitions file and apply, as an operator changes it."""
+    doc = yaml.safe_load(env.config.read_text())
+    doc["tables"]["events"]["columns"] = {
+        "tenant": "string",
+        "seq": "int64",
+        "body": {"type": "string", "renamed_from": "payload"},
+        "at": "timestamp",
+        "note": {"type": "string", "default": "-"},
+    }
+    env.config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    apply_definitions(env.catalog, env.defs)
+
+
+def _schemas(datasets: list[dict[str, Any]]) -> list[tuple[int, list[tuple[str, str, int]]]]:
+    """Each dataset's schema facets: (version, [(name, type, field id)])."""
+    out = []
+    for d in datasets:
+        ids = d["facets"]["segrepSchema"]["fieldIds"]
+        fields = [(f["name"], f["type"], ids[f["name"]]) for f in d["facets"]["schema"]["fields"]]
+        out.append((d["facets"]["segrepSchema"]["version"], fields))
+    return out
+
+
 @pytest.mark.parametrize("path", ["one_task", "mapped"])
 def test_a_round_names_the_leader_copy_and_each_replica_with_what_it_got(
     segrep_env: Any, lineage_runner: Runner, path: str
@@ -188,12 +228,14 @@ def test_failover_carries_its_loss_and_moves_the_source_of_the_replicas(
 ) -> None:
     """One failover run to dr: its `assess` (always a dry run) carries what the move gives up, as the library
     assesses it (independently, here, before the run); `failover` reads primary's copy and writes dr's, the new
-    leader's, with the same loss; its verifying round then copies from dr to the other sites."""
+    leader's, with the same loss; its verifying round then copies from dr to the other sites. The table changed
+    its schema (version 2) after the first round: every copy of both steps carries version 2's columns."""
     from segrep.failover.promote import failover
 
     env = segrep_env(POLICY)
     write_batch(env.catalog, "events", events_batch(list(range(0, 40)), "a"))
     run_round(env.catalog, env.defs, "events", submit=no_spark)
+    events_at_version_2(env)
     write_batch(env.catalog, "events", events_batch(list(range(30, 50)), "lost"))  # at primary only
     (move,) = failover(env.catalog, env.defs, ["events"], to="dr", dry_run=True).moves
     expected = move.assessment
@@ -211,10 +253,12 @@ def test_failover_carries_its_loss_and_moves_the_source_of_the_replicas(
     assert (table["lostSegments"], table["lostRows"], table["lostBytes"]) == loss
     assert table["partitionsMoved"] == move.partitions_moved and "failoverId" not in table  # assessed only
     assert _names(assess["inputs"]) == ["segrep://primary/events"] and assess["outputs"] == []
+    assert _schemas(assess["inputs"]) == [V2_SCHEMA]
 
     moved = _complete(sent, "segrep_failover", "failover")
     assert _names(moved["inputs"]) == ["segrep://primary/events"]
     assert _names(moved["outputs"]) == ["segrep://dr/events"]
+    assert _schemas([*moved["inputs"], *moved["outputs"]]) == [V2_SCHEMA, V2_SCHEMA]
     facet = moved["run"]["facets"]["segrepFailover"]
     assert facet["dryRun"] is False and (facet["lostSegments"], facet["lostRows"], facet["lostBytes"]) == loss
     assert facet["tables"][0]["partitionsMoved"] == move.partitions_moved and facet["tables"][0]["failoverId"]
@@ -274,6 +318,7 @@ def test_split_copy_pass_names_the_copy_it_read_and_the_children_it_wrote(
     assert (facet["table"], facet["phase"]) == ("events", "copy") and facet["splitId"] > 0
     assert facet["rewrites"] == 2 * len(parent) and facet["itemsCommitted"] == facet["rewrites"] + facet["merges"]
     assert facet["bytesRead"] == {"primary": 2 * sum(parent)}
+    assert _schemas([*copy["inputs"], *copy["outputs"]]) == [V1_SCHEMA, V1_SCHEMA]
     unload = _complete(sent, "segrep_split_events", "unload_commit")
     assert unload["outputs"] == [] and "segrepSplit" not in unload["run"]["facets"]  # nothing left to unload
 

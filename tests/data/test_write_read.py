@@ -14,7 +14,7 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.core.errors import SchemaMismatchError, SegrepError
 from segrep.data.reader import read_table
-from segrep.data.writer import write_batch
+from segrep.data.writer import write_batch, write_batches
 from segrep.storage.identity import MARKER_NAME
 from tests.support.env import Env
 from tests.support.tables import orders
@@ -234,3 +234,30 @@ def test_a_failed_file_write_commits_nothing_and_leaves_nothing(env: Env, monkey
     with env.catalog.read() as s:
         assert q.segment_count(s, q.table_info(s, "orders").table_id) == 0
     assert not any(p.is_file() and p.name != MARKER_NAME for p in env.site_dir("primary").rglob("*"))
+
+
+def test_write_batches_commits_every_batch_at_once_and_nothing_when_one_fails(env: Env) -> None:
+    """Batches written one after another into the same partitions, registered in one commit: in a partition the
+    second batch's segment continues the first's (its row wins for a key both hold); a bad batch after a good one
+    leaves the table as it was, with none of the good batch's files left behind."""
+    before = write_batch(env.catalog, "orders", orders([1]))
+    result = write_batches(
+        env.catalog, "orders", iter([orders([1, 2, 200_000], comment="x"), orders([2], comment="y")])
+    )
+    assert (result.rows_in, result.rows_written, len(result.segments)) == (4, 4, 3)
+    with env.catalog.read() as s:
+        segs = {seg.segment_id: seg for seg in s.scalars(select(m.Segment))}
+        committed = {segs[w.segment_id].committed_us for w in result.segments}
+    first, second = (w for w in result.segments if w.partition_id == before.segments[0].partition_id)
+    assert len(committed) == 1  # one transaction
+    assert segs[first.segment_id].base_segment_id == before.segments[0].segment_id
+    assert segs[second.segment_id].base_segment_id == first.segment_id and second.version > first.version
+    got = as_dict(read_table(env.catalog, "orders"))
+    assert {k: got[k]["o_comment"] for k in got} == {1: "x1", 2: "y2", 200_000: "x200000"}
+
+    files = sorted(p for p in env.root.rglob("*.parquet"))
+    bad = orders([3]).set_column(0, "o_orderkey", pa.array(["three"]))
+    with pytest.raises(SchemaMismatchError, match="o_orderkey"):
+        write_batches(env.catalog, "orders", iter([orders([5, 300_000], comment="z"), bad]))
+    assert sorted(p for p in env.root.rglob("*.parquet")) == files
+    assert as_dict(read_table(env.catalog, "orders")) == got

@@ -334,26 +334,39 @@ def table_describe(obj: Context, table: str) -> None:
 @click.option("--into", "target", required=True, help="The table to copy into (defined and applied already).")
 @click.option("--map", "renames", multiple=True, metavar="OLD=NEW", help="Copy SOURCE's column OLD into NEW.")
 @click.option("--dry-run", is_flag=True, help="Check every row and print what would be written; write nothing.")
+@click.option(
+    "--into-nonempty", is_flag=True, help="Copy even if TARGET holds rows (an upsert over them; else refused)."
+)
 @click.pass_obj
 @_user_errors
-def table_rewrite(obj: Context, source: str, target: str, renames: tuple[str, ...], dry_run: bool) -> None:
+def table_rewrite(
+    obj: Context, source: str, target: str, renames: tuple[str, ...], dry_run: bool, into_nonempty: bool
+) -> None:
     """Copy SOURCE's rows (at its leaders) into TARGET, a table with a new shape, column by name.
 
     The way out of a schema change `segrep apply` refuses (a narrowing, a type family change, a key column's
-    change). Every value must convert exactly to TARGET's type, or nothing is written. Stop SOURCE's writers
-    first: rows written during the copy may be missed."""
+    change). Every value must convert exactly to TARGET's type, or nothing is written; TARGET must hold no rows
+    (--into-nonempty: copy over them). One commit: a copy that fails half-way writes nothing, run it again.
+    Stop SOURCE's writers first: rows written during the copy may be missed."""
     from segrep.data.rewrite import parse_renames, rewrite_table
 
-    result = rewrite_table(obj.catalog(), source, target, renames=parse_renames(renames), dry_run=dry_run)
+    result = rewrite_table(
+        obj.catalog(),
+        source,
+        target,
+        renames=parse_renames(renames),
+        dry_run=dry_run,
+        into_nonempty=into_nonempty,
+    )
     if dry_run:
         click.echo(
-            f"would write {result.rows} row(s) of {source} into {target} "
-            f"in {result.partitions} write(s) (one per source partition)"
+            f"would write {result.rows} row(s) of {source} into {target} in one commit "
+            f"(read from {result.partitions} source partition(s), one at a time)"
         )
     else:
         click.echo(
-            f"wrote {result.rows_written} row(s) of {source} into {target} "
-            f"({result.rows} read, {result.partitions} write(s), {result.segments} segment(s))"
+            f"wrote {result.rows_written} row(s) of {source} into {target} in one commit "
+            f"({result.rows} read from {result.partitions} source partition(s), {result.segments} segment(s))"
         )
     for col in result.columns:
         click.echo(f"  {col}")

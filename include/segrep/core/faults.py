@@ -32,6 +32,7 @@ POINTS = (
     "failover_before_commit",  # a table's leaders are moved in the transaction; it has not committed
     "failover_between_tables",  # one table of a multi-table failover committed; the next has not started
     "switchover_before_promote",  # writes paused and the new leader drained; nothing promoted yet
+    "write_between_batches",  # a one-commit write of several batches (table rewrite) wrote a batch's files
 )
 
 

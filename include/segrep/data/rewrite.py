@@ -4,10 +4,13 @@ The way out of a schema change ``segrep apply`` refuses (a narrowing, a type fam
 change): the operator defines the new table in the definitions, applies, and copies. Each column is copied by
 name (``--map old=new`` renames) and converted with the writer's strict conform: a value that does not convert
 exactly (an int64 that no int32 holds, a string into an integer column) is an error naming the column, and
-nothing is written. So every partition is read and checked first; then each is read again and written, one
-write per source partition, so memory holds one partition's rows. The copy is an upsert: a rewrite that
-stopped half-way (a failed store) is simply run again. Rows written to the source while it runs may be missed,
-or (if they do not convert) stop the copy half-way: stop its writers first.
+nothing is written. So every partition is read and checked first; then each is read again and its files
+written, one source partition in memory at a time, and all of them are registered in one catalog commit
+(``writer.write_batches``): a rewrite that fails or is killed half-way leaves the target as it was, with no
+half-written copy to notice, and running it again is a whole copy. The target must hold no rows (a copy into a
+table with rows would be an upsert over them): ``into_nonempty`` allows it. Stop the source's writers first:
+rows written to it while the copy runs may be missed (a row that does not convert stops the copy, nothing
+written).
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+from sqlalchemy import func, select
 
 from segrep.catalog import Catalog
+from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.core import schema as sch
-from segrep.core.errors import SchemaMismatchError, SegrepError
-from segrep.data.reader import PlacementFiles, placement_files, read_placement
-from segrep.data.writer import write_batch
+from segrep.core.errors import ConflictError, RefusedError, SchemaMismatchError, SegrepError
+from segrep.data.reader import PlacementFiles, placement_files, read_placement, read_table
+from segrep.data.writer import write_batches
 
 
 @dataclass(frozen=True)
@@ -50,24 +55,33 @@ class RewriteResult:
     columns: list[ColumnCopy]
     dry_run: bool
     rows: int = 0  # rows read from the source (its visible rows at the leaders)
-    partitions: int = 0  # source partitions holding rows: one write each
+    partitions: int = 0  # source partitions holding rows: read one at a time
     rows_written: int = 0
     segments: int = 0
     per_partition: list[tuple[int, int]] = field(default_factory=list)  # (source partition id, rows)
 
 
 def rewrite_table(
-    catalog: Catalog, source: str, target: str, *, renames: Mapping[str, str] | None = None, dry_run: bool = False
+    catalog: Catalog,
+    source: str,
+    target: str,
+    *,
+    renames: Mapping[str, str] | None = None,
+    dry_run: bool = False,
+    into_nonempty: bool = False,
 ) -> RewriteResult:
-    """Copy ``source``'s visible rows at its leaders into ``target`` (an existing table), column by name
-    (``renames``: source name -> target name). Every partition is checked before anything is written:
-    SchemaMismatchError naming the column if a value does not convert exactly, nothing written."""
+    """Copy ``source``'s visible rows at its leaders into ``target`` (an existing table without rows, unless
+    ``into_nonempty``), column by name (``renames``: source name -> target name), in one commit. Every
+    partition is checked before anything is written: SchemaMismatchError naming the column if a value does not
+    convert exactly, nothing written."""
     if source == target:
         raise SegrepError(f"table rewrite: --into names the source table {source} itself; give another table")
     info, placements = placement_files(catalog, source)
     with catalog.read() as s:
         into = q.table_info(s, target)
     columns = _mapping(info, into, dict(renames or {}))
+    if not into_nonempty:
+        _require_empty(catalog, into)
     names = {c.source: c.target for c in columns}
     result = RewriteResult(source, target, columns, dry_run)
     for pf in placements:  # check every partition first: nothing is written unless all convert
@@ -88,13 +102,39 @@ def rewrite_table(
         return result
     # the files again: a compaction since the check may have replaced some (the rows are the same)
     info, placements = placement_files(catalog, source)
-    for pf in placements:  # one write per source partition: memory holds one partition's rows
-        rows = _rows(info, pf, names)
-        if rows.num_rows:
-            written = write_batch(catalog, target, rows)
-            result.rows_written += written.rows_written
-            result.segments += len(written.segments)
+    # one source partition in memory at a time, every file registered in one commit: all or nothing
+    try:
+        written = write_batches(catalog, target, (_rows(info, pf, names) for pf in placements))
+    except ConflictError as exc:
+        raise SegrepError(
+            f"table rewrite {source} -> {target}: {target} was written to during the copy ({exc}); nothing was "
+            "written by the rewrite: stop the target's writers and run it again"
+        ) from None
+    result.rows_written = written.rows_written
+    result.segments = len(written.segments)
     return result
+
+
+def _require_empty(catalog: Catalog, into: q.TableInfo) -> None:
+    """RefusedError naming ``into`` and what it holds if it has visible rows at its leaders: the copy would be
+    an upsert over them, leaving a mix of both tables' rows."""
+    held = read_table(catalog, into.name, columns=into.primary_key).num_rows
+    if held:
+        with catalog.read() as s:
+            segments = s.scalar(
+                select(func.count())
+                .select_from(m.Segment)
+                .join(m.Partition, m.Partition.partition_id == m.Segment.partition_id)
+                .join(m.Placement, m.Placement.placement_id == m.Segment.placement_id)
+                .where(
+                    m.Partition.table_id == into.table_id, m.Partition.leader_placement_id == m.Placement.placement_id
+                )
+            )
+        raise RefusedError(
+            f"table rewrite: table {into.name} already holds {held} row(s) ({segments} segment(s) at its leaders): "
+            "a rewrite into it would upsert over them, mixing both tables' rows; nothing was written. Give an "
+            f"empty table, or --into-nonempty to copy over the rows {into.name} holds"
+        )
 
 
 def parse_renames(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:

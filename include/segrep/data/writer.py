@@ -12,7 +12,8 @@ de-duplicated by primary key (its last row wins), routed by the partition key to
 placement and stamped with a version from that partition's hybrid logical clock. Files are written first
 (atomically, hashed); then one catalog transaction moves every touched placement's root with a conditional
 update and advances each clock. If another writer got there first, the new files are removed and the batch is
-re-planned: optimistic, never check-then-act.
+re-planned: optimistic, never check-then-act. ``write_batches`` writes several batches' files, one batch in
+memory at a time, and registers them all in that one transaction (``segrep table rewrite``: all or nothing).
 
 A table whose policy is ``schedule: on_write`` (given ``defs``) then tells Airflow, after the commit and best
 effort (``segrep.data.write_events``): the result's ``event`` says whether the asset event was sent.
@@ -24,6 +25,7 @@ import bisect
 import logging
 import os
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +42,7 @@ from segrep.catalog.segments import register_segment
 from segrep.catalog.site_identity import open_site
 from segrep.catalog.sql import rowcount
 from segrep.config.definitions import Definitions
-from segrep.core import hlc
+from segrep.core import faults, hlc
 from segrep.core import schema as sch
 from segrep.core.batch_versions import conform_to_current
 from segrep.core.errors import ConflictError, SegrepError, WritesPausedError
@@ -153,64 +155,164 @@ def _attempt(
 ) -> list[WrittenSegment]:
     started = time.perf_counter()
     targets = _targets(catalog, info, site)
-    groups = _route(rows, info, [t.partition for t in targets])
-    written: list[tuple[_Target, SegmentEntry, str, FileFacts, Site]] = []
+    chains = {t.partition.partition_id: _Chain(t) for t in targets}
+    written: list[_Written] = []
     try:
-        work = [(t, rows_) for t, rows_ in zip(targets, groups, strict=True) if rows_ is not None]
-        if len(work) == 1:  # one partition (a key-sorted batch often is): no pool to start and join
-            written.append(_write_file(catalog, info, schema, *work[0], delete))
-        else:
-            # Parquet encoding, hashing and fsync release the GIL: partitions are written side by side.
-            with ThreadPoolExecutor(max_workers=min(len(work), WRITE_THREADS)) as pool:
-                futures = [pool.submit(_write_file, catalog, info, schema, t, rows_, delete) for t, rows_ in work]
-            failure: BaseException | None = None
-            for future in futures:
-                try:
-                    written.append(future.result())
-                except BaseException as exc:  # keep the files that were written, to remove them below
-                    failure = failure or exc
-            if failure is not None:
-                raise failure
-        committed_us = hlc.now_us()
+        _write_files(catalog, info, schema, rows, delete, chains, written)
         timing.files_s = time.perf_counter() - started
         started = time.perf_counter()
-        with catalog.write() as s:
-            for target, entry, relpath, facts, _site in written:
-                res = s.execute(
-                    update(m.Partition)
-                    .where(
-                        m.Partition.partition_id == target.partition.partition_id,
-                        m.Partition.last_version == target.partition.last_version,
-                        m.Partition.epoch == target.partition.epoch,
-                        m.Partition.leader_placement_id == target.partition.leader_placement_id,
-                        m.Partition.state.in_([str(x) for x in q.WRITABLE_STATES]),
-                        m.Partition.paused_us.is_(None),  # a switchover's pause fences writes prepared before it
-                    )
-                    .values(last_version=entry.max_version)
-                    .execution_options(synchronize_session=False)
-                )
-                if rowcount(res) != 1:
-                    raise ConflictError(f"partition {target.partition.partition_id} changed while writing")
-                register_segment(
-                    s,
-                    target.placement,
-                    entry,
-                    relpath,
-                    facts,
-                    committed_us,
-                    expected_root=target.placement.root_segment_id,
-                    move_root=not target.local,  # a local write sits beside the chain until merged
-                )
+        timing.committed_us = _commit(catalog, chains, written)
     except BaseException:
-        for _t, _e, relpath, _f, store in written:
-            store.delete(relpath)  # never referenced: safe to remove
+        _remove(written)
         raise
     timing.commit_s = time.perf_counter() - started
-    timing.committed_us = committed_us
-    return [
-        WrittenSegment(e.partition_id, t.site.name, e.segment_id, e.row_count, f.byte_size, e.max_version)
-        for t, e, _r, f, _s in written
-    ]
+    return [_written_segment(w) for w in written]
+
+
+def write_batches(catalog: Catalog, table: str, batches: Iterable[pa.Table]) -> WriteResult:
+    """Upsert every batch of ``batches`` in one catalog commit: all of them or nothing (``segrep table rewrite``).
+
+    Each batch is checked, routed and written to files as it comes, so memory holds one batch; in a partition
+    a batch's segment continues the previous batch's, so a later batch's row wins over an earlier one with the
+    same key. Nothing is registered until the last batch's files are written: a failure on the way (a refused
+    batch, a failing store, a crash) leaves the table as it was (the files written so far are removed, or
+    are orphans for GC after a kill). A writer that moved a partition meanwhile is a ConflictError, nothing
+    written: run again. Always at each partition's leader."""
+    with catalog.read() as s:
+        info = q.table_info(s, table)
+        schema = current_schema(s, info.table_id)
+        history = list(schema_versions(s, info.table_id).values())
+    result = WriteResult(table=table, rows_in=0, rows_written=0, deleted=False, stored_version=schema.version)
+    started = time.perf_counter()
+    chains = {t.partition.partition_id: _Chain(t) for t in _targets(catalog, info)}
+    written: list[_Written] = []
+    try:
+        for batch in batches:
+            rows = sch.dedupe_last(
+                conform_to_current(batch, schema, history, info.primary_key, keys_only=False).rows, info.primary_key
+            )
+            result.rows_in += batch.num_rows
+            result.rows_written += rows.num_rows
+            if rows.num_rows:
+                _write_files(catalog, info, schema, rows, False, chains, written)
+            faults.point("write_between_batches")
+        result.files_s = time.perf_counter() - started
+        started = time.perf_counter()
+        result.committed_us = _commit(catalog, chains, written) if written else None
+    except BaseException:
+        _remove(written)
+        raise
+    result.commit_s = time.perf_counter() - started
+    result.attempts = 1
+    result.segments = [_written_segment(w) for w in written]
+    return result
+
+
+@dataclass
+class _Chain:
+    """A partition's chain as this write extends it: the partition and placement as read at the start, and the
+    version and root the write's next segment there follows (several with ``write_batches``)."""
+
+    target: _Target
+    last_version: int = 0
+    root: str | None = None
+    extended: bool = False
+
+    def __post_init__(self) -> None:
+        self.last_version = self.target.partition.last_version
+        self.root = self.target.placement.root_segment_id
+
+
+@dataclass(frozen=True)
+class _Written:
+    chain: _Chain
+    entry: SegmentEntry
+    relpath: str
+    facts: FileFacts
+    site: Site
+    base: str | None  # the root the segment continues: its conditional move expects it
+
+
+def _write_files(
+    catalog: Catalog,
+    info: q.TableInfo,
+    schema: SchemaVersion,
+    rows: pa.Table,
+    delete: bool,
+    chains: dict[int, _Chain],
+    written: list[_Written],
+) -> None:
+    """Route ``rows`` and write one file per partition they touch, each continuing its partition's chain as
+    this write extends it; append to ``written`` (also the files of a partition that succeeded when another
+    failed, so the caller can remove them)."""
+    ordered = list(chains.values())
+    groups = _route(rows, info, [c.target.partition for c in ordered])
+    work = [(c, rows_) for c, rows_ in zip(ordered, groups, strict=True) if rows_ is not None]
+    if len(work) == 1:  # one partition (a key-sorted batch often is): no pool to start and join
+        written.append(_write_file(catalog, info, schema, *work[0], delete))
+    else:
+        # Parquet encoding, hashing and fsync release the GIL: partitions are written side by side.
+        with ThreadPoolExecutor(max_workers=min(len(work), WRITE_THREADS)) as pool:
+            futures = [pool.submit(_write_file, catalog, info, schema, c, rows_, delete) for c, rows_ in work]
+        failure: BaseException | None = None
+        for future in futures:
+            try:
+                written.append(future.result())
+            except BaseException as exc:  # keep the files that were written, to remove them
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+
+def _commit(catalog: Catalog, chains: dict[int, _Chain], written: list[_Written]) -> int:
+    """One catalog transaction: each touched partition's clock moved from the version read at the start to its
+    newest segment's (a conditional update), each segment registered on top of the one before it. Returns the
+    commit time; ConflictError if another writer got there first (the transaction rolls back)."""
+    committed_us = hlc.now_us()
+    with catalog.write() as s:
+        for chain in chains.values():
+            if not chain.extended:
+                continue
+            part = chain.target.partition
+            res = s.execute(
+                update(m.Partition)
+                .where(
+                    m.Partition.partition_id == part.partition_id,
+                    m.Partition.last_version == part.last_version,
+                    m.Partition.epoch == part.epoch,
+                    m.Partition.leader_placement_id == part.leader_placement_id,
+                    m.Partition.state.in_([str(x) for x in q.WRITABLE_STATES]),
+                    m.Partition.paused_us.is_(None),  # a switchover's pause fences writes prepared before it
+                )
+                .values(last_version=chain.last_version)
+                .execution_options(synchronize_session=False)
+            )
+            if rowcount(res) != 1:
+                raise ConflictError(f"partition {part.partition_id} changed while writing")
+        for w in written:
+            register_segment(
+                s,
+                w.chain.target.placement,
+                w.entry,
+                w.relpath,
+                w.facts,
+                committed_us,
+                expected_root=w.base,
+                move_root=not w.chain.target.local,  # a local write sits beside the chain until merged
+            )
+    return committed_us
+
+
+def _remove(written: list[_Written]) -> None:
+    for w in written:
+        w.site.delete(w.relpath)  # never referenced: safe to remove
+
+
+def _written_segment(w: _Written) -> WrittenSegment:
+    e = w.entry
+    return WrittenSegment(
+        e.partition_id, w.chain.target.site.name, e.segment_id, e.row_count, w.facts.byte_size, e.max_version
+    )
 
 
 def write_event_extra(result: WriteResult) -> dict[str, Any]:
@@ -305,10 +407,16 @@ def _bucketize(col: pa.ChunkedArray, bounds: list[object], dtype: pa.DataType) -
 
 
 def _write_file(
-    catalog: Catalog, info: q.TableInfo, schema: SchemaVersion, target: _Target, part_rows: pa.Table, delete: bool
-) -> tuple[_Target, SegmentEntry, str, FileFacts, Site]:
-    part, placement = target.partition, target.placement
-    version = hlc.next_version(part.last_version)
+    catalog: Catalog, info: q.TableInfo, schema: SchemaVersion, chain: _Chain, part_rows: pa.Table, delete: bool
+) -> _Written:
+    target = chain.target
+    part = target.partition
+    version = hlc.next_version(chain.last_version)
+    base = chain.root
+    chain.last_version, chain.extended = version, True
+    segment_id = new_segment_id()
+    if not target.local:  # a local write sits beside the chain: the next one continues the same root
+        chain.root = segment_id
     stamped = stamp_rows(
         part_rows,
         info.schema,
@@ -318,12 +426,12 @@ def _write_file(
         layout=schema.segment_arrow(),
     )
     entry = SegmentEntry(
-        segment_id=new_segment_id(),
+        segment_id=segment_id,
         table=info.name,
         partition_id=part.partition_id,
-        base_segment_id=placement.root_segment_id,
+        base_segment_id=base,
         # the first segment of a chain is major (EventQL 3); a local write is never on a chain
-        is_major=placement.root_segment_id is None and not target.local,
+        is_major=base is None and not target.local,
         origin_site_id=target.site.site_id,
         epoch=part.epoch,
         schema_fingerprint=info.row.schema_fingerprint,
@@ -335,4 +443,4 @@ def _write_file(
     site = open_site(catalog, target.site)  # checks the site's identity marker before writing
     relpath = segment_relpath(info.name, part.partition_id, entry.segment_id)
     facts = site.write_segment(relpath, stamped, entry.to_meta())
-    return target, entry, relpath, facts, site
+    return _Written(chain, entry, relpath, facts, site, base)
