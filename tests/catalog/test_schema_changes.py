@@ -21,6 +21,7 @@ from segrep.catalog.schemas import current_schema, schema_history, schema_versio
 from segrep.core.errors import NotFoundError
 from segrep.core.schema_changes import version_fingerprint, widens_to
 from segrep.core.schema_versions import FIELD_ID_KEY, first_version, version_of_file
+from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from tests.support.badinput import assert_user_error, unchanged
 from tests.support.cli import cli
@@ -209,6 +210,19 @@ def test_a_new_tables_defaults_are_kept_in_version_1(schema_env: Env) -> None:
     assert (code, out) == (0, "no changes\n") or (code == 0 and "table t" not in out), out
     with schema_env.catalog.read() as s:
         assert current_schema(s, _table(schema_env).table_id).by_id()[6].default == "none"
+
+
+def test_a_reorder_alone_reorders_what_reads_return(schema_env: Env) -> None:
+    """Found by the schema state machine: a change that only reorders made version 2 in the right order, but
+    the table row's column mapping equals the old one as a dict, so it was never written back and reads kept
+    the old order."""
+    write_batch(schema_env.catalog, "t", _batch([1]))
+    order = ["k", "e", "d", "c", "b", "a"]
+    _redefine(schema_env, "".join(f"      {n}: {dict((c, t) for _i, c, t in V1)[n]}\n" for n in order))
+    code, out, err = cli(schema_env, "apply")
+    assert code == 0 and "reorder columns" in out, err
+    assert read_table(schema_env.catalog, "t").column_names == order
+    assert list(_table(schema_env).columns) == order
 
 
 def test_key_columns_are_never_renamed_or_dropped(schema_env: Env) -> None:

@@ -113,8 +113,8 @@ def test_a_batch_of_columns_no_version_had_is_refused(writers_env: Env, tmp_path
     with unchanged(writers_env), pytest.raises(SchemaMismatchError) as caught:
         write_batch(writers_env.catalog, "kv", mixed)
     assert str(caught.value) == (
-        "batch lacks columns: value, extra (against the current schema version 2; its columns match no schema "
-        "version of the table, versions tried: 2, 1)"
+        "batch lacks columns: value, extra; and has columns the table does not: gone, v (against the current "
+        "schema version 2; its columns match no schema version of the table, versions tried: 2, 1)"
     )
 
     src = tmp_path / "in" / "mixed.parquet"

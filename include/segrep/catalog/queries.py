@@ -37,7 +37,9 @@ class TableInfo:
     def of(cls, s: Session, row: m.Table) -> TableInfo:
         current = schema_version(s, row.table_id, row.schema_version)
         first = current if current.version == FIRST_VERSION else schema_version(s, row.table_id, FIRST_VERSION)
-        return cls(row, sch.schema_from_columns(row.columns), ReadVersions(first, current))
+        return cls(
+            row, sch.schema_from_columns({c.name: c.type for c in current.columns}), ReadVersions(first, current)
+        )
 
     @property
     def table_id(self) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import flag_modified
 
 from segrep.catalog import models as m
 from segrep.core import hlc
@@ -83,6 +84,8 @@ def record_version(
     if current:
         table.schema_version = version.version
         table.columns = {c.name: c.type for c in version.columns}
+        # a reorder alone makes a dict equal to the old one, which the ORM would not write back
+        flag_modified(table, "columns")
         table.schema_fingerprint = version_fingerprint(version, table.primary_key)
     s.flush()
 

@@ -149,10 +149,10 @@ def conform_batch(batch: pa.Table, schema: pa.Schema, primary_key: Sequence[str]
     missing = [c for c in wanted_names if c not in have]
     extra = [c for c in have if c not in wanted_names]
     what = "key columns for a delete" if keys_only else "columns"
-    if missing:
-        raise SchemaMismatchError(f"batch lacks {what}: {', '.join(missing)}")
-    if extra:
-        raise SchemaMismatchError(f"batch has columns the table does not: {', '.join(extra)}")
+    problems = [f"lacks {what}: {', '.join(missing)}"] if missing else []
+    problems += [f"has columns the table does not: {', '.join(extra)}"] if extra else []
+    if problems:
+        raise SchemaMismatchError(f"batch {'; and '.join(problems)}")
     arrays = []
     for f in wanted:
         col = conform_column(f.name, batch.column(f.name), f.type)
