@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from segrep.config.links import LinkState
 from segrep.core import hlc
+from segrep.core.human import human_rate
 from segrep.replication.status import TargetState
 
 STATUS_HEADER = [
@@ -25,6 +27,8 @@ STATUS_HEADER = [
     "schema",
     "note",
 ]
+
+LINK_HEADER = ["link", "cap now", "in force by", "max copies", "next change"]
 
 
 def format_rows(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -63,4 +67,19 @@ def status_table(rows: Sequence[TargetState]) -> list[list[object]]:
             Whole(r.note() or "-"),
         ]
         for r in rows
+    ]
+
+
+def link_table(states: Sequence[LinkState]) -> list[list[object]]:
+    """One row per link: the pair, the cap in force and its window (or the default), the copy limit, and
+    when the cap changes next and to what."""
+    return [
+        [
+            st.link.pair,
+            human_rate(st.cap.bytes_per_second),
+            Whole(st.cap.source),
+            st.link.max_concurrent_copies,
+            Whole(st.next_change_text()),
+        ]
+        for st in states
     ]

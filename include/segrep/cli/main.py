@@ -200,6 +200,8 @@ def apply(obj: Context, dry_run: bool, down: tuple[str, ...]) -> None:
     prefix = "would " if dry_run else ""
     for change in changes:
         click.echo(f"{prefix}{change}")
+    for link in obj.defs.links:  # read from the definitions by each copier; the catalog keeps no copy
+        click.echo(f"{'link':<7} {link.summary()}")
     if not changes:
         click.echo(f"catalog matches {obj.defs.path}: nothing to change")
 
@@ -241,8 +243,13 @@ def site_group() -> None:
 @click.pass_obj
 @_user_errors
 def site_list(obj: Context) -> None:
-    """List the sites the catalog knows, with their placements and segments."""
+    """List the sites the catalog knows, with their placements and segments; then the links between them
+    defined in the definitions file: the cap in force now, where it comes from, and when it changes next."""
+    from datetime import UTC, datetime
+
     from sqlalchemy import func, select
+
+    from segrep.cli.views import link_lines, link_states
 
     with obj.catalog().read() as s:
         counts = dict(
@@ -260,6 +267,9 @@ def site_list(obj: Context) -> None:
             for x in s.scalars(select(m.Site).order_by(m.Site.name))
         ]
     click.echo(format_rows(["site", "id", "uri", "placements", "segments", "identity"], rows))
+    links = link_lines(link_states(obj.defs_if_any(), datetime.now(UTC)))
+    if links:
+        click.echo("\n".join(["", *links]))
 
 
 def _identity(s: Any, row: m.Site) -> str:
@@ -872,7 +882,8 @@ def repair_(obj: Context, table: str, site: str | None, dry_run: bool, rate: int
 @_user_errors
 def status(obj: Context, table: str | None, as_json: bool) -> None:
     """Per table and target site: safe time, lag, RPO, pending segments and bytes, last round, declines; the
-    splits under way; the conflicts of active-active tables in the last 24 h."""
+    splits under way; the conflicts of active-active tables in the last 24 h; the links between the sites (the
+    cap in force now, where it comes from, the copy limit, the next change)."""
     from segrep.cli.views import status_output
 
     click.echo(status_output(obj.catalog(), obj.defs_if_any(), table, as_json=as_json))

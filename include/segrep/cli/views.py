@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 from sqlalchemy import select
 
@@ -12,8 +13,9 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.leadership import leadership
 from segrep.catalog.schemas import SchemaHistoryEntry, schema_history
-from segrep.cli.format import STATUS_HEADER, format_rows, status_table
+from segrep.cli.format import LINK_HEADER, STATUS_HEADER, format_rows, link_table, status_table
 from segrep.config.definitions import Definitions, Policy
+from segrep.config.links import LinkState
 from segrep.core import hlc
 from segrep.core.chain import is_reference_weak, is_referenced, visible_segments
 from segrep.core.errors import NotFoundError
@@ -231,15 +233,37 @@ def on_write_line(name: str, policy: Policy) -> str:
     )
 
 
-def status_output(catalog: Catalog, defs: Definitions | None, table: str | None, *, as_json: bool) -> str:
+# -- links (definitions only: the catalog keeps none) -------------------------------------------------------------
+
+
+def link_states(defs: Definitions | None, now: datetime, sites: tuple[str, ...] | None = None) -> list[LinkState]:
+    """Each defined link as of ``now``; with ``sites``, only the links between two of them (a table's)."""
+    if defs is None:
+        return []
+    return [x.state_at(now) for x in defs.links if sites is None or {x.source, x.target} <= set(sites)]
+
+
+def link_lines(states: list[LinkState]) -> list[str]:
+    """The links block of ``site list`` and ``status``: nothing when no link is defined."""
+    if not states:
+        return []
+    return ["links (caps from the definitions; windows in UTC):", format_rows(LINK_HEADER, link_table(states))]
+
+
+def status_output(
+    catalog: Catalog, defs: Definitions | None, table: str | None, *, as_json: bool, now: datetime | None = None
+) -> str:
     """``segrep status``: leadership, one row per table and replica site (with the RPO column, BREACHED when
-    the lag is past the table's objective), the tables replicated on write and the splits under way; or the
-    same as one JSON document (with every table's schedule)."""
+    the lag is past the table's objective), the tables replicated on write, the splits under way and the links
+    (the cap in force at ``now``, default the current time); or the same as one JSON document (with every
+    table's schedule)."""
     rows = status_rows(catalog, table, rpo=status_objectives(defs))
     tables = {} if defs is None else {n: t for n, t in sorted(defs.tables.items()) if table in (None, n)}
     splits = split_progress(catalog, table)
     leaders = leadership(catalog, table)
     conflicts = recent_conflicts(catalog, table)
+    table_sites = defs.tables[table].sites if defs is not None and table in defs.tables else None
+    links = link_states(defs, now or datetime.now(UTC), table_sites)
     if as_json:
         replication = [{**r.to_dict(), "note": r.note(), "last_round": r.last_round_text()} for r in rows]
         doc = {
@@ -248,6 +272,7 @@ def status_output(catalog: Catalog, defs: Definitions | None, table: str | None,
             "splits": [sp.to_dict() for sp in splits],
             "leadership": [x.to_dict() for x in leaders],
             "conflicts": [c.to_dict() for c in conflicts],
+            "links": [x.to_dict() for x in links],
         }
         return json.dumps(doc, indent=2, sort_keys=True)
     header = [*STATUS_HEADER[:4], "rpo", *STATUS_HEADER[4:]]
@@ -267,4 +292,5 @@ def status_output(catalog: Catalog, defs: Definitions | None, table: str | None,
         for c in conflicts:
             keys = "; ".join(json.dumps(k) for k in c.sample)
             lines.append(f"  {c.table}: {c.rows:,} row(s) written at {c.site} overwritten by {c.by} (e.g. {keys})")
+    lines += link_lines(links)
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""The definitions file: sites, tables and their replication policies, reviewed in git.
+"""The definitions file: sites, tables and their replication policies, and the links between sites (their
+byte-rate caps, :mod:`segrep.config.links`), reviewed in git.
 
 Read by the CLI and, at DAG parse time, by the DAG factory; it never touches the catalog and creates nothing.
 ``segrep apply`` brings the catalog in line with it. Relative site paths and the data directory are resolved
@@ -20,6 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from segrep.config import locations, stores
+from segrep.config.entries import expect_mapping, no_unknown_keys
+from segrep.config.links import LinkDef, parse_links
 from segrep.config.policy import POLICY_KEYS, Policy, parse_policy
 from segrep.config.schedule import parse_schedule
 from segrep.config.stores import StoreOptions
@@ -35,6 +38,7 @@ __all__ = [
     "CONFIG_ENV",
     "DEFAULT_CONFIG",
     "Definitions",
+    "LinkDef",
     "Policy",
     "SiteDef",
     "TableDef",
@@ -45,7 +49,7 @@ __all__ = [
 
 CONFIG_ENV = "SEGREP_CONFIG"
 DEFAULT_CONFIG = Path("include/segrep.yaml")
-_TOP_LEVEL = {"data_dir", "catalog_url", "sites", "tables"}
+_TOP_LEVEL = {"data_dir", "catalog_url", "sites", "tables", "links"}
 WRITES_LEADER = "leader"
 WRITES_ANY_SITE = "any_site"
 WRITES = (WRITES_LEADER, WRITES_ANY_SITE)
@@ -106,6 +110,11 @@ class Definitions:
     tables: dict[str, TableDef] = field(default_factory=dict)
     # with isolate_tables=True: each table left out because its own definition is invalid -> its one-line error
     table_errors: dict[str, str] = field(default_factory=dict)
+    links: tuple[LinkDef, ...] = ()  # at most one per direction (checked when the file is read)
+
+    def link(self, source: str, target: str) -> LinkDef | None:
+        """The link copies from ``source`` to ``target`` cross, or None when no entry names that direction."""
+        return next((x for x in self.links if x.applies_to(source, target)), None)
 
     def site(self, name: str) -> SiteDef:
         check_name("site", name)
@@ -133,7 +142,7 @@ def load_definitions(path: str | os.PathLike[str] | None = None, *, isolate_tabl
 
     With ``isolate_tables`` a table whose own definition is invalid is left out of ``tables`` and its error
     recorded in ``table_errors`` (the DAG files: one bad table must not take the others' DAGs down); errors of
-    the file as a whole (reading, YAML, top level, sites) still raise.
+    the file as a whole (reading, YAML, top level, sites, links) still raise.
     """
     p = config_path(path)
     doc = read_yaml(p)
@@ -148,7 +157,7 @@ def load_definitions(path: str | os.PathLike[str] | None = None, *, isolate_tabl
 def _parse(doc: Any, p: Path, isolate_tables: bool) -> Definitions:
     if not isinstance(doc, dict):
         raise SegrepError("expected a mapping with 'sites' and 'tables'")
-    _no_unknown_keys(doc, _TOP_LEVEL, "top level")
+    no_unknown_keys(doc, _TOP_LEVEL, "top level")
     try:
         path = p.resolve()
     except (OSError, RuntimeError) as exc:
@@ -162,9 +171,10 @@ def _parse(doc: Any, p: Path, isolate_tables: bool) -> Definitions:
         raise SegrepError(f"catalog_url must be a SQLAlchemy URL (a string), got {catalog_url!r}")
     sites = _parse_sites(doc.get("sites"), data_dir)
     stores.remember((sdef.name, sdef.uri, sdef.store) for sdef in sites.values())
+    links = parse_links(doc.get("links"), sites)
     tables: dict[str, TableDef] = {}
     table_errors: dict[str, str] = {}
-    for name, body in _mapping(_given(doc, "tables", {}), "tables").items():
+    for name, body in expect_mapping(_given(doc, "tables", {}), "tables").items():
         try:
             tables[check_name("table", name)] = _parse_table(name, body, sites, base)
         except SegrepError as exc:
@@ -172,17 +182,23 @@ def _parse(doc: Any, p: Path, isolate_tables: bool) -> Definitions:
                 raise
             table_errors[str(name)] = f"{p}: {exc}"
     return Definitions(
-        path=path, data_dir=data_dir, catalog_url=catalog_url, sites=sites, tables=tables, table_errors=table_errors
+        path=path,
+        data_dir=data_dir,
+        catalog_url=catalog_url,
+        sites=sites,
+        tables=tables,
+        table_errors=table_errors,
+        links=links,
     )
 
 
 def _parse_sites(raw: Any, data_dir: Path) -> dict[str, SiteDef]:
     sites: dict[str, SiteDef] = {}
     ids: dict[int, str] = {}
-    for name, body in _mapping({} if raw is None else raw, "sites").items():
+    for name, body in expect_mapping({} if raw is None else raw, "sites").items():
         check_name("site", name)
-        body = _mapping(body, f"site {name}")
-        _no_unknown_keys(body, {"id", "uri", "storage_options", "credentials"}, f"site {name}")
+        body = expect_mapping(body, f"site {name}")
+        no_unknown_keys(body, {"id", "uri", "storage_options", "credentials"}, f"site {name}")
         site_id = body.get("id")
         if not isinstance(site_id, int) or isinstance(site_id, bool) or not 1 <= site_id <= 2**31 - 1:
             raise SegrepError(f"site {name}: 'id' must be a positive integer, unique among sites")
@@ -201,9 +217,9 @@ def _parse_sites(raw: Any, data_dir: Path) -> dict[str, SiteDef]:
 
 
 def _parse_table(name: str, raw: Any, sites: Mapping[str, SiteDef], base: Path) -> TableDef:
-    body = _mapping(raw, f"table {name}")
+    body = expect_mapping(raw, f"table {name}")
     where = f"table {name}"
-    _no_unknown_keys(
+    no_unknown_keys(
         body,
         {
             "columns",
@@ -223,7 +239,7 @@ def _parse_table(name: str, raw: Any, sites: Mapping[str, SiteDef], base: Path) 
         raise SegrepError(f"{where}: give exactly one of 'columns' (name: type) or 'schema_from' (a Parquet file)")
     specs: tuple[ColumnSpec, ...] = ()
     if "columns" in body:
-        specs = _column_specs(_mapping(body["columns"], f"{where} columns"), where)
+        specs = _column_specs(expect_mapping(body["columns"], f"{where} columns"), where)
         schema = _in(where, sch.schema_from_columns, {c.name: c.type for c in specs})
     else:
         schema = _schema_from_file(body["schema_from"], base, where)
@@ -275,7 +291,7 @@ def _column_specs(raw: Mapping[str, Any], where: str) -> tuple[ColumnSpec, ...]:
     for name, value in raw.items():
         check_name("column", name)
         body: Mapping[str, Any] = value if isinstance(value, dict) else {"type": value}
-        _no_unknown_keys(body, _COLUMN_KEYS, f"{where} column {name}")
+        no_unknown_keys(body, _COLUMN_KEYS, f"{where} column {name}")
         try:
             dtype = sch.parse_type(body.get("type"))  # type: ignore[arg-type]
         except SegrepError as exc:
@@ -307,8 +323,8 @@ def _replicas(raw: Any, sites: Mapping[str, SiteDef], leader: str, where: str) -
     if isinstance(raw, dict):
         replicas = [str(r) for r in raw]
         for name, options in raw.items():
-            options = {} if options is None else _mapping(options, f"{where} replica {name}")
-            _no_unknown_keys(options, {"from"}, f"{where} replica {name}")
+            options = {} if options is None else expect_mapping(options, f"{where} replica {name}")
+            no_unknown_keys(options, {"from"}, f"{where} replica {name}")
             if "from" in options:
                 feeder = options["from"]
                 if not isinstance(feeder, str) or (feeder != leader and feeder not in raw):
@@ -344,7 +360,7 @@ def _replicas(raw: Any, sites: Mapping[str, SiteDef], leader: str, where: str) -
 def _leaders(raw: Any, partitions: int, sites: tuple[str, ...], where: str) -> dict[int, str]:
     """Per-partition leaders: initial partition index (0 .. len(split_points)) -> one of the table's sites."""
     out: dict[int, str] = {}
-    given: Mapping[Any, Any] = _mapping(raw, f"{where} leaders")  # YAML keys: partition indexes are ints
+    given: Mapping[Any, Any] = expect_mapping(raw, f"{where} leaders")  # YAML keys: partition indexes are ints
     for index, site in given.items():
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < partitions:
             raise SegrepError(
@@ -395,8 +411,8 @@ def _split_points(raw: Any, dtype: pa.DataType, where: str) -> tuple[Any, ...]:
 
 
 def _parse_policy(raw: Any, where: str) -> Policy:
-    body = dict(_mapping(raw, f"{where} policy"))
-    _no_unknown_keys(body, set(POLICY_KEYS), f"{where} policy")
+    body = dict(expect_mapping(raw, f"{where} policy"))
+    no_unknown_keys(body, set(POLICY_KEYS), f"{where} policy")
     return parse_policy(body, f"{where} policy")
 
 
@@ -413,15 +429,3 @@ def _given(body: Mapping[str, Any], key: str, default: Any) -> Any:
     error, not an empty list)."""
     value = body.get(key)
     return default if value is None else value
-
-
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, dict):
-        raise SegrepError(f"{where}: expected a mapping")
-    return value
-
-
-def _no_unknown_keys(body: Mapping[str, Any], known: set[str], where: str) -> None:
-    unknown = sorted(set(body) - known, key=str)
-    if unknown:
-        raise SegrepError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}; known: {', '.join(sorted(known))}")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from segrep.config.entries import no_unknown_keys
 from segrep.config.locations import redact_uri
 from segrep.core.errors import SegrepError
 
@@ -83,7 +84,7 @@ class StoreOptions:
         """Options from ``to_doc``'s form, checked as strictly as the definitions file (a manifest is a file a
         job trusts: a bad value is refused here, not passed to the store)."""
         body = _mapping(doc, where)
-        _known(body, _DOC_KEYS, where)
+        no_unknown_keys(body, _DOC_KEYS, where)
         creds = body.get("credentials")
         return cls(
             endpoint=_endpoint(body.get("endpoint"), where),
@@ -105,7 +106,7 @@ def parse_store(site: str, uri: str, options: Any, credentials: Any) -> StoreOpt
         raise SegrepError(f"site {site}: storage_options and credentials apply to s3:// sites only")
     opts = _mapping(options, f"site {site} storage_options")
     where = f"site {site} storage_options"
-    _known(opts, _OPTION_KEYS, where)
+    no_unknown_keys(opts, _OPTION_KEYS, where)
     return StoreOptions(
         endpoint=_endpoint(opts.get("endpoint"), where),
         region=_region(opts.get("region"), where),
@@ -154,12 +155,6 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(value, dict):
         raise SegrepError(f"{where}: expected a mapping")
     return value
-
-
-def _known(body: Mapping[str, Any], known: set[str], where: str) -> None:
-    unknown = sorted(set(body) - known, key=str)
-    if unknown:
-        raise SegrepError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}; known: {', '.join(sorted(known))}")
 
 
 def _endpoint(raw: Any, where: str) -> str | None:
@@ -216,7 +211,7 @@ def _retries(raw: Any, where: str) -> int | None:
 
 def _credentials(raw: Any, where: str) -> CredentialsRef:
     body = _mapping(raw, where)
-    _known(body, _CREDENTIAL_KEYS, where)
+    no_unknown_keys(body, _CREDENTIAL_KEYS, where)
     given = [k for k in sorted(_CREDENTIAL_KEYS) if body.get(k) is not None]
     if len(given) != 1:
         raise SegrepError(
