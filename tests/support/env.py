@@ -48,6 +48,23 @@ MERGE_YAML = ORDERS_YAML.replace(
     "    replicas: [dr, edge]\n", "    replicas: [dr, edge]\n    policy: {on_return: merge, retry_delay_s: 0}\n"
 )
 
+# ORDERS_YAML with links (DESIGN section 17): primary <-> dr capped at 20 MB/s on weekdays 08:00-20:00 UTC,
+# unlimited at weekends, 200 MB/s otherwise, 4 copies at once; dr -> edge (one way) at 5 MiB/s all the time.
+LINKS_YAML = (
+    ORDERS_YAML
+    + """links:
+  - between: [primary, dr]
+    max_bytes_per_second: 200MB
+    max_concurrent_copies: 4
+    windows:
+      - {days: weekdays, from: "08:00", to: "20:00", max_bytes_per_second: 20MB}
+      - {days: weekends, from: "00:00", to: "24:00", max_bytes_per_second: unlimited}
+  - from: dr
+    to: edge
+    max_bytes_per_second: 5 MiB
+"""
+)
+
 # The model-based tests' table: `kv`, int key, two partitions (split at 5), replicated primary -> dr, edge.
 KV_YAML = """
 data_dir: data

@@ -222,9 +222,13 @@ def parse_links(raw: Any, sites: Collection[str]) -> tuple[LinkDef, ...]:
 
 def _parse_link(raw: Any, where: str, sites: Collection[str]) -> LinkDef:
     body = expect_mapping(raw, where)
+    pair = body.get("between")
+    if isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair):
+        where = f"{where} ({pair[0]} <-> {pair[1]})"  # named as early as it can be, for every message after
+    elif "between" not in body and isinstance(body.get("from"), str) and isinstance(body.get("to"), str):
+        where = f"{where} ({body['from']} -> {body['to']})"
     no_unknown_keys(body, _LINK_KEYS, where)
     source, target, both_ways = _ends(body, where, sites)
-    where = f"{where} ({source} {'<->' if both_ways else '->'} {target})"
     if "max_bytes_per_second" not in body:
         raise SegrepError(f"{where}: give max_bytes_per_second (a rate such as 20MB, or {UNLIMITED})")
     default = _rate(body["max_bytes_per_second"], f"{where} max_bytes_per_second")
