@@ -104,6 +104,7 @@ def test_status_json_has_each_link(linked_env: Env) -> None:
         "cap_from": "default",
         "max_concurrent_copies": None,
         "next_change": None,
+        "next_change_us": None,
         "next_max_bytes_per_second": None,
         "windows": [],
         "default_max_bytes_per_second": 5 * 1024**2,
@@ -140,6 +141,7 @@ def test_status_at_a_fixed_moment(linked_env: Env) -> None:
     assert doc["links"][0]["cap_from"] == "window weekdays 08:00-20:00"
     assert doc["links"][0]["max_bytes_per_second"] == 20_000_000
     assert doc["links"][0]["next_change"] == "2026-11-27T20:00:00+00:00"
+    assert doc["links"][0]["next_change_us"] == int(datetime(2026, 11, 27, 20, tzinfo=UTC).timestamp()) * 10**6
     assert doc["links"][0]["next_max_bytes_per_second"] == 200_000_000
     saturday = status_output(linked_env.catalog, linked_env.defs, None, as_json=False, now=datetime(2026, 11, 28))
     assert rows_after(saturday, TITLE)[0] == [

@@ -104,6 +104,7 @@ def test_no_links_is_an_empty_tuple(tmp_path: Path) -> None:
         ("20MB/s", 20 * MB),
         ("512", 512),
         ("unlimited", None),
+        (" Unlimited ", None),
     ],
 )
 def test_rates_take_bytes_sizes_and_unlimited(tmp_path: Path, rate: Any, expected: int | None) -> None:

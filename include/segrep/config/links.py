@@ -42,6 +42,7 @@ WEEKENDS = frozenset({5, 6})
 EVERY_DAY = frozenset(range(7))
 _DAY_GROUPS = {"weekdays": WEEKDAYS, "weekends": WEEKENDS, "daily": EVERY_DAY}
 _TIME_RE = re.compile(r"(\d{1,2}):(\d{2})")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _LINK_KEYS = {"between", "from", "to", "max_bytes_per_second", "max_concurrent_copies", "windows"}
 _WINDOW_KEYS = {"days", "from", "to", "max_bytes_per_second"}
 
@@ -112,6 +113,7 @@ class LinkState:
             "cap_from": self.cap.source,
             "max_concurrent_copies": self.link.max_concurrent_copies,
             "next_change": None if self.next_change is None else self.next_change.isoformat(),
+            "next_change_us": None if self.next_change is None else _epoch_us(self.next_change),
             "next_max_bytes_per_second": self.next_cap,
             "windows": [
                 {
@@ -291,7 +293,7 @@ def _rate(value: Any, where: str) -> int | None:
     """Bytes per second from a whole number, a size such as ``20MB`` or ``200 MiB`` (``/s`` may follow), or
     None for ``unlimited``; at least one byte per second (a zero cap would stall every copy: stop the table's
     DAGs instead)."""
-    if value == UNLIMITED:
+    if isinstance(value, str) and value.strip().lower() == UNLIMITED:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         rate = value
@@ -377,6 +379,11 @@ def _clock(seconds: int) -> str:
 
 def _utc(when: datetime) -> datetime:
     return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+def _epoch_us(when: datetime) -> int:
+    """Microseconds since the epoch, as the catalog and ``status --json`` give times."""
+    return (_utc(when) - _EPOCH) // timedelta(microseconds=1)
 
 
 def _week_us(when: datetime) -> int:
