@@ -5,7 +5,7 @@ A ``links:`` entry names a pair both ways (``between: [a, b]``) or one direction
 ``max_bytes_per_second`` (bytes, a size such as ``20MB`` or ``200 MiB``, or ``unlimited``) and optionally
 ``max_concurrent_copies`` and ``windows``: a weekly timetable in UTC, like rclone's ``--bwlimit`` one. A window
 is ``{days, from, to, max_bytes_per_second}``; ``days`` (the days it starts on: ``mon`` .. ``sun``,
-``weekdays``, ``weekends``; default every day) and times ``"HH:MM"`` (``to`` may be ``"24:00"``). A window
+``weekdays``, ``weekends``, ``daily``; default every day) and times ``"HH:MM"`` (``to`` may be ``"24:00"``). A window
 whose ``to`` comes before its ``from`` runs past midnight into the next day (``fri 20:00-08:00`` ends on
 Saturday at 08:00). Outside every window the entry's own ``max_bytes_per_second`` holds. Windows of one link
 may not overlap, across midnight included, so a moment has exactly one cap; two entries for the same
