@@ -32,7 +32,7 @@ ROWS = pa.table({"k": list(range(100)), "v": [f"row {i}" for i in range(100)]})
 
 
 @pytest.fixture
-def proxy_a(s3_endpoints: Endpoints) -> Iterator[ThrottleProxy]:
+def throttling_proxy_a(s3_endpoints: Endpoints) -> Iterator[ThrottleProxy]:
     """A throttling proxy in front of moto endpoint a, for one test."""
     with throttle_proxy(s3_endpoints[0]) as proxy:
         yield proxy
@@ -59,38 +59,40 @@ def _counted() -> int:
 
 @pytest.mark.parametrize("status", [503, 429])
 def test_throttled_writes_and_reads_are_retried_and_counted(
-    proxy_a: ThrottleProxy, s3_endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch, status: int
+    throttling_proxy_a: ThrottleProxy, s3_endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch, status: int
 ) -> None:
-    site = _site(proxy_a, s3_endpoints[0], monkeypatch, throttle_base_ms=1)
+    site = _site(throttling_proxy_a, s3_endpoints[0], monkeypatch, throttle_base_ms=1)
     before = _counted()
-    proxy_a.throttle(3, status)  # the PUT of the segment (boto3), three times
+    throttling_proxy_a.throttle(3, status)  # the PUT of the segment (boto3), three times
     facts = site.write_segment(REL, ROWS, {"segment": "x"})
-    assert proxy_a.state.throttled == 3 and _counted() - before == 3
+    assert throttling_proxy_a.state.throttled == 3 and _counted() - before == 3
     assert facts.byte_size > 0
 
-    proxy_a.throttle(4, status)  # the reads of the footer and pages (pyarrow)
+    throttling_proxy_a.throttle(4, status)  # the reads of the footer and pages (pyarrow)
     assert site.read_segment(REL).select(["k", "v"]).equals(ROWS)
-    assert proxy_a.state.throttled == 7 and _counted() - before == 7
-    proxy_a.throttle(2, status)
+    assert throttling_proxy_a.state.throttled == 7 and _counted() - before == 7
+    throttling_proxy_a.throttle(2, status)
     assert site.exists(REL)
     assert _counted() - before == 9
 
 
 def test_throttling_past_the_retries_is_a_clear_error_naming_the_site(
-    proxy_a: ThrottleProxy, s3_endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
+    throttling_proxy_a: ThrottleProxy, s3_endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    site = _site(proxy_a, s3_endpoints[0], monkeypatch, throttle_retries=2, throttle_base_ms=1)
-    proxy_a.throttle(10**6)
+    site = _site(throttling_proxy_a, s3_endpoints[0], monkeypatch, throttle_retries=2, throttle_base_ms=1)
+    throttling_proxy_a.throttle(10**6)
     with pytest.raises(StoreThrottledError) as err:
         site.write_segment(REL, ROWS, {"segment": "x"})
     message = str(err.value)
     assert message.startswith("site dr: the store throttled") and "after 2 retries" in message, message
     assert "SlowDown" in message and "throttle_retries" in message
-    assert proxy_a.state.throttled == 3 and proxy_a.state.forwarded == 0  # one try, two retries: nothing stored
+    assert (
+        throttling_proxy_a.state.throttled == 3 and throttling_proxy_a.state.forwarded == 0
+    )  # one try, two retries: nothing stored
 
-    proxy_a.throttle(0)
+    throttling_proxy_a.throttle(0)
     site.write_segment(REL, ROWS, {"segment": "x"})
-    proxy_a.throttle(10**6, 429)
+    throttling_proxy_a.throttle(10**6, 429)
     with pytest.raises(StoreThrottledError) as err:
         site.read_segment(REL)
     assert str(err.value).startswith("site dr: the store throttled") and "after 2 retries" in str(err.value)
@@ -114,12 +116,12 @@ def test_the_request_bucket_lets_a_burst_then_the_rate(monkeypatch: pytest.Monke
 
 
 def test_the_request_cap_bounds_the_rate_across_threads(
-    proxy_a: ThrottleProxy, s3_endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
+    throttling_proxy_a: ThrottleProxy, s3_endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rate = 25.0
-    site = _site(proxy_a, s3_endpoints[0], monkeypatch, max_requests_per_second=rate)
+    site = _site(throttling_proxy_a, s3_endpoints[0], monkeypatch, max_requests_per_second=rate)
     site.write_segment(REL, ROWS, {"segment": "x"})
-    proxy_a.reset()
+    throttling_proxy_a.reset()
     calls = 20
 
     def work() -> None:
@@ -134,7 +136,7 @@ def test_the_request_cap_bounds_the_rate_across_threads(
         t.start()
     for t in threads:
         t.join()
-    times = sorted(proxy_a.state.times)
+    times = sorted(throttling_proxy_a.state.times)
     n = len(times)
     assert n >= 4 * calls
     burst = max(1.0, rate)  # the bucket's burst; the site's limits hold from before the write
