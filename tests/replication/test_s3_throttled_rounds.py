@@ -22,11 +22,13 @@ from segrep.replication.reports import TargetStatus
 from segrep.replication.view import report_lines, round_view
 from segrep.storage import throttle
 from segrep_airflow.metrics import emit_round
+from tests.support.badinput import assert_user_error, unchanged
 from tests.support.checks import assert_replicas_equal_leader, lease_count, segment_rows
+from tests.support.cli import cli
 from tests.support.env import Env, make_env, sqlite_url
 from tests.support.models import Model
 from tests.support.rounds import no_spark, round_until_idle
-from tests.support.s3 import S3Endpoint, s3_events_yaml, use_site_keys
+from tests.support.s3 import BUCKETS, S3Endpoint, s3_events_yaml, use_site_keys
 from tests.support.tables import TABLE
 from tests.support.throttle_proxy import ThrottleProxy, throttle_proxy
 
@@ -106,3 +108,31 @@ def test_throttling_past_the_retries_fails_that_target_and_commits_nothing_there
     proxy.throttle(0)  # the store recovers: the next rounds replicate (the events policy retries at once)
     round_until_idle(env)
     assert_replicas_equal_leader(env.catalog)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "max_requests_per_second: 0",
+        "max_requests_per_second: -2.5",
+        "max_requests_per_second: fast",
+        "throttle_retries: 99",
+        "throttle_base_ms: -1",
+    ],
+)
+def test_apply_refuses_bad_store_limits_with_exit_2_and_writes_nothing(
+    s3_endpoints: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: str
+) -> None:
+    a, b = s3_endpoints
+    use_site_keys(monkeypatch, DR_S3=a, EDGE_S3=b)
+    prefix = uuid.uuid4().hex[:12]
+    env = make_env(tmp_path, sqlite_url(tmp_path), s3_events_yaml(a, b, prefix))
+    Model().upsert(env, range(20), "a")
+    objects = a.keys(BUCKETS[0], prefix)
+    env.config.write_text(s3_events_yaml(a, b, prefix, options_a=bad))
+    key = bad.partition(":")[0]
+    for args in (("apply",), ("round", TABLE)):
+        with unchanged(env):
+            code, out, err = cli(env, *args)
+        assert_user_error(code, out, err, "site dr", key)
+    assert a.keys(BUCKETS[0], prefix) == objects

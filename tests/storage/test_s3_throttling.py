@@ -8,6 +8,7 @@ request once), so every throttled answer reaches segrep's own retries and is cou
 
 from __future__ import annotations
 
+import pickle
 import random
 import threading
 import uuid
@@ -184,3 +185,17 @@ def test_good_limits_load_and_travel_in_a_manifest(tmp_path: Path) -> None:
     limits = throttle.limits_for("dr-manifest", opts)
     assert limits.policy == throttle.ThrottlePolicy(4, 0.05) and limits.bucket is not None
     assert limits.bucket.rate == 300.0 and throttle.limits_for("dr-manifest", opts) is limits
+
+
+def test_a_limited_file_system_survives_pickling(
+    throttling_proxy_a: ThrottleProxy, s3_endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A site's file system sent to another process (pickled) keeps its limits, with a bucket of its own."""
+    site = _site(throttling_proxy_a, s3_endpoints[0], monkeypatch, max_requests_per_second=50, throttle_base_ms=1)
+    site.write_segment(REL, ROWS, {"segment": "x"})
+    copy = pickle.loads(pickle.dumps(site.fs))
+    limits = copy.handler.limits
+    assert limits.site == "dr" and limits.bucket is not None and limits.bucket.rate == 50
+    assert limits.bucket is not site.fs.handler.limits.bucket
+    throttling_proxy_a.throttle(2)
+    assert copy.get_file_info(site.path(REL)).size > 0 and throttling_proxy_a.state.throttled == 2

@@ -59,6 +59,10 @@ class RequestBucket:
         self._tokens = self.burst
         self._at = clock()
 
+    def __reduce__(self) -> tuple[type[RequestBucket], tuple[float, float]]:
+        """Pickled (a file system sent to another process) as a fresh bucket of the same rate and burst."""
+        return (RequestBucket, (self.rate, self.burst))
+
     def take(self) -> float:
         """Wait for one request's token; return how long this waited."""
         with self._lock:
