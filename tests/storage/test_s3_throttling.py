@@ -23,7 +23,7 @@ from segrep.config.stores import CredentialsRef, StoreOptions
 from segrep.core.errors import ConfigError
 from segrep.storage import throttle
 from segrep.storage.site import Site
-from segrep.storage.store_errors import StoreThrottledError
+from segrep.storage.store_errors import StoreThrottledError, StoreUnreachableError
 from tests.support.s3 import BUCKETS, S3Endpoint
 from tests.support.throttle_proxy import ThrottleProxy, throttle_proxy
 
@@ -199,3 +199,19 @@ def test_a_limited_file_system_survives_pickling(
     assert limits.bucket is not site.fs.handler.limits.bucket
     throttling_proxy_a.throttle(2)
     assert copy.get_file_info(site.path(REL)).size > 0 and throttling_proxy_a.state.throttled == 2
+
+
+def test_errors_that_are_not_throttling_keep_their_retries_and_are_not_counted(
+    throttling_proxy_a: ThrottleProxy, s3_endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 500 is botocore's to retry within the site's ``retries`` (1: two attempts), as before: not counted."""
+    site = _site(throttling_proxy_a, s3_endpoints[0], monkeypatch, throttle_base_ms=1)
+    before = _counted()
+    throttling_proxy_a.throttle(1, 500)
+    site.write_segment(REL, ROWS, {"segment": "x"})  # the second attempt goes through
+    throttling_proxy_a.throttle(10**6, 500)
+    with pytest.raises(StoreUnreachableError) as err:
+        site.write_segment(REL, ROWS, {"segment": "x"})
+    assert not isinstance(err.value, StoreThrottledError) and "InternalError" in str(err.value)
+    assert throttling_proxy_a.state.throttled == 3  # 1, then the two attempts botocore's retries allow
+    assert _counted() == before

@@ -28,6 +28,11 @@ _TOO_MANY = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>TooManyRequests</Code>'
     b"<Message>Too many requests.</Message><RequestId>throttle</RequestId></Error>"
 )
+_INTERNAL = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalError</Code>'
+    b"<Message>We encountered an internal error. Please try again.</Message><RequestId>x</RequestId></Error>"
+)
+_BODIES = {503: _SLOW_DOWN, 429: _TOO_MANY, 500: _INTERNAL}  # 500: a failure that is not throttling
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "expect", "proxy-connection", "te", "upgrade"}
 
 
@@ -38,7 +43,7 @@ class ProxyState:
     upstream: str  # host:port of moto
     lock: threading.Lock = field(default_factory=threading.Lock)
     throttle_next: int = 0  # requests still to throttle
-    status: int = 503  # 503 SlowDown or 429 TooManyRequests
+    status: int = 503  # 503 SlowDown, 429 TooManyRequests, or 500 InternalError (not throttling)
     throttled: int = 0
     forwarded: int = 0
     times: list[float] = field(default_factory=list)  # monotonic arrival of every request
@@ -114,8 +119,7 @@ def _handler(state: ProxyState) -> type[BaseHTTPRequestHandler]:
             body = self._body()
             status = state.decide()
             if status is not None:
-                xml = _SLOW_DOWN if status == 503 else _TOO_MANY
-                self._answer(status, [("Content-Type", "application/xml")], xml)
+                self._answer(status, [("Content-Type", "application/xml")], _BODIES[status])
                 return
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
             headers["Content-Length"] = str(len(body))
