@@ -80,6 +80,7 @@ def test_a_round_through_throttling_succeeds_and_counts_the_retries(
     assert dr.throttled == {"dr": 3} and "dr" not in rep.targets["edge"].throttled
     assert_replicas_equal_leader(env.catalog)
 
+    assert "throttled by the store, retried dr 3" in rep.text(["dr"])  # what `segrep round` prints
     view = round_view(env.catalog, rep, None)
     assert any("throttled by the store, retried dr 3" in line for line in report_lines(view))
     stats = _Stats()

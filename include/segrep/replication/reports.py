@@ -332,6 +332,8 @@ def _target_lines(table: str, site: str, r: TargetReport) -> list[str]:
             f"; {r.superseded} copied but not committed: leadership changed or the placement was removed "
             "during the round (orphans for GC)"
         )
+    if r.throttled:  # the stores' limits, met and waited out (or, past the retries, the error says so)
+        copied += "; throttled by the store, retried " + ", ".join(f"{s} {n}" for s, n in sorted(r.throttled.items()))
     lines = [f"  {site}: {r.status} ({outcomes}{copied}){extra}"]
     for bad in r.invalid:
         lines.append(
