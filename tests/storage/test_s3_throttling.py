@@ -14,8 +14,10 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
 
 from segrep.config.definitions import load_definitions
@@ -215,3 +217,44 @@ def test_errors_that_are_not_throttling_keep_their_retries_and_are_not_counted(
     assert not isinstance(err.value, StoreThrottledError) and "InternalError" in str(err.value)
     assert throttling_proxy_a.state.throttled == 3  # 1, then the two attempts botocore's retries allow
     assert _counted() == before
+
+
+def test_every_file_system_call_is_retried_through_throttling(
+    throttling_proxy_a: ThrottleProxy, s3_endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each call of the wrapped pyarrow file system, its first request throttled, still does its work."""
+    site = _site(throttling_proxy_a, s3_endpoints[0], monkeypatch, throttle_base_ms=1)
+    fs, root = site.fs, site.root
+    site.write_segment(REL, ROWS, {"segment": "x"})
+    # (create_dir is left out: pyarrow takes a failed look for the directory as "absent" and makes it anyway)
+    fs.create_dir(f"{root}/d", recursive=True)
+    before = _counted()
+    calls: list[tuple[str, Any]] = [
+        ("write", lambda: _write(fs, f"{root}/d/a", b"abc")),
+        ("copy_file", lambda: fs.copy_file(f"{root}/d/a", f"{root}/d/b")),
+        ("move", lambda: fs.move(f"{root}/d/b", f"{root}/d/c")),
+        ("list", lambda: sorted(i.path.rsplit("/", 1)[1] for i in fs.get_file_info(pafs.FileSelector(f"{root}/d")))),
+        ("read", lambda: _read(fs, f"{root}/d/c")),
+        ("segments", lambda: list(site.list_segment_files())),
+        ("delete_file", lambda: fs.delete_file(f"{root}/d/a")),
+        ("delete_dir_contents", lambda: fs.delete_dir_contents(f"{root}/d")),
+    ]
+    results = {}
+    for n, (name, call) in enumerate(calls, 1):
+        throttling_proxy_a.throttle(1, 503 if n % 2 else 429)
+        results[name] = call()
+        assert throttling_proxy_a.state.throttled == n, name
+    assert results["list"] == ["a", "c"] and results["read"] == b"abc" and results["segments"] == [REL]
+    assert _counted() - before == len(calls)
+    assert fs.get_file_info(f"{root}/d/c").type == pafs.FileType.NotFound
+
+
+def _write(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+def _read(fs: pafs.FileSystem, path: str) -> bytes:
+    with fs.open_input_file(path) as f:
+        data: bytes = f.read()
+    return data
