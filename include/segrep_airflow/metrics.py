@@ -59,6 +59,12 @@ def emit_round(view: RoundView, stats: StatsBackend | None = None) -> list[str]:
             incr(mn.DECLINES, count, table=table, site=t.site, reason=reason)
         if t.rpo_breached:
             incr(mn.RPO_BREACHES, 1, table=table, site=t.site)
+    throttled: dict[str, int] = {}  # per store site, over the targets whose copies met it (a source, a target)
+    for t in view.targets:
+        for store, n in t.throttled.items():
+            throttled[store] = throttled.get(store, 0) + n
+    for store, n in sorted(throttled.items()):
+        incr(mn.THROTTLED_RETRIES, n, table=table, site=store)
     incr(mn.SPARK_APPLICATIONS, view.report.spark_apps, table=table)
     if view.duration_s is not None:
         name = mn.ROUND_DURATION_SECONDS.statsd(table=table)

@@ -2,8 +2,8 @@
 ``segrep.core.metric_names`` (``segrep_<metric>`` with labels ``table`` and ``site``).
 
 The scheme's state gauges: lag, pending segments and bytes, the objective, whether it is breached, the safe
-time and the last round's duration. The counters
-and timers of the scheme (bytes copied, declines, RPO breaches, round durations) are emitted by the tasks
+time and the last round's duration. The counters and timers of the scheme (bytes copied, declines, RPO
+breaches, throttled retries, round durations) are emitted by the tasks
 through Airflow's metrics (StatsD / OpenTelemetry), not here: a scrape sees state, the tasks count events.
 Written with ``prometheus_client``'s exposition (escaping, types, HELP lines), one registry per scrape.
 """

@@ -168,7 +168,7 @@ def test_each_site_uses_its_own_endpoint_and_keys(s3_endpoints: Endpoints, monke
     a, b = s3_endpoints
     dr = _s3_site(a, "dr", "DR_S3", monkeypatch)
     edge = _s3_site(b, "edge", "EDGE_S3", monkeypatch, bucket=BUCKETS[1])
-    assert isinstance(dr.fs, pafs.S3FileSystem) and not dr.local
+    assert isinstance(dr.fs.handler.fs, pafs.S3FileSystem) and not dr.local  # in the site's request limits
     _put(dr, b"on a")
     _put(edge, b"on b")
     assert _get(dr) == b"on a" and _get(edge) == b"on b"

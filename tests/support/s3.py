@@ -177,7 +177,7 @@ sites:
   dr:
     id: 2
     uri: s3://{bucket_a}/{prefix}/dr
-    storage_options: {{endpoint: '{url_a}', region: {region_a}, connect_timeout_s: 2, retries: 1}}
+    storage_options: {{endpoint: '{url_a}', region: {region_a}, connect_timeout_s: 2, retries: 1{options_a}}}
     credentials: {{env_prefix: DR_S3}}
   edge:
     id: 3
@@ -197,9 +197,16 @@ tables:
 
 
 def s3_events_yaml(
-    a: S3Endpoint, b: S3Endpoint, prefix: str, bucket_a: str = BUCKETS[0], bucket_b: str = BUCKETS[1]
+    a: S3Endpoint,
+    b: S3Endpoint,
+    prefix: str,
+    bucket_a: str = BUCKETS[0],
+    bucket_b: str = BUCKETS[1],
+    options_a: str = "",
 ) -> str:
+    """``S3_EVENTS_YAML`` for endpoints ``a`` and ``b``; ``options_a``: more of dr's storage options (``k: v, ...``)."""
     return S3_EVENTS_YAML.format(
+        options_a=f", {options_a}" if options_a else "",
         bucket_a=bucket_a,
         bucket_b=bucket_b,
         prefix=prefix,

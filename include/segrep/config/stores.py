@@ -1,6 +1,7 @@
 """How a site's store is reached: its ``storage_options`` and a *reference* to its credentials (DESIGN 14).
 
-A site on an S3-compatible store may name its endpoint, region, addressing style, timeouts and retries, and
+A site on an S3-compatible store may name its endpoint, region, addressing style, timeouts and retries, how
+throttled requests are retried and how many requests a second a process may send it (``storage.throttle``), and
 where its credentials come from: ``{env_prefix: DR_S3}`` (the CLI and any process: ``DR_S3_ACCESS_KEY_ID``,
 ``DR_S3_SECRET_ACCESS_KEY`` and optionally ``DR_S3_SESSION_TOKEN``, read when the site is opened) or
 ``{airflow_conn_id: ...}`` (accepted here, resolved only by the Airflow glue). The definitions file holds
@@ -30,11 +31,24 @@ from segrep.core.errors import SegrepError
 _PREFIX_RE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 _CONN_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,250}")
 _REGION_RE = re.compile(r"[a-z0-9-]{1,64}")
-_OPTION_KEYS = {"endpoint", "region", "path_style", "connect_timeout_s", "request_timeout_s", "retries"}
+_OPTION_KEYS = {
+    "endpoint",
+    "region",
+    "path_style",
+    "connect_timeout_s",
+    "request_timeout_s",
+    "retries",
+    "throttle_retries",
+    "throttle_base_ms",
+    "max_requests_per_second",
+}
 _DOC_KEYS = _OPTION_KEYS | {"credentials"}
 _CREDENTIAL_KEYS = {"env_prefix", "airflow_conn_id"}
 MAX_TIMEOUT_S = 3600.0
 MAX_RETRIES = 20
+MAX_THROTTLE_RETRIES = 50
+MAX_THROTTLE_BASE_MS = 60_000.0
+MAX_REQUESTS_PER_SECOND = 100_000.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,10 @@ class StoreOptions:
     connect_timeout_s: float | None = None
     request_timeout_s: float | None = None
     retries: int | None = None  # attempts per request, pyarrow's AwsStandardS3RetryStrategy
+    # throttled answers (503 SlowDown, 429...): retries with full-jitter back-off from this base (storage.throttle)
+    throttle_retries: int | None = None
+    throttle_base_ms: float | None = None
+    max_requests_per_second: float | None = None  # paces this process's requests to the store; None: unpaced
     credentials: CredentialsRef | None = None
 
     def to_doc(self) -> dict[str, Any]:
@@ -76,6 +94,9 @@ class StoreOptions:
             "connect_timeout_s": self.connect_timeout_s,
             "request_timeout_s": self.request_timeout_s,
             "retries": self.retries,
+            "throttle_retries": self.throttle_retries,
+            "throttle_base_ms": self.throttle_base_ms,
+            "max_requests_per_second": self.max_requests_per_second,
             "credentials": None if self.credentials is None else self.credentials.to_doc(),
         }
 
@@ -93,6 +114,7 @@ class StoreOptions:
             connect_timeout_s=_seconds(body.get("connect_timeout_s"), f"{where}: connect_timeout_s"),
             request_timeout_s=_seconds(body.get("request_timeout_s"), f"{where}: request_timeout_s"),
             retries=_retries(body.get("retries"), f"{where}: retries"),
+            **_throttle_options(body, where),
             credentials=None if creds is None else _credentials(creds, f"{where}: credentials"),
         )
 
@@ -114,6 +136,7 @@ def parse_store(site: str, uri: str, options: Any, credentials: Any) -> StoreOpt
         connect_timeout_s=_seconds(opts.get("connect_timeout_s"), f"{where}: connect_timeout_s"),
         request_timeout_s=_seconds(opts.get("request_timeout_s"), f"{where}: request_timeout_s"),
         retries=_retries(opts.get("retries"), f"{where}: retries"),
+        **_throttle_options(opts, where),
         credentials=None if credentials is None else _credentials(credentials, f"site {site} credentials"),
     )
 
@@ -207,6 +230,30 @@ def _retries(raw: Any, where: str) -> int | None:
     if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= MAX_RETRIES:
         raise SegrepError(f"{where} must be an integer from 0 to {MAX_RETRIES}")
     return raw
+
+
+def _throttle_options(body: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The throttling options, each checked (absent: the defaults of ``storage.throttle``)."""
+    retries = body.get("throttle_retries")
+    if retries is not None and (
+        isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_THROTTLE_RETRIES
+    ):
+        raise SegrepError(f"{where}: throttle_retries must be an integer from 0 to {MAX_THROTTLE_RETRIES}")
+    return {
+        "throttle_retries": retries,
+        "throttle_base_ms": _positive(body.get("throttle_base_ms"), MAX_THROTTLE_BASE_MS, f"{where}: throttle_base_ms"),
+        "max_requests_per_second": _positive(
+            body.get("max_requests_per_second"), MAX_REQUESTS_PER_SECOND, f"{where}: max_requests_per_second"
+        ),
+    }
+
+
+def _positive(raw: Any, most: float, where: str) -> float | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw) or not 0 < raw <= most:
+        raise SegrepError(f"{where} must be a number more than 0 and at most {most:g}")
+    return float(raw)
 
 
 def _credentials(raw: Any, where: str) -> CredentialsRef:

@@ -48,6 +48,12 @@ RPO_BREACHES = Metric("rpo_breaches", Kind.COUNTER, ("table", "site"), "runs tha
 CONFLICTS = Metric(
     "conflicts", Kind.COUNTER, ("table", "site", "by"), "rows written at site overwritten by a concurrent write at by"
 )
+THROTTLED_RETRIES = Metric(
+    "throttled_retries",
+    Kind.COUNTER,
+    ("table", "site"),
+    "requests to the site's object store retried after it throttled them (503 SlowDown, 429)",
+)
 
 # state gauges the operator page's Prometheus endpoint adds (a scrape sees state; the tasks count events)
 RPO_SECONDS = Metric("rpo_seconds", Kind.GAUGE, ("table", "site"), "the table's recovery-point objective (policy.rpo)")
@@ -67,6 +73,7 @@ ALL = (
     SPARK_APPLICATIONS,
     RPO_BREACHES,
     CONFLICTS,
+    THROTTLED_RETRIES,
     RPO_SECONDS,
     RPO_BREACHED,
     SAFE_TIME,

@@ -58,6 +58,7 @@ from segrep.replication.offers import forks_of, offers_to, pushes_from, whole_cu
 from segrep.replication.reports import LEASE_DECLINES, InvalidSegment, TargetReport, TargetStatus
 from segrep.replication.round import TargetUnreachable, clamp_end, ensure_round, lease_ttl_us, round_key
 from segrep.replication.waits import lease_wait
+from segrep.storage import throttle
 from segrep.storage.atomic import FileFacts
 from segrep.storage.identity import marker_path
 from segrep.storage.probe import STORE_ERRORS, describe
@@ -92,6 +93,7 @@ def fast_forward_target(
     Raises TargetUnreachable after recording the failure if the site cannot be written.
     """
     started = time.perf_counter()
+    throttled_before = throttle.counts()
     end = clamp_end(end_us)
     policy = defs.policy(table)
     report = TargetReport(site)
@@ -145,6 +147,7 @@ def fast_forward_target(
                 f"site {site} still holds {pending} segment(s) a failover gave up; they are set aside in its "
                 "rollback area (and its chain rewound) at the first round that can read the site"
             )
+    report.throttled = throttle.since(throttled_before)
     report.seconds = round(time.perf_counter() - started, 3)
     with catalog.write() as s:  # the sender's side of the last batches, and the target's report: one transaction
         ls.record_acks(s, last_acks, hlc.now_us())

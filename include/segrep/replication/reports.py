@@ -153,6 +153,9 @@ class TargetReport:
     # after it (a failover or switchover during the round), or the replica placement was removed. The files
     # are orphans for GC; the next round offers from the new leader. Not a decline: nothing waits or backs off.
     superseded: int = 0
+    # requests to each site's object store retried after it throttled them (503 SlowDown, 429) while this
+    # target's fast-forward ran in its process (storage.throttle): the store's limits, not failures
+    throttled: dict[str, int] = field(default_factory=dict)
 
     def absorb(self, other: TargetReport) -> None:
         """Fold one partition's report into the target's: sums, and the worst status with its reason."""
@@ -163,6 +166,8 @@ class TargetReport:
         self.bytes_copied += other.bytes_copied
         for source, n in other.bytes_from.items():
             self.bytes_from[source] = self.bytes_from.get(source, 0) + n
+        for store, n in other.throttled.items():
+            self.throttled[store] = self.throttled.get(store, 0) + n
         self.spark_apps += other.spark_apps
         self.needs_major += other.needs_major
         self.invalid += other.invalid
@@ -327,6 +332,8 @@ def _target_lines(table: str, site: str, r: TargetReport) -> list[str]:
             f"; {r.superseded} copied but not committed: leadership changed or the placement was removed "
             "during the round (orphans for GC)"
         )
+    if r.throttled:  # the stores' limits, met and waited out (or, past the retries, the error says so)
+        copied += "; throttled by the store, retried " + ", ".join(f"{s} {n}" for s, n in sorted(r.throttled.items()))
     lines = [f"  {site}: {r.status} ({outcomes}{copied}){extra}"]
     for bad in r.invalid:
         lines.append(

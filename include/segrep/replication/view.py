@@ -45,6 +45,7 @@ class TargetView:
     rpo_s: int | None
     bytes_from: dict[str, int] = field(default_factory=dict)  # per source site: each link's bytes
     superseded: int = 0  # copied, not committed: leadership changed or the placement was removed meanwhile
+    throttled: dict[str, int] = field(default_factory=dict)  # per store site: throttled requests retried
 
     @property
     def rpo_breached(self) -> bool:
@@ -163,6 +164,7 @@ def round_view(catalog: Catalog, report: RoundReport, rpo_s: int | None) -> Roun
                 planned_bytes=forecast.fast_forward_bytes if forecast else 0,
                 rpo_s=rpo_s,
                 bytes_from=dict(tr.bytes_from) if tr else {},
+                throttled=dict(tr.throttled) if tr else {},
             )
         )
     others = {
@@ -215,6 +217,8 @@ def _target_text(t: TargetView) -> str:
     if t.lag_s is not None:
         parts.append(f"lag {human_seconds(t.lag_s)}")
     parts.append(f"pending {_segments(t.pending_segments)} ({human_bytes(t.pending_bytes)})")
+    if t.throttled:
+        parts.append("throttled by the store, retried " + ", ".join(f"{s} {n}" for s, n in sorted(t.throttled.items())))
     if t.declines:
         parts.append("declined " + ", ".join(f"{k} {v}" for k, v in sorted(t.declines.items())))
     if t.rpo_s is not None:

@@ -21,6 +21,8 @@ What is verified, and by whom:
 Request bodies are not signed (``payload_signing_enabled`` off): over HTTPS botocore signs none of these
 anyway (a checksum header rides along), and over plain HTTP signing would be one more SHA-256 of every byte
 sent while the store's answers and every read stay unsigned; a body is checked by its signed checksum header.
+Throttled requests (503 SlowDown, 429) are retried and counted inside botocore's request loop, and every
+request waits for the site's request rate (``storage.s3_hooks``, ``storage.throttle``).
 An object is visible under its final key only once complete (S3 never shows a part-finished upload); a killed
 upload is an incomplete multipart upload, which GC aborts (``abort_stale_uploads``) as it deletes orphans.
 """
@@ -44,6 +46,7 @@ from segrep.config.stores import StoreOptions
 from segrep.core import faults
 from segrep.core.errors import CorruptSegmentError
 from segrep.core.settings import bytes_from_env
+from segrep.storage import s3_hooks, throttle
 from segrep.storage.atomic import FileFacts, check_copy
 from segrep.storage.crc64nvme import Crc64Nvme
 from segrep.storage.store_errors import StoreRefusedError, StoreUnreachableError, classify_boto
@@ -90,13 +93,15 @@ _clients: dict[tuple[str, StoreOptions, Secrets | None], Any] = {}
 
 def s3_target(site: str, root: str, opts: StoreOptions, secrets: Secrets | None) -> S3Target:
     """The boto3 side of site ``site`` whose pyarrow root is ``bucket/prefix``. Clients are cached per site,
-    options and identity: making one costs tens of milliseconds, using one from many threads is safe."""
+    options and identity: making one costs tens of milliseconds, using one from many threads is safe. Each
+    carries the site's request limits (``storage.s3_hooks``)."""
     bucket, _, prefix = root.partition("/")
     cache_key = (site, opts, secrets)
     with _clients_lock:
         client = _clients.get(cache_key)
         if client is None:
             client = _make_client(opts, secrets)
+            s3_hooks.install(client, throttle.limits_for(site, opts))
             _clients[cache_key] = client
     ref = opts.credentials.describe() if opts.credentials is not None else "default chain"
     return S3Target(site, bucket, prefix.strip("/"), client, (opts.endpoint, opts.region, ref))

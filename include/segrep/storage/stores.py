@@ -4,7 +4,9 @@ credentials (DESIGN 14), so two sites may live on two stores with two identities
 The credentials are looked up when the store is opened, from the reference the definitions give
 (``config.stores``), never from process-wide AWS variables unless the site names none. The secrets go only
 to the store's clients (``pyarrow.fs.S3FileSystem`` for reads, boto3 for verified writes, ``storage.s3``); no
-error or message built here contains them.
+error or message built here contains them. Both clients carry the site's request limits (``storage.throttle``:
+throttled requests retried and counted, requests paced); the S3 file system is wrapped for that
+(``storage.throttled_fs``).
 
 An Airflow connection id is resolved by the resolver the Airflow glue sets in its task processes (through
 the connection's hook); a process Airflow starts without it (a Spark application) finds the same secrets
@@ -26,8 +28,10 @@ import pyarrow.fs as pafs
 from segrep.config import stores as config_stores
 from segrep.config.stores import CredentialsRef, StoreOptions
 from segrep.core.errors import SegrepError
+from segrep.storage import throttle
 from segrep.storage.s3 import S3Target, Secrets, s3_target
 from segrep.storage.store_errors import StoreRefusedError, first_line
+from segrep.storage.throttled_fs import limited
 
 # What a store raises when it cannot be reached, read or written: the OS's errors, and pyarrow's (a URI its
 # file systems cannot open, a path the store refuses), and a store's refusal (credentials, permissions).
@@ -72,7 +76,8 @@ def open_store(name: str, uri: str, options: StoreOptions | None = None) -> Stor
     opts = options if options is not None else config_stores.options_for(name, uri)
     secrets = None if opts.credentials is None else resolve_credentials(name, opts.credentials)
     root = rest.strip("/")
-    return Store(s3_filesystem(opts, secrets), root, False, s3_target(name, root, opts, secrets))
+    fs = limited(s3_filesystem(opts, secrets), throttle.limits_for(name, opts))
+    return Store(fs, root, False, s3_target(name, root, opts, secrets))
 
 
 def s3_filesystem(opts: StoreOptions, secrets: Secrets | None) -> pafs.S3FileSystem:
