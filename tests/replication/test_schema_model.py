@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
@@ -71,7 +71,7 @@ ARROW = {
 }
 WIDER = {"int32": "int64", "float32": "float64"}
 CHANGES = ("add", "add", "widen", "rename", "drop", "reorder")
-REFUSALS = ("narrow", "family", "rename key", "retype key", "drop key", "reuse name", "new default")
+REFUSALS = ("narrow", "family", "rename key", "retype key", "drop key", "reuse name", "new default", "unknown columns")
 
 
 @dataclass(frozen=True)
@@ -165,11 +165,28 @@ class SchemaMachine(RuleBasedStateMachine):
 
     # -- rules -----------------------------------------------------------------------------------------------------
 
+    @initialize(keys=st.lists(st.sampled_from(KEYS), min_size=3, max_size=10, unique=True), data=st.data())
+    def some_data(self, keys: list[int], data: st.DataObject) -> None:
+        """Every example starts with rows at version 1, replicated, and a first change."""
+        self.write(keys, False, 0)
+        self.replication_round()
+        self.schema_change(data.draw(st.lists(st.sampled_from(CHANGES), min_size=1, max_size=3)), data)
+
     @rule(
-        keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=4, unique=True),
-        deleting=st.sampled_from([False, False, True]),
-        older=st.integers(min_value=0, max_value=3),
+        batches=st.lists(
+            st.tuples(
+                st.lists(st.sampled_from(KEYS), min_size=1, max_size=4, unique=True),
+                st.sampled_from([False, False, True]),
+                st.sampled_from([0, 0, 1, 2]),
+            ),
+            min_size=1,
+            max_size=3,
+        )
     )
+    def writes(self, batches: list[tuple[list[int], bool, int]]) -> None:
+        for keys, deleting, older in batches:
+            self.write(keys, deleting, older)
+
     def write(self, keys: list[int], deleting: bool, older: int) -> None:
         """Upsert or delete ``keys``; with ``older`` > 0 the writer sends the columns of that many versions ago
         (as far back as the table goes)."""
@@ -216,6 +233,7 @@ class SchemaMachine(RuleBasedStateMachine):
         columns = list(self.columns)
         renamed: dict[int, str] = {}
         done: list[str] = []
+        first_new = self.next_field_id
         for step in steps:
             others = [i for i, c in enumerate(columns) if c.field_id != 1]
             if step == "add":
@@ -232,22 +250,25 @@ class SchemaMachine(RuleBasedStateMachine):
                 columns[i] = replace(columns[i], type=WIDER[columns[i].type])
             elif step == "rename":
                 i = data.draw(st.sampled_from(others))
-                if columns[i].field_id in renamed:
-                    continue
+                if columns[i].field_id in renamed or columns[i].field_id >= first_new:
+                    continue  # (a column added by this change is simply added under its new name)
                 renamed[columns[i].field_id] = columns[i].name
                 columns[i] = replace(columns[i], name=self.fresh_name("r"))
             elif step == "drop":
                 if len(others) < 2:
                     continue
                 i = data.draw(st.sampled_from(others))
-                if columns[i].field_id in renamed:
-                    continue
+                if columns[i].field_id in renamed or columns[i].field_id >= first_new:
+                    continue  # (a column added by this change is simply not added)
                 del columns[i]
             else:  # reorder: the value columns reversed
                 columns = [columns[0], *reversed(columns[1:])]
             done.append(step)
         if tuple(columns) == self.columns:
             return
+        # the catalog numbers a change's new columns in the order the definitions list them
+        new_ids = iter(range(first_new, self.next_field_id))
+        columns = [replace(c, field_id=next(new_ids)) if c.field_id >= first_new else c for c in columns]
         self.env.config.write_text(definitions(tuple(columns), renamed))
         changes = apply_definitions(self.env.catalog, self.env.defs)
         assert any(f"schema v{len(self.history)} -> v{len(self.history) + 1}" in c.what for c in changes), changes
@@ -265,7 +286,11 @@ class SchemaMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.writes))  # a table without segments may simply be created again
     @rule(kind=st.sampled_from(REFUSALS))
     def refused_change(self, kind: str) -> None:
-        """A change `apply` must refuse: nothing in the catalog or on any site changes."""
+        """A change `apply` must refuse (or a batch no version had): nothing in the catalog or on any site
+        changes."""
+        if kind == "unknown columns":
+            self.unknown_columns()
+            return
         columns = list(self.columns)
         renamed: dict[int, str] = {}
         values = [i for i, c in enumerate(columns) if c.field_id != 1]
@@ -306,10 +331,9 @@ class SchemaMachine(RuleBasedStateMachine):
         self.stats[f"refused: {kind}"] += 1
         self.log.append(f"refused {kind}: {refused.value}")
 
-    @rule(keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3, unique=True))
-    def unknown_columns(self, keys: list[int]) -> None:
-        """A batch of a column set no version had is refused; nothing is written."""
-        batch = pa.table({"k": pa.array(keys, pa.int64()), "nosuch": pa.array(["x"] * len(keys))})
+    def unknown_columns(self) -> None:
+        """A batch of a column set no version had is refused, naming the column; nothing is written."""
+        batch = pa.table({"k": pa.array([1, 2], pa.int64()), "nosuch": pa.array(["x", "y"])})
         with unchanged(self.env), pytest.raises(SchemaMismatchError, match="nosuch"):
             write_batch(self.env.catalog, TABLE, batch)
         self.stats["refused: unknown columns"] += 1
