@@ -1,4 +1,5 @@
-"""Reading files at a bounded rate, so a scrub (every file hashed) leaves disk and network to the rounds.
+"""Moving bytes at a bounded rate: a scrub (every file hashed) leaves disk and network to the rounds, and a
+link's holders (``catalog.link_slots``) each keep to their share of its cap.
 
 The rate comes from ``--max-bytes-per-second``, else ``SEGREP_SCRUB_BYTES_PER_S``, else the default below;
 0 means unpaced.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -37,29 +39,77 @@ def scrub_rate(explicit: int | None = None) -> int:
 
 
 class Pacer:
-    """Sleeps as needed so that bytes consumed since the start never run ahead of ``rate`` per second."""
+    """Sleeps as needed so that the bytes consumed never run ahead of the rate, across every thread that
+    shares it (a link's holder paces all its copies with one).
+
+    ``rate``: bytes per second, 0 for unpaced. The rate can change while copies run (``set_rate``: a link
+    share recomputed, a cap changed by a time window): bytes already consumed stay paid at the old rate, the
+    next ones go at the new. ``hold()`` stops every consumer until a rate is set again (a holder waiting for
+    a link slot, or whose share is 0). ``burst_s`` bounds the credit an idle pacer builds up (None: unbounded,
+    the scrub's "never ahead of the rate since the start"); a link pacer keeps it small, so a holder that
+    idled never sends a long burst above its share."""
 
     def __init__(
         self,
         rate: int,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        *,
+        burst_s: float | None = None,
     ) -> None:
-        self.rate = rate
         self._clock = clock
         self._sleep = sleep
-        self._start = clock()
+        self._burst_s = burst_s
+        self._changed = threading.Condition()
+        self._rate: int | None = rate if rate > 0 else None  # None: unpaced; 0: held
+        self._due = clock()  # when the bytes consumed so far are paid for
         self.consumed = 0
         self.slept_s = 0.0
 
+    @property
+    def rate(self) -> int:
+        """Bytes per second now; 0 when unpaced or held."""
+        return self._rate or 0
+
+    @property
+    def paced(self) -> bool:
+        """Whether consumers may be slowed (a rate or a hold is in force)."""
+        return self._rate is not None
+
+    def set_rate(self, rate: int | None) -> None:
+        """Pace at ``rate`` bytes per second from now on (None or 0: unpaced), waking held consumers."""
+        with self._changed:
+            self._rate = rate if rate else None
+            self._changed.notify_all()
+
+    def hold(self) -> None:
+        """Stop every consumer at its next chunk until ``set_rate``."""
+        with self._changed:
+            self._rate = 0
+            self._changed.notify_all()
+
+    def chunk_bytes(self, default: int) -> int:
+        """How much to read at a time: ``default``, or a quarter second's worth when paced slower (so a chunk
+        is never a burst of many seconds), at least 64 KiB."""
+        rate = self._rate
+        return default if not rate else max(64 * 1024, min(default, rate // 4))
+
     def consume(self, n: int) -> None:
-        self.consumed += n
-        if self.rate <= 0:
-            return
-        ahead = self.consumed / self.rate - (self._clock() - self._start)
+        """Account for ``n`` bytes just moved; sleep until they fit the rate."""
+        with self._changed:
+            self.consumed += n
+            while self._rate == 0:
+                self._changed.wait()
+            if self._rate is None:
+                return
+            now = self._clock()
+            start = self._due if self._burst_s is None else max(self._due, now - self._burst_s)
+            self._due = start + n / self._rate
+            ahead = self._due - now
         if ahead > 0:
             self._sleep(ahead)
-            self.slept_s += ahead
+            with self._changed:
+                self.slept_s += ahead
 
 
 def paced_facts(site: Site, relpath: str, pacer: Pacer) -> FileFacts:
@@ -67,7 +117,7 @@ def paced_facts(site: Site, relpath: str, pacer: Pacer) -> FileFacts:
     digest = hashlib.sha256()
     size = 0
     with site.fs.open_input_stream(site.path(relpath)) as f:
-        while chunk := f.read(_CHUNK):
+        while chunk := f.read(pacer.chunk_bytes(_CHUNK)):
             digest.update(chunk)
             size += len(chunk)
             pacer.consume(len(chunk))
