@@ -21,6 +21,7 @@ from segrep.storage.site import Site
 SCRUB_RATE_ENV = "SEGREP_SCRUB_BYTES_PER_S"
 DEFAULT_SCRUB_BYTES_PER_S = 64 * 1024 * 1024
 _CHUNK = 1024 * 1024
+_MIN_CHUNK = 64 * 1024
 
 
 def scrub_rate(explicit: int | None = None) -> int:
@@ -89,27 +90,40 @@ class Pacer:
             self._changed.notify_all()
 
     def chunk_bytes(self, default: int) -> int:
-        """How much to read at a time: ``default``, or a quarter second's worth when paced slower (so a chunk
-        is never a burst of many seconds), at least 64 KiB."""
+        """How much to read at a time: ``default`` when unpaced, else a quarter second's worth (so a chunk is
+        never a burst of many seconds), at least 64 KiB (and 64 KiB while held: the next rate is unknown)."""
         rate = self._rate
-        return default if not rate else max(64 * 1024, min(default, rate // 4))
+        if rate is None:
+            return default
+        return max(_MIN_CHUNK, min(default, rate // 4))
 
     def consume(self, n: int) -> None:
-        """Account for ``n`` bytes just moved; sleep until they fit the rate."""
+        """Account for ``n`` bytes just moved and sleep until they fit the rate. One consumer at a time holds
+        a reservation (the others wait for it to be paid), so a lower rate applies from the next chunk of any
+        thread: at most one chunk goes at the old rate."""
         with self._changed:
             self.consumed += n
-            while self._rate == 0:
-                self._changed.wait()
-            if self._rate is None:
-                return
-            now = self._clock()
-            start = self._due if self._burst_s is None else max(self._due, now - self._burst_s)
-            self._due = start + n / self._rate
-            ahead = self._due - now
-        if ahead > 0:
-            self._sleep(ahead)
+        while True:
             with self._changed:
-                self.slept_s += ahead
+                while self._rate == 0:
+                    self._changed.wait()
+                if self._rate is None:
+                    return
+                now = self._clock()
+                turn = self._due - now
+                if turn <= 0 or self._burst_s is None:
+                    start = self._due if self._burst_s is None else max(self._due, now - self._burst_s)
+                    self._due = start + n / self._rate
+                    ahead = self._due - now
+                    break
+            self._pause(turn)  # another consumer's bytes are still being paid for
+        self._pause(ahead)
+
+    def _pause(self, seconds: float) -> None:
+        if seconds > 0:
+            self._sleep(seconds)
+            with self._changed:
+                self.slept_s += seconds
 
 
 def paced_facts(site: Site, relpath: str, pacer: Pacer) -> FileFacts:

@@ -1,0 +1,141 @@
+"""One budget per link (issue 36): a round's copies and a bootstrap's run at once from primary to dr under a
+cap of 2 MiB/s (files of about 1.5 MB, 12 MB in all: about 6 s). Each chunk is recorded when its pacer
+releases it onto the link (the files' visible sizes lag by the writer's buffer, a MiB per file in flight,
+too coarse at this rate): the aggregate never runs ahead of the cap by more than the holders' bursts in any
+2 s window and stays within it +10 % over the run, and while both copy the round gets most of the link.
+Lower bounds are loose (a busy 2-core machine)."""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from segrep.catalog import link_slots as lk
+from segrep.catalog.apply import apply_definitions
+from segrep.data.writer import write_batch
+from segrep.maintenance.bootstrap import bootstrap
+from segrep.replication.join import catch_up, target_state
+from segrep.replication.orchestrator import run_round
+from segrep.replication.reports import RoundReport, RoundStatus
+from segrep.storage import transport
+from segrep.storage.atomic import FileFacts
+from segrep.storage.pacing import Pacer
+from segrep.storage.site import Site
+from tests.support.env import Env, env_fixture, sqlite_url
+from tests.support.rounds import no_spark
+
+CAP = 2 * 1024 * 1024
+POLICY = "policy: {retry_delay_s: 0, spark_copy_threshold_bytes: 1099511627776}"
+LINK_YAML = f"""
+data_dir: data
+sites:
+  primary: {{id: 1, uri: sites/primary}}
+  dr: {{id: 2, uri: sites/dr}}
+  edge: {{id: 3, uri: sites/edge}}
+tables:
+  hot:
+    columns: {{k: int64, v: string}}
+    primary_key: [k]
+    leader: primary
+    replicas: [dr]
+    {POLICY}
+  cold:
+    columns: {{k: int64, v: string}}
+    primary_key: [k]
+    leader: primary
+    replicas: [edge]
+    {POLICY}
+"""
+
+
+@pytest.fixture
+def link_env(tmp_path: Path) -> Iterator[Env]:
+    yield from env_fixture(tmp_path, sqlite_url(tmp_path), LINK_YAML)
+
+
+def incompressible(first: int, rows: int) -> pa.Table:
+    return pa.table(
+        {"k": pa.array(range(first, first + rows), pa.int64()), "v": [os.urandom(500).hex() for _ in range(rows)]}
+    )
+
+
+def tree_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) if root.exists() else 0
+
+
+def test_a_round_and_a_bootstrap_share_a_capped_link(link_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    for table in ("hot", "cold"):
+        for n in range(4):
+            write_batch(link_env.catalog, table, incompressible(n * 1500, 1500))
+    link_env.config.write_text(LINK_YAML.replace("replicas: [edge]", "replicas: [edge, dr]"))
+    apply_definitions(link_env.catalog, link_env.defs)
+    bootstrap(link_env.catalog, link_env.defs, "cold", "dr")
+    source = {t: tree_bytes(link_env.site_dir("primary") / t) for t in ("hot", "cold")}
+    assert all(size > 4_000_000 for size in source.values())  # a few MB each: several seconds at the cap
+
+    def capped(src: str, dst: str) -> lk.Limits:
+        return lk.Limits(cap_bytes_per_s=CAP) if (src, dst) == ("primary", "dr") else lk.Limits()
+
+    dr = link_env.site_dir("dr")
+    sent: list[tuple[float, str, int]] = []  # when a chunk was released onto the link (paid), its table, bytes
+    table_of_thread = threading.local()
+    copy_verified, consume = transport.copy_verified, Pacer.consume
+
+    def copying(source: Site, target: Site, relpath: str, *args: Any) -> FileFacts:
+        table_of_thread.name = relpath.split("/")[0]
+        return copy_verified(source, target, relpath, *args)
+
+    def paid(pacer: Pacer, n: int) -> None:
+        consume(pacer, n)
+        sent.append((time.monotonic(), table_of_thread.name, n))
+
+    monkeypatch.setattr(transport, "copy_verified", copying)
+    monkeypatch.setattr(Pacer, "consume", paid)
+    results: dict[str, RoundReport] = {}
+
+    def the_round() -> None:
+        results["hot"] = run_round(link_env.catalog, link_env.defs, "hot", target="dr", submit=no_spark, links=capped)
+
+    def the_bootstrap() -> None:
+        results["cold"] = catch_up(link_env.catalog, link_env.defs, "cold", "dr", submit=no_spark, links=capped)[-1]
+
+    workers = [threading.Thread(target=the_bootstrap), threading.Thread(target=the_round)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+
+    assert results["hot"].status == RoundStatus.OK
+    assert target_state(link_env.catalog, "cold", "dr").caught_up  # the bootstrap joined
+    assert tree_bytes(dr / "hot") == source["hot"] and tree_bytes(dr / "cold") == source["cold"]
+    assert sum(n for _, _, n in sent) == source["hot"] + source["cold"]  # every byte went through a pacer
+
+    # the aggregate: from the first byte paid to the last, and over every window of at least 2 s, within the
+    # cap +10 % plus the holders' bursts (a quarter second's credit each, and one chunk in flight each)
+    start, end = sent[0][0], sent[-1][0]
+    total = sum(n for _, _, n in sent[1:])  # the first chunk is paid at ``start``: it opens the run
+    rate = total / (end - start)
+    assert rate <= CAP * 1.1, f"aggregate {rate / 2**20:.2f} MiB/s over a cap of {CAP / 2**20:.0f} MiB/s"
+    assert rate >= CAP * 0.5  # loose: the machine may be busy
+    burst = 2 * (CAP // 4 + CAP // 4)
+    times = [t for t, _, _ in sent]
+    for i, t0 in enumerate(times):
+        j = bisect.bisect_left(times, t0 + 2.0)
+        if j >= len(times):
+            break
+        window = sum(n for _, _, n in sent[i + 1 : j + 1])
+        assert window <= CAP * (times[j] - t0) * 1.1 + burst, f"{window} bytes in {times[j] - t0:.1f} s"
+    # while both copy (until the round's last byte), the round has the larger share
+    hot_end = max(t for t, table, _ in sent if table == "hot")
+    both = [(table, n) for t, table, n in sent if t <= hot_end]
+    hot_bytes = sum(n for table, n in both if table == "hot")
+    cold_bytes = sum(n for table, n in both if table == "cold")
+    assert hot_bytes > 2 * cold_bytes, f"round {hot_bytes} bytes, bootstrap {cold_bytes} while both copied"
