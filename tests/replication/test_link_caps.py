@@ -20,8 +20,10 @@ import pytest
 
 from segrep.catalog import link_slots as lk
 from segrep.catalog.apply import apply_definitions
+from segrep.core import hlc
 from segrep.data.writer import write_batch
 from segrep.maintenance.bootstrap import bootstrap
+from segrep.maintenance.verify import verify
 from segrep.replication.join import catch_up, target_state
 from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport, RoundStatus
@@ -139,3 +141,26 @@ def test_a_round_and_a_bootstrap_share_a_capped_link(link_env: Env, monkeypatch:
     hot_bytes = sum(n for table, n in both if table == "hot")
     cold_bytes = sum(n for table, n in both if table == "cold")
     assert hot_bytes > 2 * cold_bytes, f"round {hot_bytes} bytes, bootstrap {cold_bytes} while both copied"
+
+
+def test_a_remote_scrub_takes_a_share_of_the_link_it_reads_over(link_env: Env) -> None:
+    for n in range(2):
+        write_batch(link_env.catalog, "hot", incompressible(n * 1500, 1500))
+    size = tree_bytes(link_env.site_dir("primary") / "hot")
+    cap = 4 * 1024 * 1024
+
+    def capped(src: str, dst: str) -> lk.Limits:
+        return lk.Limits(cap_bytes_per_s=cap) if (src, dst) == ("primary", "dr") else lk.Limits()
+
+    started = time.monotonic()
+    local = verify(link_env.catalog, "hot", files=True, record=False, links=capped)  # no reader: no link
+    unpaced_s = time.monotonic() - started
+    started = time.monotonic()
+    remote = verify(link_env.catalog, "hot", files=True, record=False, links=capped, reader="dr")
+    paced_s = time.monotonic() - started
+    assert local.scrub.bytes == remote.scrub.bytes == size and not remote.scrub.problems
+    assert paced_s >= (size - cap // 2) / cap  # never faster than the cap, less a quarter second's burst
+    assert paced_s > unpaced_s
+    with link_env.catalog.read() as s:
+        assert lk.budget(s, lk.Link(1, 2)) == lk.Limits(cap_bytes_per_s=cap)  # a slot was taken on the link
+        assert lk.slots(s, hlc.now_us()) == []  # and released

@@ -126,13 +126,16 @@ class Pacer:
                 self.slept_s += seconds
 
 
-def paced_facts(site: Site, relpath: str, pacer: Pacer) -> FileFacts:
-    """Size and sha256 of a stored file, read at the pacer's rate. FileNotFoundError if it is missing."""
+def paced_facts(site: Site, relpath: str, pacer: Pacer, link: Pacer | None = None) -> FileFacts:
+    """Size and sha256 of a stored file, read at the pacer's rate, and at ``link``'s too when the file crosses
+    a capped link to be read (a remote scrub's share of it). FileNotFoundError if it is missing."""
     digest = hashlib.sha256()
     size = 0
+    pacers = [pacer] if link is None else [pacer, link]
     with site.fs.open_input_stream(site.path(relpath)) as f:
-        while chunk := f.read(pacer.chunk_bytes(_CHUNK)):
+        while chunk := f.read(min(p.chunk_bytes(_CHUNK) for p in pacers)):
             digest.update(chunk)
             size += len(chunk)
-            pacer.consume(len(chunk))
+            for p in pacers:
+                p.consume(len(chunk))
     return FileFacts(size, digest.hexdigest())
