@@ -15,6 +15,7 @@ from segrep.catalog import link_slots as lk
 from segrep.catalog.link_lease import LinkLease, LinkPacing
 from segrep.core import hlc
 from segrep.core.links import CopyPriority
+from segrep.storage.transport import CopyItem, CopyOutcome
 from tests.support.env import Env
 
 BEAT_S = 0.1
@@ -94,3 +95,25 @@ def test_a_dead_holders_slot_lapses_and_an_unlimited_link_takes_none(lease_catal
         assert pacer is not None and capped.pacer("primary", "dr") is pacer  # one lease per link
         assert len(holders(lease_catalog)) == 1
     assert holders(lease_catalog) == {}
+
+
+def test_a_batch_handed_to_spark_holds_a_slot_and_its_items_carry_their_share(lease_catalog: Catalog) -> None:
+    cap = lk.Limits(cap_bytes_per_s=8000)
+    seen: list[CopyItem] = []
+    held: list[dict[str, lk.SlotView]] = []
+
+    def spark(items: list[CopyItem]) -> list[CopyOutcome]:
+        seen.extend(items)
+        held.append(holders(lease_catalog))
+        return [CopyOutcome(i.relpath, True) for i in items]
+
+    def item(n: int, target: str) -> CopyItem:
+        return CopyItem("primary", "sites/primary", target, f"sites/{target}", f"t/{n}.parquet", 10, "0" * 64)
+
+    limits = {("primary", "dr"): cap}
+    with LinkPacing(lease_catalog, CopyPriority.ROUND, lambda s, t: limits.get((s, t), lk.Limits())) as pacing:
+        outcomes = pacing.paced_batches(spark)([item(1, "dr"), item(2, "dr"), item(3, "dr"), item(4, "edge")])
+    assert [o.ok for o in outcomes] == [True] * 4
+    assert [i.bytes_per_s for i in seen] == [2666, 2666, 2666, None]  # the share over the link's 3 tasks
+    assert [v.what for v in held[0].values()] == [CopyPriority.ROUND]  # the driver held one slot meanwhile
+    assert holders(lease_catalog) == {}  # released after the batch

@@ -12,13 +12,16 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from sqlalchemy import select
 
 from segrep.catalog import link_slots as lk
+from segrep.catalog import models as m
 from segrep.catalog.apply import apply_definitions
 from segrep.core import hlc
 from segrep.data.writer import write_batch
@@ -31,6 +34,7 @@ from segrep.storage import transport
 from segrep.storage.atomic import FileFacts
 from segrep.storage.pacing import Pacer
 from segrep.storage.site import Site
+from segrep.storage.transport import CopyItem
 from tests.support.env import Env, env_fixture, sqlite_url
 from tests.support.rounds import no_spark
 
@@ -164,3 +168,26 @@ def test_a_remote_scrub_takes_a_share_of_the_link_it_reads_over(link_env: Env) -
     with link_env.catalog.read() as s:
         assert lk.budget(s, lk.Link(1, 2)) == lk.Limits(cap_bytes_per_s=cap)  # a slot was taken on the link
         assert lk.slots(s, hlc.now_us()) == []  # and released
+
+
+def test_a_spark_task_paces_its_copy_at_the_share_its_item_carries(link_env: Env) -> None:
+    write_batch(link_env.catalog, "hot", incompressible(0, 1500))
+    with link_env.catalog.read() as s:
+        seg = s.scalars(select(m.Segment).where(m.Segment.relpath.like("hot/%"))).one()
+    root = str(link_env.root / "data" / "sites")
+    item = CopyItem(
+        "primary",
+        f"{root}/primary",
+        "dr",
+        f"{root}/dr",
+        seg.relpath,
+        seg.byte_size,
+        seg.sha256,
+        crc64nvme=seg.crc64nvme,
+    )
+    rate = 1024 * 1024
+    started = time.monotonic()
+    outcome = transport.copy_one(replace(item, bytes_per_s=rate))  # what an executor runs, no pacer of its own
+    elapsed = time.monotonic() - started
+    assert outcome.ok and tree_bytes(link_env.site_dir("dr") / "hot") == seg.byte_size
+    assert elapsed >= (seg.byte_size - rate // 4) / rate  # never faster than its share, less a quarter second

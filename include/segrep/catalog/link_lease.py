@@ -20,7 +20,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import replace
+from functools import partial
 from types import TracebackType
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -31,12 +35,12 @@ from segrep.catalog.engine import Catalog
 from segrep.core import hlc
 from segrep.core.links import CopyPriority
 from segrep.core.settings import seconds_from_env
-from segrep.storage.pacing import Pacer
+from segrep.storage.pacing import LINK_BURST_S, Pacer
+from segrep.storage.transport import Copier, CopyItem, CopyOutcome
 
 LINK_TTL_ENV = "SEGREP_LINK_SLOT_TTL_S"
 DEFAULT_LINK_TTL_S = 10.0
 BEAT_S = 1.0
-BURST_S = 0.25  # the most a holder may send above its share after idling: a quarter second's worth
 
 # The limits of a link now, by (source site, target site) name: where the definitions' links plug in
 LinkLimits = Callable[[str, str], lk.Limits]
@@ -69,7 +73,7 @@ class LinkLease:
     ) -> None:
         self.catalog, self.source, self.target, self.what = catalog, source, target, what
         self.holder = uuid.uuid4().hex
-        self.pacer = Pacer(0, burst_s=BURST_S)
+        self.pacer = Pacer(0, burst_s=LINK_BURST_S)
         self.pacer.hold()
         self.grant = lk.Grant(share=0, waiting=True)
         self._limits = limits
@@ -158,6 +162,26 @@ class LinkPacing:
                 lease.__enter__()
                 self._leases[(source, target)] = lease
         return lease.pacer
+
+    def paced_batches(self, copier: Copier) -> Copier:
+        """``copier`` (a Spark distributed copy, whose tasks this process cannot pace) with a slot of its own per
+        link for each batch, held here while the batch runs: each item carries its share over the batch's items
+        of its link (``CopyItem.bytes_per_s``; at most that many tasks are in flight), and ``copy_one`` paces
+        the task at it. The share is fixed when the batch starts: a change reaches the next batch."""
+
+        def copy(items: list[CopyItem]) -> list[CopyOutcome]:
+            counts = Counter((i.source, i.target) for i in items)
+            with ExitStack() as stack:
+                rates: dict[tuple[str, str], int | None] = {}
+                for (source, target), n in counts.items():
+                    if self.limits(source, target) == lk.Limits():
+                        continue
+                    lease = LinkLease(self.catalog, source, target, self.what, partial(self.limits, source, target))
+                    rate = stack.enter_context(lease).pacer.wait_rate()
+                    rates[(source, target)] = None if rate is None else max(1, rate // n)
+                return copier([replace(i, bytes_per_s=rates.get((i.source, i.target))) for i in items])
+
+        return copy
 
     def __enter__(self) -> LinkPacing:
         return self

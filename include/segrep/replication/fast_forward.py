@@ -135,7 +135,8 @@ def fast_forward_target(
         own_pool = None  # the default copier: one pool for the target's partitions, closed when they are done
         if copier is None:
             copier = own_pool = CopyPool(pacer_for=pacing.pacer)
-        context = _Context(catalog, table, info.table_id, site, end, key, ttl, policy, copier, big_copier, turns)
+        big = None if big_copier is None else pacing.paced_batches(big_copier)
+        context = _Context(catalog, table, info.table_id, site, end, key, ttl, policy, copier, big, turns)
         work = [_PartitionRun(context, replica.partition_id, replica.placement_id, reoffer) for replica in replicas]
         # Partitions are independent chains: copying several at once keeps the disk busy while one waits on
         # an fsync (each partition still goes strictly in order, and takes its own row lock to decide). The

@@ -22,6 +22,7 @@ SCRUB_RATE_ENV = "SEGREP_SCRUB_BYTES_PER_S"
 DEFAULT_SCRUB_BYTES_PER_S = 64 * 1024 * 1024
 _CHUNK = 1024 * 1024
 _MIN_CHUNK = 64 * 1024
+LINK_BURST_S = 0.25  # the most a link's holder sends above its share after idling: a quarter second's worth
 
 
 def scrub_rate(explicit: int | None = None) -> int:
@@ -88,6 +89,13 @@ class Pacer:
         with self._changed:
             self._rate = 0
             self._changed.notify_all()
+
+    def wait_rate(self) -> int | None:
+        """The rate once it is not held (None: unpaced): what a batch handed to others to pace is given."""
+        with self._changed:
+            while self._rate == 0:
+                self._changed.wait()
+            return self._rate
 
     def chunk_bytes(self, default: int) -> int:
         """How much to read at a time: ``default`` when unpaced, else a quarter second's worth (so a chunk is

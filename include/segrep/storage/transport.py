@@ -20,7 +20,7 @@ from typing import Any
 from segrep.config.stores import StoreOptions
 from segrep.core.errors import CorruptSegmentError, SegrepError
 from segrep.storage.atomic import batched_directory_syncs
-from segrep.storage.pacing import Pacer
+from segrep.storage.pacing import LINK_BURST_S, Pacer
 from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.site import Site
 from segrep.storage.store_errors import StoreRefusedError
@@ -46,6 +46,7 @@ class CopyItem:
     source_options: StoreOptions = field(default_factory=StoreOptions)
     target_options: StoreOptions = field(default_factory=StoreOptions)
     crc64nvme: str | None = None  # the catalog's CRC-64/NVME of the file, if known: copies are checked by it
+    bytes_per_s: int | None = None  # this copy's share of its link's cap, where no pacer of this process paces it
 
     @classmethod
     def from_doc(cls, raw: dict[str, Any]) -> CopyItem:
@@ -88,6 +89,8 @@ def copy_one(item: CopyItem, open_site: SiteOpener = Site, pacer_for: PacerFor =
         source = open_site(item.source, item.source_uri, item.source_options)
         target = open_site(item.target, item.target_uri, item.target_options)
         pacer = pacer_for(item.source, item.target)
+        if pacer is None and item.bytes_per_s:  # a Spark task: its share of the driver's slot
+            pacer = Pacer(item.bytes_per_s, burst_s=LINK_BURST_S)
         copy_verified(source, target, item.relpath, item.byte_size, item.sha256, item.crc64nvme, pacer)
     except CorruptSegmentError as exc:
         return CopyOutcome(item.relpath, False, invalid=str(exc))
