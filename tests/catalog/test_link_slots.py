@@ -125,3 +125,21 @@ def test_a_cap_change_takes_effect_at_the_holders_next_renews(slots_catalog: Cat
     free = lk.Limits()
     assert renew(slots_catalog, "round", free).share is None
     assert renew(slots_catalog, "boot", free).share is None
+
+
+def test_status_says_the_rate_in_force_and_why_each_holder_waits(slots_catalog: Catalog) -> None:
+    two = lk.Limits(cap_bytes_per_s=10_000, max_concurrent=2)
+    acquire(slots_catalog, "round", CopyPriority.ROUND, two, T0)
+    acquire(slots_catalog, "boot", CopyPriority.BOOTSTRAP, two, T0 + 1)
+    acquire(slots_catalog, "scrub", CopyPriority.SCRUB, two, T0 + 2)
+    acquire(slots_catalog, "verify", CopyPriority.VERIFY, two, T0 + 3)
+    renew(slots_catalog, "round", two)
+    renew(slots_catalog, "boot", two)
+    with slots_catalog.read() as s:
+        (state,) = lk.link_states(s, T0)
+    assert state.link == LINK and state.limits == two
+    assert [v.holder for v in state.holders] == ["round", "boot"] and state.rate == 10_000
+    assert [(v.holder, why) for v, why in state.waiting] == [
+        ("scrub", "the link allows 2 copies at once, all held (bootstrap, round)"),
+        ("verify", "the link allows 2 copies at once, all held (bootstrap, round); 1 waiting ahead of it"),
+    ]

@@ -170,6 +170,38 @@ def slots(s: Session, now_us: int) -> list[SlotView]:
     ]
 
 
+@dataclass(frozen=True)
+class LinkState:
+    """One link as status shows it: the limits in force, the rate its admitted holders may send together now
+    (None: some holder is unpaced), who sends and who waits, and why each waits."""
+
+    link: Link
+    limits: Limits
+    rate: int | None
+    holders: list[SlotView]
+    waiting: list[tuple[SlotView, str]]
+
+
+def link_states(s: Session, now_us: int) -> list[LinkState]:
+    """Every link that has live slots, by source and target site id."""
+    by_link: dict[Link, list[SlotView]] = {}
+    for view in slots(s, now_us):
+        by_link.setdefault(view.link, []).append(view)
+    out = []
+    for link, views in by_link.items():
+        limits = budget(s, link) or Limits()
+        admitted = [v for v in views if not v.waiting]
+        shares = [v.share for v in admitted]
+        rate = None if any(x is None for x in shares) else sum(x or 0 for x in shares)
+        held_by = ", ".join(sorted({str(v.what) for v in admitted})) or "nobody"
+        waiting = []
+        for ahead, view in enumerate(v for v in views if v.waiting):
+            why = f"the link allows {limits.max_concurrent} copies at once, all held ({held_by})"
+            waiting.append((view, why + (f"; {ahead} waiting ahead of it" if ahead else "")))
+        out.append(LinkState(link, limits, rate, admitted, waiting))
+    return out
+
+
 def budget(s: Session, link: Link) -> Limits | None:
     """The limits last supplied for the link (the cap in force), or None if it never had a holder."""
     row = s.get(m.LinkBudget, (link.source_site_id, link.target_site_id))
