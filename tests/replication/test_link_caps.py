@@ -26,6 +26,7 @@ from segrep.catalog.apply import apply_definitions
 from segrep.core import hlc
 from segrep.data.writer import write_batch
 from segrep.maintenance.bootstrap import bootstrap
+from segrep.maintenance.repair import repair
 from segrep.maintenance.verify import verify
 from segrep.replication.join import catch_up, target_state
 from segrep.replication.orchestrator import run_round
@@ -191,3 +192,27 @@ def test_a_spark_task_paces_its_copy_at_the_share_its_item_carries(link_env: Env
     elapsed = time.monotonic() - started
     assert outcome.ok and tree_bytes(link_env.site_dir("dr") / "hot") == seg.byte_size
     assert elapsed >= (seg.byte_size - rate // 4) / rate  # never faster than its share, less a quarter second
+
+
+def test_a_repair_copies_a_damaged_file_back_at_a_repairs_share(link_env: Env) -> None:
+    write_batch(link_env.catalog, "hot", incompressible(0, 1500))
+    run_round(link_env.catalog, link_env.defs, "hot", target="dr", submit=no_spark)  # no links: unpaced
+    with link_env.catalog.read() as s:
+        assert lk.budget(s, lk.Link(1, 2)) is None  # nothing took a slot
+    (damaged,) = [f for f in (link_env.site_dir("dr") / "hot").rglob("*.parquet")]
+    damaged.write_bytes(b"not the segment")
+    cap = 1024 * 1024
+    size = tree_bytes(link_env.site_dir("primary") / "hot")
+
+    def capped(src: str, dst: str) -> lk.Limits:
+        return lk.Limits(cap_bytes_per_s=cap) if (src, dst) == ("primary", "dr") else lk.Limits()
+
+    started = time.monotonic()
+    report = repair(link_env.catalog, link_env.defs, "hot", site="dr", submit=no_spark, links=capped)
+    elapsed = time.monotonic() - started
+    assert [(f.source, f.problem.site) for f in report.files] == [("primary", "dr")]
+    assert report.after is not None and not report.after.problems()
+    assert tree_bytes(link_env.site_dir("dr") / "hot") == size
+    assert elapsed >= (size - cap // 4) / cap  # the copy back went at most at the cap
+    with link_env.catalog.read() as s:
+        assert lk.budget(s, lk.Link(1, 2)) == lk.Limits(cap_bytes_per_s=cap)
