@@ -117,3 +117,13 @@ def test_a_batch_handed_to_spark_holds_a_slot_and_its_items_carry_their_share(le
     assert [i.bytes_per_s for i in seen] == [2666, 2666, 2666, None]  # the share over the link's 3 tasks
     assert [v.what for v in held[0].values()] == [CopyPriority.ROUND]  # the driver held one slot meanwhile
     assert holders(lease_catalog) == {}  # released after the batch
+
+
+def test_a_cap_change_reaches_a_holder_within_five_seconds_at_the_default_beat(lease_catalog: Catalog) -> None:
+    cap = [lk.Limits(cap_bytes_per_s=50_000)]
+    with LinkLease(lease_catalog, "primary", "dr", CopyPriority.ROUND, lambda: cap[0]) as held:
+        assert held.pacer.rate == 50_000
+        cap[0] = lk.Limits(cap_bytes_per_s=5_000)  # a window closes
+        changed = time.monotonic()
+        assert eventually(lambda: held.pacer.rate == 5_000, timeout_s=5.0)
+        assert time.monotonic() - changed < 5.0
