@@ -1,8 +1,8 @@
 """Moving bytes at a bounded rate: a scrub (every file hashed) leaves disk and network to the rounds, and a
 link's holders (``catalog.link_slots``) each keep to their share of its cap.
 
-The rate comes from ``--max-bytes-per-second``, else ``SEGREP_SCRUB_BYTES_PER_S``, else the default below;
-0 means unpaced.
+A scrub's rate comes from ``--max-bytes-per-second``, else ``SEGREP_SCRUB_BYTES_PER_S``, else the default
+below; 0 means unpaced. A link holder's rate is its share, set again at every beat of its lease.
 """
 
 from __future__ import annotations
