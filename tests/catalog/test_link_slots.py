@@ -74,19 +74,27 @@ def test_a_round_and_a_bootstrap_converge_to_their_weights_within_the_cap(slots_
     assert renew(slots_catalog, "boot", cap).share == 10_000
 
 
-def test_a_holder_beyond_the_concurrency_waits_and_rounds_are_admitted_first(slots_catalog: Catalog) -> None:
+def test_a_holder_beyond_the_concurrency_waits_and_a_higher_class_pauses_a_lower_one(slots_catalog: Catalog) -> None:
     one = lk.Limits(cap_bytes_per_s=1000, max_concurrent=1)
     assert acquire(slots_catalog, "scrub", CopyPriority.SCRUB, one, T0) == lk.Grant(1000, False)
-    assert acquire(slots_catalog, "boot", CopyPriority.BOOTSTRAP, one, T0 + 1) == lk.Grant(0, True)
-    assert acquire(slots_catalog, "round", CopyPriority.ROUND, one, T0 + 2) == lk.Grant(0, True)
-    views = live(slots_catalog)
-    assert [h for h, v in views.items() if v.waiting] == ["round", "boot"]  # status order: class, then age
-    assert renew(slots_catalog, "boot", one).waiting  # still full
-    with slots_catalog.write() as s:
-        lk.release(s, "scrub")
-    # a slot is free: the bootstrap renews first but the waiting round is ahead of it
+    assert acquire(slots_catalog, "verify", CopyPriority.VERIFY, one, T0 + 1) == lk.Grant(0, True)  # same weight
+    # a bootstrap pauses the scrub: admitted at once, but its share grows only once the scrub has paused
+    assert acquire(slots_catalog, "boot", CopyPriority.BOOTSTRAP, one, T0 + 2) == lk.Grant(0, False)
+    assert total(slots_catalog) <= 1000
+    assert renew(slots_catalog, "scrub", one) == lk.Grant(0, True)
+    assert renew(slots_catalog, "boot", one) == lk.Grant(1000, False)
+    # a round pauses the bootstrap in turn: a long bootstrap never keeps a round waiting
+    assert acquire(slots_catalog, "round", CopyPriority.ROUND, one, T0 + 3) == lk.Grant(0, False)
     assert renew(slots_catalog, "boot", one) == lk.Grant(0, True)
+    assert renew(slots_catalog, "verify", one) == lk.Grant(0, True)  # nothing lower to pause
     assert renew(slots_catalog, "round", one) == lk.Grant(1000, False)
+    views = live(slots_catalog)
+    assert [h for h, v in views.items() if v.waiting] == ["boot", "scrub", "verify"]  # status order: class, age
+    with slots_catalog.write() as s:
+        lk.release(s, "round")
+    # the slot is free: the scrub renews first but the paused bootstrap is ahead of it
+    assert renew(slots_catalog, "scrub", one) == lk.Grant(0, True)
+    assert renew(slots_catalog, "boot", one) == lk.Grant(1000, False)
     assert total(slots_catalog) == 1000
 
 

@@ -18,7 +18,12 @@ changing). Each holder paces itself at its stored share, so what crosses the lin
 
 Concurrency. With ``max_concurrent`` set, a holder beyond it is recorded as waiting (share 0) and admitted
 at a renew when a slot is free, the highest class first, then the oldest: a waiting round goes before a
-waiting bootstrap. Holders already admitted are not pre-empted (a copy is never cut off mid-file).
+waiting bootstrap. When none is free, the head of the queue pauses the newest admitted holder of a lower class
+and takes its place: a long bootstrap holding the only slot never keeps a round waiting. The paused holder
+is recorded as waiting and holds its copies at its next renew (paused at a chunk, never cut off mid-file);
+its share counts against the cap until then, so the round's share grows only once it has paused. It resumes
+when a slot frees. Under a concurrency of 1, rounds that follow one another keep a bootstrap paused: the
+operator asked for one copy at a time, and rounds go first; with room for two, the weights share the cap.
 """
 
 from __future__ import annotations
@@ -229,10 +234,17 @@ def _settle(s: Session, link: Link, holder: str, limits: Limits) -> Grant:
     )
     me = next(r for r in rows if r.holder == holder)
     if me.waiting:
-        admitted = sum(1 for r in rows if not r.waiting)
-        free = len(rows) if limits.max_concurrent is None else limits.max_concurrent - admitted
+        admitted = [r for r in rows if not r.waiting]
+        free = len(rows) if limits.max_concurrent is None else limits.max_concurrent - len(admitted)
         queue = sorted((r for r in rows if r.waiting), key=lambda r: (-r.priority, r.acquired_us, r.holder))
         me.waiting = queue.index(me) >= free
+        if me.waiting and queue[0] is me:  # the head of the queue pauses the newest holder of a lower class
+            lower = sorted(
+                (r for r in admitted if r.priority < me.priority), key=lambda r: (r.priority, -r.acquired_us)
+            )
+            if lower:
+                lower[0].waiting = True  # its share stays counted until it renews and holds its copies
+                me.waiting = False
     if me.waiting:
         me.share_bytes_per_s = 0
         return Grant(share=0, waiting=True)
