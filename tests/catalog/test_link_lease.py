@@ -127,3 +127,13 @@ def test_a_cap_change_reaches_a_holder_within_five_seconds_at_the_default_beat(l
         changed = time.monotonic()
         assert eventually(lambda: held.pacer.rate == 5_000, timeout_s=5.0)
         assert time.monotonic() - changed < 5.0
+
+
+def test_a_round_pauses_a_bootstrap_holding_the_only_slot(lease_catalog: Catalog) -> None:
+    one = lk.Limits(cap_bytes_per_s=4000, max_concurrent=1)
+    with lease(lease_catalog, CopyPriority.BOOTSTRAP, lambda: one) as boot:
+        assert boot.pacer.rate == 4000
+        with lease(lease_catalog, CopyPriority.ROUND, lambda: one) as rnd:  # enters at once
+            assert eventually(lambda: boot.grant.waiting and boot.pacer.paced and boot.pacer.rate == 0)
+            assert eventually(lambda: rnd.pacer.rate == 4000)
+        assert eventually(lambda: not boot.grant.waiting and boot.pacer.rate == 4000)  # resumed
