@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from segrep.core import faults, hlc
 from segrep.core.errors import CorruptSegmentError, SegrepError
 from segrep.storage import s3, transfer
 from segrep.storage.crc64nvme import Crc64Nvme
+from segrep.storage.pacing import LINK_BURST_S, Pacer
 from segrep.storage.site import Site
 from segrep.storage.transfer import copy_verified
 from tests.support.s3 import BUCKETS, S3Endpoint
@@ -79,6 +81,24 @@ def test_a_large_copy_goes_up_in_verified_parts(
     # the store kept the whole object's CRC-64/NVME (a full-object checksum of the four parts)
     assert head["ChecksumCRC64NVME"] == base64.b64encode(Crc64Nvme(data).digest()).decode()
     assert _uploads(a, target) == []
+
+
+def test_a_paced_upload_never_goes_faster_than_its_pacer(
+    s3_endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    a, _ = s3_endpoints
+    data = os.urandom(PART + 54321)  # two parts
+    source, size, sha = _local(tmp_path, data)
+    target = _site(a, "dr", "DR_S3", monkeypatch)
+    rate = 8 * 1024 * 1024
+    pacer = Pacer(rate, burst_s=LINK_BURST_S)  # a link holder's share
+    started = time.monotonic()
+    facts = copy_verified(source, target, REL, size, sha, pacer=pacer)
+    elapsed = time.monotonic() - started
+    assert (facts.byte_size, facts.sha256) == (size, sha) and pacer.consumed == size
+    assert elapsed >= (size - rate // 4) / rate  # never faster than the share, less a quarter second's burst
+    with target.fs.open_input_stream(target.path(REL)) as f:
+        assert f.read() == data
 
 
 @pytest.mark.parametrize("size", [3 * PART + 12345, 1000])  # a multipart upload, a single PUT

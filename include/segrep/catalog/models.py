@@ -193,6 +193,40 @@ class Lease(Base):
     __table_args__ = (UniqueConstraint("target_placement_id", "segment_id", name="uq_leases_target_segment"),)
 
 
+class LinkBudget(Base):
+    """The cap in force on a (source, target) link, as its holders last supplied it; its row is also the lock
+    that serialises every change of the link's slots (``catalog.link_slots``)."""
+
+    __tablename__ = "link_budgets"
+
+    source_site_id: Mapped[int] = mapped_column(ForeignKey("sites.site_id"), primary_key=True)
+    target_site_id: Mapped[int] = mapped_column(ForeignKey("sites.site_id"), primary_key=True)
+    cap_bytes_per_s: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # None: unlimited
+    max_concurrent: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None: no limit
+    updated_us: Mapped[int] = mapped_column(BigInteger)
+
+
+class LinkSlot(Base):
+    """One holder of a link: a copier of ``what`` (``core.links.CopyPriority``) pacing itself at
+    ``share_bytes_per_s`` (None: unpaced) until ``expires_us`` unless it renews; ``waiting`` while the link's
+    concurrency is full (its share is then 0)."""
+
+    __tablename__ = "link_slots"
+
+    holder: Mapped[str] = mapped_column(String(32), primary_key=True)  # a uuid
+    source_site_id: Mapped[int] = mapped_column(ForeignKey("sites.site_id"))
+    target_site_id: Mapped[int] = mapped_column(ForeignKey("sites.site_id"))
+    what: Mapped[str] = mapped_column(String(16))
+    priority: Mapped[int] = mapped_column(Integer)  # the class's weight: larger goes first
+    share_bytes_per_s: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    waiting: Mapped[bool] = mapped_column(Boolean, default=False)
+    acquired_us: Mapped[int] = mapped_column(BigInteger)
+    heartbeat_us: Mapped[int] = mapped_column(BigInteger)
+    expires_us: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_link_slots_link", "source_site_id", "target_site_id"),)
+
+
 class SafeTime(Base):
     __tablename__ = "safe_times"
 

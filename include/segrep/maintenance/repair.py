@@ -31,11 +31,13 @@ from sqlalchemy import update
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.link_lease import LinkLimits, LinkPacing, unlimited
 from segrep.catalog.sql import rowcount
 from segrep.catalog.verifications import FileCheckResult, record_file_checks
 from segrep.config.definitions import Definitions
 from segrep.core import hlc
 from segrep.core.errors import ConflictError
+from segrep.core.links import CopyPriority
 from segrep.maintenance.bootstrap import bootstrap
 from segrep.maintenance.scrub import FileProblem, SegmentCopy, check_copy, leader_facts, segment_copies
 from segrep.maintenance.union import LeaderLack, mend_leaders
@@ -209,8 +211,10 @@ def repair(
     dry_run: bool = False,
     rate: int = 0,
     submit: Submit = launch.submit,
+    links: LinkLimits = unlimited,
 ) -> RepairReport:
-    """Mend every copy (at ``site``, or everywhere) of ``table``'s segments and every replica's rows."""
+    """Mend every copy (at ``site``, or everywhere) of ``table``'s segments and every replica's rows; a file
+    copied back over a link with limits (``links``) goes at a repair's share of it."""
     scope = scope_of(catalog, table, site, None)
     report = RepairReport(table, dry_run)
     pacer = Pacer(rate)
@@ -231,49 +235,61 @@ def repair(
     for c, problem in bad:
         by_segment[(c.partition_id, c.segment.segment_id)].append((c, problem))
     fixes: list[tuple[SegmentCopy, m.Segment]] = []
-    for key, broken in sorted(by_segment.items()):
-        want = reference.get(key) or broken[0][0].facts
-        holders = sorted(
-            (c for c in copies if (c.partition_id, c.segment.segment_id) == key),
-            key=lambda c: (not c.is_leader, c.site),
-        )
-        for target, problem in broken:
-            source = next(
-                (
-                    c
-                    for c in holders
-                    if c.site != target.site and c.segment.relpath == target.segment.relpath and sources.intact(c, want)
-                ),
-                None,
+    with LinkPacing(catalog, CopyPriority.REPAIR, links) as pacing:  # a capped link: a repair's share
+        for key, broken in sorted(by_segment.items()):
+            want = reference.get(key) or broken[0][0].facts
+            holders = sorted(
+                (c for c in copies if (c.partition_id, c.segment.segment_id) == key),
+                key=lambda c: (not c.is_leader, c.site),
             )
-            if source is None:
-                continue
-            if not dry_run:
-                copy_verified(source.storage(), target.storage(), target.segment.relpath, want.byte_size, want.sha256)
-            fixed = target.facts != want
-            if fixed:
-                fixes.append((target, leader_rows.get(key, source.segment)))
-            report.files.append(FileRepair(problem, source.site, fixed))
-        unrepaired = [(c, p) for c, p in broken if not any(f.problem == p for f in report.files)]
-        if unrepaired:
-            seg = unrepaired[0][0].segment
-            report.lost.append(
-                LostSegment(
-                    key[0],
-                    key[1],
-                    tuple(sorted({c.site for c, _ in unrepaired})),
-                    seg.row_count,
-                    seg.deleted_rows,
-                    seg.min_version,
-                    seg.max_version,
-                    tuple(f"{p.site}: {p.state}: {p.detail}" for _, p in unrepaired),
+            for target, problem in broken:
+                source = next(
+                    (
+                        c
+                        for c in holders
+                        if c.site != target.site
+                        and c.segment.relpath == target.segment.relpath
+                        and sources.intact(c, want)
+                    ),
+                    None,
                 )
-            )
+                if source is None:
+                    continue
+                if not dry_run:
+                    link = pacing.pacer(source.site, target.site)
+                    copy_verified(
+                        source.storage(),
+                        target.storage(),
+                        target.segment.relpath,
+                        want.byte_size,
+                        want.sha256,
+                        None,
+                        link,
+                    )
+                fixed = target.facts != want
+                if fixed:
+                    fixes.append((target, leader_rows.get(key, source.segment)))
+                report.files.append(FileRepair(problem, source.site, fixed))
+            unrepaired = [(c, p) for c, p in broken if not any(f.problem == p for f in report.files)]
+            if unrepaired:
+                seg = unrepaired[0][0].segment
+                report.lost.append(
+                    LostSegment(
+                        key[0],
+                        key[1],
+                        tuple(sorted({c.site for c, _ in unrepaired})),
+                        seg.row_count,
+                        seg.deleted_rows,
+                        seg.min_version,
+                        seg.max_version,
+                        tuple(f"{p.site}: {p.state}: {p.detail}" for _, p in unrepaired),
+                    )
+                )
     if not dry_run:
         _commit_file_repairs(catalog, report.files, fixes)
     _plan_rows(catalog, scope, report, bad, mends.unmended(dry_run))
     if not dry_run:
-        _rebootstrap(catalog, defs, table, report.rebootstraps, submit)
+        _rebootstrap(catalog, defs, table, report.rebootstraps, submit, links)
         report.after = verify(catalog, table, site=site, files=True, rate=rate)
     return report
 
@@ -329,9 +345,16 @@ def _plan_rows(
             report.unmended.append(check)
 
 
-def _rebootstrap(catalog: Catalog, defs: Definitions, table: str, checks: list[RowCheck], submit: Submit) -> None:
+def _rebootstrap(
+    catalog: Catalog,
+    defs: Definitions,
+    table: str,
+    checks: list[RowCheck],
+    submit: Submit,
+    links: LinkLimits = unlimited,
+) -> None:
     """Flag each differing replica placement, bootstrap its site (a new placement joins from the newest major)
-    and run rounds to that site until it has caught up."""
+    and run rounds to that site until it has caught up (a bootstrap's share of a capped link)."""
     if not checks:
         return
     with catalog.write() as s:
@@ -342,4 +365,4 @@ def _rebootstrap(catalog: Catalog, defs: Definitions, table: str, checks: list[R
                 pl.needs_bootstrap = True
     for site in sorted({c.site for c in checks}):
         bootstrap(catalog, defs, table, site, "auto")
-        catch_up(catalog, defs, table, site, submit=submit)
+        catch_up(catalog, defs, table, site, submit=submit, links=links)

@@ -10,6 +10,7 @@ reference, as it is for rows).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -95,8 +96,15 @@ def leader_facts(copies: list[SegmentCopy]) -> dict[tuple[int, str], FileFacts]:
     return {(c.partition_id, c.segment.segment_id): c.facts for c in copies if c.is_leader}
 
 
-def check_copy(copy: SegmentCopy, pacer: Pacer, reference: FileFacts | None) -> tuple[FileProblem | None, int]:
-    """Hash one copy; the problem with it (None: good) and the bytes read."""
+def no_link(site: str) -> Pacer | None:
+    return None
+
+
+def check_copy(
+    copy: SegmentCopy, pacer: Pacer, reference: FileFacts | None, link: Pacer | None = None
+) -> tuple[FileProblem | None, int]:
+    """Hash one copy (at ``link``'s pace too, when it is read over a capped link); the problem with it (None:
+    good) and the bytes read."""
     storage = copy.storage()
     path = storage.path(copy.segment.relpath)
 
@@ -107,7 +115,7 @@ def check_copy(copy: SegmentCopy, pacer: Pacer, reference: FileFacts | None) -> 
         )
 
     try:
-        facts = paced_facts(storage, copy.segment.relpath, pacer)
+        facts = paced_facts(storage, copy.segment.relpath, pacer, link)
     except FileNotFoundError:
         return problem(FileState.MISSING, "the file is missing"), 0
     except OSError as exc:
@@ -129,8 +137,15 @@ def check_copy(copy: SegmentCopy, pacer: Pacer, reference: FileFacts | None) -> 
     return None, facts.byte_size
 
 
-def scrub(catalog: Catalog, info: q.TableInfo, sites: set[str] | None, pacer: Pacer) -> ScrubResult:
-    """Check every copy at ``sites`` (None: all), in site, partition and list order."""
+def scrub(
+    catalog: Catalog,
+    info: q.TableInfo,
+    sites: set[str] | None,
+    pacer: Pacer,
+    link_from: Callable[[str], Pacer | None] = no_link,
+) -> ScrubResult:
+    """Check every copy at ``sites`` (None: all), in site, partition and list order. ``link_from(site)`` is the
+    pacer of the link a site's files cross to be read here (None: they cross none, or it has no cap)."""
     copies = segment_copies(catalog, info)
     reference = leader_facts(copies)
     result = ScrubResult()
@@ -139,8 +154,9 @@ def scrub(catalog: Catalog, info: q.TableInfo, sites: set[str] | None, pacer: Pa
         if sites is None or c.site in sites:
             by_site[c.site].append(c)
     for site in sorted(by_site):
+        link = link_from(site)
         for c in by_site[site]:
-            found, nbytes = check_copy(c, pacer, reference.get((c.partition_id, c.segment.segment_id)))
+            found, nbytes = check_copy(c, pacer, reference.get((c.partition_id, c.segment.segment_id)), link)
             result.files += 1
             result.bytes += nbytes
             result.checks.append(

@@ -26,11 +26,13 @@ from sqlalchemy import select
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.link_lease import LinkLimits, LinkPacing, unlimited
 from segrep.catalog.site_identity import open_site
 from segrep.catalog.verifications import record_file_checks, record_verification
 from segrep.core import hlc, keys
 from segrep.core import schema as sch
 from segrep.core.errors import NotFoundError, SegrepError, SiteUnidentifiedError
+from segrep.core.links import CopyPriority
 from segrep.data.digest import Digest, diff_keys, digest_of, row_hashes
 from segrep.data.reader import PlacementFiles, placement_files, placement_rows, resolve
 from segrep.maintenance.scrub import FileProblem, ScrubResult, scrub
@@ -355,16 +357,25 @@ def verify(
     rate: int = 0,
     record: bool = True,
     spark: SparkDigests | None = None,
+    reader: str | None = None,
+    links: LinkLimits = unlimited,
 ) -> VerifyReport:
     """Compare rows (and with ``files``, every file) of ``table``; record the outcome per site unless
-    ``record`` is False (a dry run). With ``spark``, large partitions are digested there (one application)."""
+    ``record`` is False (a dry run). With ``spark``, large partitions are digested there (one application).
+    ``reader``: the site this process runs at; the files of every other site cross the link from there to it
+    and take a scrub's share of its cap (``links``: none by default)."""
     started = hlc.now_us()
     scope = scope_of(catalog, table, site, at)
     report = VerifyReport(table, sorted({*scope.row_sites, *(scope.file_sites if files else [])}))
     report.rows = compare_rows(catalog, scope, spark=spark)
     if files:
         report.files_checked = True
-        report.scrub = scrub(catalog, scope.info, set(scope.file_sites), Pacer(rate))
+        with LinkPacing(catalog, CopyPriority.SCRUB, links) as pacing:
+
+            def link_from(site: str) -> Pacer | None:
+                return None if reader is None or site == reader else pacing.pacer(site, reader)
+
+            report.scrub = scrub(catalog, scope.info, set(scope.file_sites), Pacer(rate), link_from)
     if record:
         record_report(catalog, scope, report, started)
     return report

@@ -42,6 +42,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.link_lease import LinkLimits, LinkPacing, unlimited
 from segrep.catalog.losses import losses_held
 from segrep.catalog.segments import entry_of, insert_segments, move_root_to, segment_values
 from segrep.catalog.site_identity import expected_identity
@@ -50,8 +51,9 @@ from segrep.config.definitions import Definitions, Policy
 from segrep.config.stores import options_for
 from segrep.core import faults, hlc
 from segrep.core.errors import ConflictError, SegrepError, SiteUnidentifiedError
+from segrep.core.links import CopyPriority
 from segrep.core.protocol import sender_reaction
-from segrep.core.states import Outcome, Reaction
+from segrep.core.states import Outcome, PlacementState, Reaction
 from segrep.replication.backoff import record_target
 from segrep.replication.heartbeat import heartbeat
 from segrep.replication.offers import forks_of, offers_to, pushes_from, whole_cuts
@@ -81,6 +83,8 @@ def fast_forward_target(
     retry: bool = False,
     copier: Copier | None = None,
     big_copier: Copier | None = None,
+    links: LinkLimits = unlimited,
+    priority: CopyPriority | None = None,
 ) -> TargetReport:
     """Offer every due segment of every partition to the replicas at ``site``, in order.
 
@@ -90,6 +94,9 @@ def fast_forward_target(
 
     Copies run through ``copier`` (threads by default); a batch of at least the policy's
     ``spark_copy_threshold_bytes`` goes to ``big_copier`` (the Spark distributed copy) when one is given.
+    The default copier paces its copies at the share of each link's cap (``links``: none by default) that a
+    slot of class ``priority`` gets (``catalog.link_lease``); by default a round's, or a bootstrap's when
+    every replica it feeds is still joining (a bootstrapped site's first copies); a given copier paces itself.
     Raises TargetUnreachable after recording the failure if the site cannot be written.
     """
     started = time.perf_counter()
@@ -125,16 +132,20 @@ def fast_forward_target(
     else:
         key, ttl = round_key(table, end), lease_ttl_us()
         turns = threading.Lock() if catalog.dialect == "sqlite" else contextlib.nullcontext()
+        what = priority or _priority_of(replicas)
+        pacing = LinkPacing(catalog, what, links)
         own_pool = None  # the default copier: one pool for the target's partitions, closed when they are done
         if copier is None:
-            copier = own_pool = CopyPool()
-        context = _Context(catalog, table, info.table_id, site, end, key, ttl, policy, copier, big_copier, turns)
+            copier = own_pool = CopyPool(pacer_for=pacing.pacer)
+        big = None if big_copier is None else pacing.paced_batches(big_copier)
+        context = _Context(catalog, table, info.table_id, site, end, key, ttl, policy, copier, big, turns)
         work = [_PartitionRun(context, replica.partition_id, replica.placement_id, reoffer) for replica in replicas]
         # Partitions are independent chains: copying several at once keeps the disk busy while one waits on
         # an fsync (each partition still goes strictly in order, and takes its own row lock to decide). The
         # heartbeat keeps the round's leases alive while this process copies, and only while it does.
         with (
             heartbeat(catalog, key, ttl),
+            pacing,
             ThreadPoolExecutor(max_workers=PARTITIONS_AT_ONCE) as partitions,
             own_pool or contextlib.nullcontext(),
         ):
@@ -155,6 +166,12 @@ def fast_forward_target(
     if report.status in (TargetStatus.FAILED, TargetStatus.DOWN):
         raise TargetUnreachable(f"target {site}: {report.error}")
     return report
+
+
+def _priority_of(replicas: list[m.Placement]) -> CopyPriority:
+    """A bootstrap's class when every replica fed is joining (its bulk first copies), else a round's."""
+    joining = bool(replicas) and all(r.state == PlacementState.JOINING for r in replicas)
+    return CopyPriority.BOOTSTRAP if joining else CopyPriority.ROUND
 
 
 def _identity_problem(row: m.Site, expect: Expected) -> tuple[TargetStatus, str, bool] | None:

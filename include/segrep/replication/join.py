@@ -8,6 +8,7 @@ limited to the joining site.
 from __future__ import annotations
 
 from segrep.catalog import Catalog
+from segrep.catalog.link_lease import LinkLimits, unlimited
 from segrep.config.definitions import Definitions
 from segrep.core.errors import NotFoundError
 from segrep.replication.orchestrator import run_round
@@ -35,11 +36,13 @@ def catch_up(
     *,
     submit: Submit = launch.submit,
     max_rounds: int = CATCH_UP_ROUNDS,
+    links: LinkLimits = unlimited,
 ) -> list[RoundReport]:
-    """Run rounds to ``site`` until it is caught up (nothing pending, joined), at most ``max_rounds``."""
+    """Run rounds to ``site`` until it is caught up (nothing pending, joined), at most ``max_rounds``; their
+    copies to a replica still joining share a capped link as a bootstrap's (``links``)."""
     reports = []
     for _ in range(max_rounds):
-        reports.append(run_round(catalog, defs, table, target=site, submit=submit))
+        reports.append(run_round(catalog, defs, table, target=site, submit=submit, links=links))
         if target_state(catalog, table, site).caught_up:
             break
     return reports

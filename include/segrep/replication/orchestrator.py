@@ -19,6 +19,7 @@ from enum import StrEnum
 from typing import Any
 
 from segrep.catalog import Catalog
+from segrep.catalog.link_lease import LinkLimits, unlimited
 from segrep.config.definitions import Definitions
 from segrep.core import hlc
 from segrep.core.human import human_bytes
@@ -111,7 +112,8 @@ class RoundSteps:
 
     ``submit`` starts the Spark applications a step needs (``spark-submit`` here, the Airflow connection's
     hook in a task); ``copier`` copies the batches under the policy's ``spark_copy_threshold_bytes`` (by default
-    a pool of threads per target), larger ones go to the Spark distributed copy through ``submit``."""
+    a pool of threads per target, paced at each link's share of the cap ``links`` gives: none by default),
+    larger ones go to the Spark distributed copy through ``submit`` (not paced yet)."""
 
     def __init__(
         self,
@@ -121,10 +123,11 @@ class RoundSteps:
         *,
         submit: Submit = launch.submit,
         copier: Copier | None = None,
+        links: LinkLimits = unlimited,
     ) -> None:
         self.catalog, self.defs, self.table = catalog, defs, table
         self.policy = defs.policy(table)
-        self.submit, self.copier = submit, copier
+        self.submit, self.copier, self.links = submit, copier, links
 
     # -- the steps ------------------------------------------------------------------------------------------
 
@@ -173,6 +176,7 @@ class RoundSteps:
             retry=retry,
             copier=self.copier,
             big_copier=big,
+            links=self.links,
         )
         forecast = planned.plan.summary.targets.get(target)
         if report.status == TargetStatus.BACKOFF and forecast is not None and forecast.offers > 0:
@@ -239,8 +243,9 @@ def run_round(
     reoffer: bool = False,
     submit: Submit = launch.submit,
     copier: Copier | None = None,
+    links: LinkLimits = unlimited,
 ) -> RoundReport:
     """plan -> fast-forward each target -> merge (only if planned) -> commit; the round's report (no view:
     what tests and workflows that run rounds back to back need)."""
-    steps = RoundSteps(catalog, defs, table, submit=submit, copier=copier)
+    steps = RoundSteps(catalog, defs, table, submit=submit, copier=copier, links=links)
     return steps.execute(steps.plan(until_us, target=target, reoffer=reoffer))

@@ -28,6 +28,7 @@ import pyarrow.fs as pafs
 
 from segrep.core.errors import CorruptSegmentError
 from segrep.storage.atomic import FileFacts, HashingFileWriter, atomic_local_copy, atomic_local_write_stream
+from segrep.storage.pacing import Pacer
 from segrep.storage.s3 import put_verified, same_store, server_side_copy
 from segrep.storage.site import Site
 from segrep.storage.store_errors import classify_os, file_in_the_way
@@ -52,7 +53,13 @@ def _kernel_copy(source: str, final: str, expected: FileFacts, root: str) -> Fil
 
 
 def copy_verified(
-    source: Site, target: Site, relpath: str, byte_size: int, sha256: str, crc64nvme: str | None = None
+    source: Site,
+    target: Site,
+    relpath: str,
+    byte_size: int,
+    sha256: str,
+    crc64nvme: str | None = None,
+    pacer: Pacer | None = None,
 ) -> FileFacts:
     """Copy ``relpath`` from ``source`` to the same path at ``target`` and return its facts.
 
@@ -60,6 +67,10 @@ def copy_verified(
     ``crc64nvme`` when the catalog has it (``storage.crc64nvme`` says why that suffices), else ``sha256``;
     nothing appears under the final name.
     OSError (a site that is down) propagates unchanged.
+
+    With ``pacer`` (a link's share, ``storage.pacing``), every chunk read from the source is paced, and a local
+    copy goes through the stream writer rather than the kernel's copy (which cannot be paced); a server-side
+    copy within one store crosses no link and is not paced.
     """
     source.ensure_identified()
     target.ensure_identified()
@@ -71,12 +82,13 @@ def copy_verified(
 
     def _copy(out: HashingFileWriter) -> None:
         with _reading(source, relpath) as src:
-            while chunk := _read(src, source, relpath):
+            for chunk in _chunks(src, source, relpath, pacer):
                 out.write(chunk)
 
     if target.local:
         try:
-            if source.local and type(source.fs) is pafs.LocalFileSystem and hasattr(os, "copy_file_range"):
+            kernel = source.local and type(source.fs) is pafs.LocalFileSystem and hasattr(os, "copy_file_range")
+            if kernel and (pacer is None or not pacer.paced):
                 with contextlib.suppress(_KernelCopyUnsupported):
                     return _kernel_copy(source.path(relpath), target.path(relpath), expected, target.root)
             return atomic_local_write_stream(target.path(relpath), _copy, expected, sync_every=None, root=target.root)
@@ -88,23 +100,26 @@ def copy_verified(
                 blocked = file_in_the_way(source.name, source.path(relpath), exc)
             raise blocked from None
     try:
-        return _to_store(source, target, relpath, expected)
+        return _to_store(source, target, relpath, expected, pacer)
     except CorruptSegmentError as exc:
         raise CorruptSegmentError(f"{mismatch}: {exc}") from None
 
 
-def _to_store(source: Site, target: Site, relpath: str, expected: FileFacts) -> FileFacts:
+def _to_store(source: Site, target: Site, relpath: str, expected: FileFacts, pacer: Pacer | None) -> FileFacts:
     """Into an S3 target: a server-side copy when one client can read the source and write the target, else
     the source's bytes streamed into a verified upload (``storage.s3.put_verified``)."""
     assert target.s3 is not None
     if source.s3 is not None and same_store(source.s3, target.s3):
         return server_side_copy(source.s3, target.s3, source.path(relpath), target.path(relpath), expected)
     with _reading(source, relpath) as src:
-        return put_verified(target.s3, target.path(relpath), _chunks(src, source, relpath), expected)
+        return put_verified(target.s3, target.path(relpath), _chunks(src, source, relpath, pacer), expected)
 
 
-def _chunks(src: pa.NativeFile, source: Site, relpath: str) -> Iterator[bytes]:
-    while chunk := _read(src, source, relpath):
+def _chunks(src: pa.NativeFile, source: Site, relpath: str, pacer: Pacer | None) -> Iterator[bytes]:
+    """The source's bytes, a chunk at a time, each paid for at the pacer's rate once read."""
+    while chunk := _read(src, source, relpath, _CHUNK if pacer is None else pacer.chunk_bytes(_CHUNK)):
+        if pacer is not None:
+            pacer.consume(len(chunk))
         yield chunk
 
 
@@ -118,9 +133,9 @@ def _reading(source: Site, relpath: str) -> Iterator[pa.NativeFile]:
         yield src
 
 
-def _read(src: pa.NativeFile, source: Site, relpath: str) -> bytes:
+def _read(src: pa.NativeFile, source: Site, relpath: str, size: int) -> bytes:
     try:
-        chunk: bytes = src.read(_CHUNK)
+        chunk: bytes = src.read(size)
     except STORE_ERRORS as exc:
         raise _access_error(source, relpath, "read", exc) from None
     return chunk

@@ -20,6 +20,7 @@ from typing import Any
 from segrep.config.stores import StoreOptions
 from segrep.core.errors import CorruptSegmentError, SegrepError
 from segrep.storage.atomic import batched_directory_syncs
+from segrep.storage.pacing import LINK_BURST_S, Pacer
 from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.site import Site
 from segrep.storage.store_errors import StoreRefusedError
@@ -45,6 +46,7 @@ class CopyItem:
     source_options: StoreOptions = field(default_factory=StoreOptions)
     target_options: StoreOptions = field(default_factory=StoreOptions)
     crc64nvme: str | None = None  # the catalog's CRC-64/NVME of the file, if known: copies are checked by it
+    bytes_per_s: int | None = None  # this copy's share of its link's cap, where no pacer of this process paces it
 
     @classmethod
     def from_doc(cls, raw: dict[str, Any]) -> CopyItem:
@@ -72,15 +74,24 @@ Copier = Callable[[list[CopyItem]], list[CopyOutcome]]
 
 
 SiteOpener = Callable[[str, str, StoreOptions], Site]
+# The pacer of copies from one site to another (by name), or None to copy unpaced: a link's share of its cap
+PacerFor = Callable[[str, str], Pacer | None]
 
 
-def copy_one(item: CopyItem, open_site: SiteOpener = Site) -> CopyOutcome:
-    """One item copied and verified; what went wrong is the outcome, never an exception (a Spark executor
-    sends outcomes back)."""
+def unpaced(source: str, target: str) -> Pacer | None:
+    return None
+
+
+def copy_one(item: CopyItem, open_site: SiteOpener = Site, pacer_for: PacerFor = unpaced) -> CopyOutcome:
+    """One item copied and verified, at its link's pace; what went wrong is the outcome, never an exception
+    (a Spark executor sends outcomes back)."""
     try:
         source = open_site(item.source, item.source_uri, item.source_options)
         target = open_site(item.target, item.target_uri, item.target_options)
-        copy_verified(source, target, item.relpath, item.byte_size, item.sha256, item.crc64nvme)
+        pacer = pacer_for(item.source, item.target)
+        if pacer is None and item.bytes_per_s:  # a Spark task: its share of the driver's slot
+            pacer = Pacer(item.bytes_per_s, burst_s=LINK_BURST_S)
+        copy_verified(source, target, item.relpath, item.byte_size, item.sha256, item.crc64nvme, pacer)
     except CorruptSegmentError as exc:
         return CopyOutcome(item.relpath, False, invalid=str(exc))
     except COPY_ERRORS as exc:  # a site that cannot be opened, read or written
@@ -96,18 +107,22 @@ class CopyPool:
     first served, the earliest batch finishes first, and its partition's catalog work overlaps the others'
     copies. Each file is fsynced as it is copied; the directories of local targets are fsynced once per batch,
     before its outcomes are returned (so before any is committed): a failed directory sync fails every copy
-    of the batch. Sites are opened once for the pool."""
+    of the batch. Sites are opened once for the pool. ``pacer_for`` paces each copy at its link's share
+    (``catalog.link_lease.LinkPacing``); by default copies are unpaced."""
 
-    def __init__(self, workers: int = COPIES_AT_ONCE) -> None:
+    def __init__(self, workers: int = COPIES_AT_ONCE, pacer_for: PacerFor = unpaced) -> None:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="segrep-copy")
         self._open_site = _opened_once()
+        self._pacer_for = pacer_for
 
     def __call__(self, items: list[CopyItem]) -> list[CopyOutcome]:
         try:
             with batched_directory_syncs():
                 # each copy joins the batch's directory syncs through its context
                 runs = [(contextvars.copy_context(), item) for item in items]
-                futures = [self._pool.submit(ctx.run, copy_one, item, self._open_site) for ctx, item in runs]
+                futures = [
+                    self._pool.submit(ctx.run, copy_one, item, self._open_site, self._pacer_for) for ctx, item in runs
+                ]
                 return [f.result() for f in futures]
         except OSError as exc:
             return [CopyOutcome(i.relpath, False, error=describe(exc)) for i in items]

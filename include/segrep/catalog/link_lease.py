@@ -1,0 +1,193 @@
+"""Holding a link slot while a process copies, and pacing its copies at the slot's share (DESIGN section 17).
+
+A ``LinkLease`` takes a slot on a (source, target) link (``catalog.link_slots``), waits while the link's
+concurrency is full, and renews the slot about every second from a background thread. Each beat supplies the
+limits in force now (the ``limits`` callable: a time window may have changed the cap), gets the holder's share
+back and sets it on the lease's ``Pacer``, which every copy of the holder consumes per chunk: a cap change
+or a new holder takes effect within two beats. On exit the slot is released; if the process dies its slot
+lapses within one TTL (``$SEGREP_LINK_SLOT_TTL_S``, 10 s) and its share goes back to the others.
+
+A beat that cannot reach the catalog is tried again at the next one; if none succeeds before the slot could
+have lapsed, the pacer holds every copy (the share may already be someone else's) until a beat gets through.
+
+``LinkPacing`` is what a copier is given: one lease per link it crosses, taken on the first copy over that
+link, and only when the link has limits; with none (the default, ``unlimited``) nothing is taken and copies
+run as before.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import replace
+from functools import partial
+from types import TracebackType
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from segrep.catalog import link_slots as lk
+from segrep.catalog import queries as q
+from segrep.catalog.engine import Catalog
+from segrep.core import hlc
+from segrep.core.links import CopyPriority
+from segrep.core.settings import seconds_from_env
+from segrep.storage.pacing import LINK_BURST_S, Pacer
+from segrep.storage.transport import Copier, CopyItem, CopyOutcome
+
+LINK_TTL_ENV = "SEGREP_LINK_SLOT_TTL_S"
+DEFAULT_LINK_TTL_S = 10.0
+BEAT_S = 1.0
+
+# The limits of a link now, by (source site, target site) name: where the definitions' links plug in
+LinkLimits = Callable[[str, str], lk.Limits]
+
+
+def unlimited(source: str, target: str) -> lk.Limits:
+    """No cap and no concurrency limit on any link: no slot is taken, copies run unpaced."""
+    return lk.Limits()
+
+
+def link_ttl_us() -> int:
+    """How long a slot outlives its holder's last beat."""
+    return int(seconds_from_env(LINK_TTL_ENV, DEFAULT_LINK_TTL_S, 3600.0) * 1_000_000)
+
+
+class LinkLease:
+    """A slot on ``source -> target`` for copies of class ``what``, renewed while the block runs; ``pacer`` is
+    what the copies consume. Entering blocks while the holder waits for a slot."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        source: str,
+        target: str,
+        what: CopyPriority,
+        limits: Callable[[], lk.Limits],
+        *,
+        beat_s: float = BEAT_S,
+        ttl_us: int | None = None,
+    ) -> None:
+        self.catalog, self.source, self.target, self.what = catalog, source, target, what
+        self.holder = uuid.uuid4().hex
+        self.pacer = Pacer(0, burst_s=LINK_BURST_S)
+        self.pacer.hold()
+        self.grant = lk.Grant(share=0, waiting=True)
+        self._limits = limits
+        self._beat_s = beat_s
+        self._ttl_us = link_ttl_us() if ttl_us is None else ttl_us
+        self._stop = threading.Event()
+        self._admitted = threading.Event()
+        self._thread = threading.Thread(target=self._beats, name=f"segrep-link-{source}-{target}", daemon=True)
+        self._link = lk.Link(0, 0)
+        self._valid_until = 0.0  # monotonic time by which the slot lapses unless a beat renews it
+
+    def __enter__(self) -> LinkLease:
+        with self.catalog.write() as s:
+            self._link = lk.Link(q.site_by_name(s, self.source).site_id, q.site_by_name(s, self.target).site_id)
+            started = time.monotonic()
+            grant = lk.acquire(s, self._link, self.holder, self.what, self._limits(), hlc.now_us(), self._ttl_us)
+        self._apply(grant, started)
+        self._thread.start()
+        try:
+            while not self._admitted.wait(self._beat_s):  # waiting for a slot: the beats admit us
+                pass
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.pacer.set_rate(None)  # nothing may stay held on a lease that is gone
+        try:
+            with self.catalog.write() as s:
+                lk.release(s, self.holder)
+        except SQLAlchemyError:  # the slot lapses on its own within one TTL
+            pass
+
+    def beat(self) -> lk.Grant:
+        """Renew once with the limits in force now (a lost slot is taken again) and apply the share."""
+        started = time.monotonic()
+        limits = self._limits()
+        with self.catalog.write() as s:
+            now = hlc.now_us()
+            grant = lk.renew(s, self._link, self.holder, limits, now, self._ttl_us)
+            if grant.lost:
+                grant = lk.acquire(s, self._link, self.holder, self.what, limits, now, self._ttl_us)
+        self._apply(grant, started)
+        return grant
+
+    def _apply(self, grant: lk.Grant, started: float) -> None:
+        self.grant = grant
+        self._valid_until = started + self._ttl_us / 1_000_000
+        if grant.waiting or grant.share == 0:
+            self.pacer.hold()
+        else:
+            self.pacer.set_rate(grant.share)
+        if not grant.waiting:
+            self._admitted.set()
+
+    def _beats(self) -> None:
+        while not self._stop.wait(self._beat_s):
+            try:
+                self.beat()
+            except SQLAlchemyError:  # the catalog is away: hold once the slot may have lapsed
+                if time.monotonic() >= self._valid_until - self._beat_s:
+                    self.pacer.hold()
+
+
+class LinkPacing:
+    """The pacers of one copier's links: ``pacer(source, target)`` takes the link's lease on first use when the
+    link has limits (None when it has none: unpaced), and every lease is released on exit."""
+
+    def __init__(self, catalog: Catalog, what: CopyPriority, limits: LinkLimits = unlimited) -> None:
+        self.catalog, self.what, self.limits = catalog, what, limits
+        self._leases: dict[tuple[str, str], LinkLease] = {}
+        self._lock = threading.Lock()
+
+    def pacer(self, source: str, target: str) -> Pacer | None:
+        """The pacer of copies from ``source`` to ``target``; may block while the link is full."""
+        with self._lock:
+            lease = self._leases.get((source, target))
+            if lease is None:
+                if self.limits(source, target) == lk.Limits():
+                    return None
+                lease = LinkLease(self.catalog, source, target, self.what, lambda: self.limits(source, target))
+                lease.__enter__()
+                self._leases[(source, target)] = lease
+        return lease.pacer
+
+    def paced_batches(self, copier: Copier) -> Copier:
+        """``copier`` (a Spark distributed copy, whose tasks this process cannot pace) with a slot of its own per
+        link for each batch, held here while the batch runs: each item carries its share over the batch's items
+        of its link (``CopyItem.bytes_per_s``; at most that many tasks are in flight), and ``copy_one`` paces
+        the task at it. The share is fixed when the batch starts: a change reaches the next batch."""
+
+        def copy(items: list[CopyItem]) -> list[CopyOutcome]:
+            counts = Counter((i.source, i.target) for i in items)
+            with ExitStack() as stack:
+                rates: dict[tuple[str, str], int | None] = {}
+                for (source, target), n in counts.items():
+                    if self.limits(source, target) == lk.Limits():
+                        continue
+                    lease = LinkLease(self.catalog, source, target, self.what, partial(self.limits, source, target))
+                    rate = stack.enter_context(lease).pacer.wait_rate()
+                    rates[(source, target)] = None if rate is None else max(1, rate // n)
+                return copier([replace(i, bytes_per_s=rates.get((i.source, i.target))) for i in items])
+
+        return copy
+
+    def __enter__(self) -> LinkPacing:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        with self._lock:
+            leases, self._leases = list(self._leases.values()), {}
+        for lease in leases:
+            lease.__exit__(kind, exc, tb)
