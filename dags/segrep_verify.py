@@ -52,6 +52,7 @@ def build_verify_dag(table: TableDef):  # type: ignore[no-untyped-def]
     def verification() -> None:
         @task
         def verify() -> dict[str, Any]:
+            from segrep.catalog.link_limits import definitions_limits, reader_site
             from segrep.maintenance.verify import verify as run
             from segrep.maintenance.verify_spark import SparkDigests
             from segrep.storage.pacing import scrub_rate
@@ -60,7 +61,8 @@ def build_verify_dag(table: TableDef):  # type: ignore[no-untyped-def]
             rate = scrub_rate(params["max_bytes_per_second"])
             with segrep_context() as (defs, catalog):
                 spark = SparkDigests.for_table(defs, name, hook_submit)
-                report = run(catalog, name, files=params["files"], rate=rate, spark=spark)
+                links, reader = definitions_limits(defs), reader_site(defs)  # capped links: a scrub's share
+                report = run(catalog, name, files=params["files"], rate=rate, spark=spark, reader=reader, links=links)
             print(report)
             if report.differences:
                 problems = report.problems()

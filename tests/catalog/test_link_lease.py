@@ -111,7 +111,7 @@ def test_a_batch_handed_to_spark_holds_a_slot_and_its_items_carry_their_share(le
         return CopyItem("primary", "sites/primary", target, f"sites/{target}", f"t/{n}.parquet", 10, "0" * 64)
 
     limits = {("primary", "dr"): cap}
-    with LinkPacing(lease_catalog, CopyPriority.ROUND, lambda s, t: limits.get((s, t), lk.Limits())) as pacing:
+    with LinkPacing(lease_catalog, CopyPriority.ROUND, lambda s, t: limits.get((s, t))) as pacing:
         outcomes = pacing.paced_batches(spark)([item(1, "dr"), item(2, "dr"), item(3, "dr"), item(4, "edge")])
     assert [o.ok for o in outcomes] == [True] * 4
     assert [i.bytes_per_s for i in seen] == [2666, 2666, 2666, None]  # the share over the link's 3 tasks

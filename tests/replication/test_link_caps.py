@@ -88,8 +88,8 @@ def test_a_round_and_a_bootstrap_share_a_capped_link(link_env: Env, monkeypatch:
     source = {t: tree_bytes(link_env.site_dir("primary") / t) for t in ("hot", "cold")}
     assert all(size > 4_000_000 for size in source.values())  # a few MB each: several seconds at the cap
 
-    def capped(src: str, dst: str) -> lk.Limits:
-        return lk.Limits(cap_bytes_per_s=CAP) if (src, dst) == ("primary", "dr") else lk.Limits()
+    def capped(src: str, dst: str) -> lk.Limits | None:
+        return lk.Limits(cap_bytes_per_s=CAP) if (src, dst) == ("primary", "dr") else None
 
     dr = link_env.site_dir("dr")
     sent: list[tuple[float, str, int]] = []  # when a chunk was released onto the link (paid), its table, bytes
@@ -155,8 +155,8 @@ def test_a_remote_scrub_takes_a_share_of_the_link_it_reads_over(link_env: Env) -
     size = tree_bytes(link_env.site_dir("primary") / "hot")
     cap = 4 * 1024 * 1024
 
-    def capped(src: str, dst: str) -> lk.Limits:
-        return lk.Limits(cap_bytes_per_s=cap) if (src, dst) == ("primary", "dr") else lk.Limits()
+    def capped(src: str, dst: str) -> lk.Limits | None:
+        return lk.Limits(cap_bytes_per_s=cap) if (src, dst) == ("primary", "dr") else None
 
     started = time.monotonic()
     local = verify(link_env.catalog, "hot", files=True, record=False, links=capped)  # no reader: no link
@@ -205,8 +205,8 @@ def test_a_repair_copies_a_damaged_file_back_at_a_repairs_share(link_env: Env) -
     cap = 1024 * 1024
     size = tree_bytes(link_env.site_dir("primary") / "hot")
 
-    def capped(src: str, dst: str) -> lk.Limits:
-        return lk.Limits(cap_bytes_per_s=cap) if (src, dst) == ("primary", "dr") else lk.Limits()
+    def capped(src: str, dst: str) -> lk.Limits | None:
+        return lk.Limits(cap_bytes_per_s=cap) if (src, dst) == ("primary", "dr") else None
 
     started = time.monotonic()
     report = repair(link_env.catalog, link_env.defs, "hot", site="dr", submit=no_spark, links=capped)

@@ -11,8 +11,8 @@ A beat that cannot reach the catalog is tried again at the next one; if none suc
 have lapsed, the pacer holds every copy (the share may already be someone else's) until a beat gets through.
 
 ``LinkPacing`` is what a copier is given: one lease per link it crosses, taken on the first copy over that
-link, and only when the link has limits; with none (the default, ``unlimited``) nothing is taken and copies
-run as before.
+link, and only when a link is defined there (even if a window leaves it unlimited for now); with none (the
+default, ``unlimited``) nothing is taken and copies run as before.
 """
 
 from __future__ import annotations
@@ -42,13 +42,14 @@ LINK_TTL_ENV = "SEGREP_LINK_SLOT_TTL_S"
 DEFAULT_LINK_TTL_S = 10.0
 BEAT_S = 1.0
 
-# The limits of a link now, by (source site, target site) name: where the definitions' links plug in
-LinkLimits = Callable[[str, str], lk.Limits]
+# The limits of a link now, by (source site, target site) name, or None when no link is defined between them
+# (no slot is taken); where the definitions' links plug in (``catalog.link_limits``)
+LinkLimits = Callable[[str, str], lk.Limits | None]
 
 
-def unlimited(source: str, target: str) -> lk.Limits:
-    """No cap and no concurrency limit on any link: no slot is taken, copies run unpaced."""
-    return lk.Limits()
+def unlimited(source: str, target: str) -> lk.Limits | None:
+    """No link anywhere: no slot is taken, copies run unpaced."""
+    return None
 
 
 def link_ttl_us() -> int:
@@ -117,7 +118,7 @@ class LinkLease:
         limits = self._limits()
         with self.catalog.write() as s:
             now = hlc.now_us()
-            grant = lk.renew(s, self._link, self.holder, limits, now, self._ttl_us)
+            grant = lk.renew(s, self._link, self.holder, limits, now, self._ttl_us, self.pacer.consumed)
             if grant.lost:
                 grant = lk.acquire(s, self._link, self.holder, self.what, limits, now, self._ttl_us)
         self._apply(grant, started)
@@ -144,7 +145,7 @@ class LinkLease:
 
 class LinkPacing:
     """The pacers of one copier's links: ``pacer(source, target)`` takes the link's lease on first use when the
-    link has limits (None when it has none: unpaced), and every lease is released on exit."""
+    link is defined (None when none is: unpaced), and every lease is released on exit."""
 
     def __init__(self, catalog: Catalog, what: CopyPriority, limits: LinkLimits = unlimited) -> None:
         self.catalog, self.what, self.limits = catalog, what, limits
@@ -156,9 +157,9 @@ class LinkPacing:
         with self._lock:
             lease = self._leases.get((source, target))
             if lease is None:
-                if self.limits(source, target) == lk.Limits():
+                if self.limits(source, target) is None:
                     return None
-                lease = LinkLease(self.catalog, source, target, self.what, lambda: self.limits(source, target))
+                lease = LinkLease(self.catalog, source, target, self.what, partial(self._now, source, target))
                 lease.__enter__()
                 self._leases[(source, target)] = lease
         return lease.pacer
@@ -174,14 +175,19 @@ class LinkPacing:
             with ExitStack() as stack:
                 rates: dict[tuple[str, str], int | None] = {}
                 for (source, target), n in counts.items():
-                    if self.limits(source, target) == lk.Limits():
+                    if self.limits(source, target) is None:
                         continue
-                    lease = LinkLease(self.catalog, source, target, self.what, partial(self.limits, source, target))
+                    lease = LinkLease(self.catalog, source, target, self.what, partial(self._now, source, target))
                     rate = stack.enter_context(lease).pacer.wait_rate()
                     rates[(source, target)] = None if rate is None else max(1, rate // n)
                 return copier([replace(i, bytes_per_s=rates.get((i.source, i.target))) for i in items])
 
         return copy
+
+    def _now(self, source: str, target: str) -> lk.Limits:
+        """The limits in force now on a defined link (a window may make it unlimited for a while: the slot is
+        kept, so the next window's cap reaches the copies within two beats)."""
+        return self.limits(source, target) or lk.Limits()
 
     def __enter__(self) -> LinkPacing:
         return self

@@ -83,6 +83,8 @@ class SlotView:
     waiting: bool
     acquired_us: int
     expires_us: int
+    sent_bytes: int = 0
+    rate: int | None = None  # measured at its beats (smoothed over the last few)
 
 
 def fair_shares(cap: int | None, holders: dict[str, CopyPriority]) -> dict[str, int | None]:
@@ -116,13 +118,23 @@ def acquire(s: Session, link: Link, holder: str, what: CopyPriority, limits: Lim
     return _settle(s, link, holder, limits)
 
 
-def renew(s: Session, link: Link, holder: str, limits: Limits, now_us: int, ttl_us: int) -> Grant:
+def renew(
+    s: Session, link: Link, holder: str, limits: Limits, now_us: int, ttl_us: int, sent_bytes: int | None = None
+) -> Grant:
     """Push the holder's expiry on, admit it if it waits and a slot is free, and store its share under the
-    limits in force now (the caller supplies them each time: a time window may have changed the cap)."""
+    limits in force now (the caller supplies them each time: a time window may have changed the cap). With
+    ``sent_bytes`` (what the holder has sent so far), its rate since the last beat is stored too."""
     _lock(s, link, limits, now_us)
     row = s.get(m.LinkSlot, holder, populate_existing=True)
     if row is None:
         return Grant(share=0, waiting=True, lost=True)
+    if sent_bytes is not None:
+        elapsed_us = now_us - row.heartbeat_us
+        if elapsed_us > 0:  # smoothed: a beat sees whole chunks (a MiB) sent, not a steady flow
+            now_rate = max(0, sent_bytes - (row.sent_bytes or 0)) * 1_000_000 // elapsed_us
+            old = row.rate_bytes_per_s
+            row.rate_bytes_per_s = now_rate if old is None else (old + now_rate) // 2
+        row.sent_bytes = sent_bytes
     row.heartbeat_us = now_us
     row.expires_us = now_us + ttl_us
     return _settle(s, link, holder, limits)
@@ -170,6 +182,8 @@ def slots(s: Session, now_us: int) -> list[SlotView]:
             r.waiting,
             r.acquired_us,
             r.expires_us,
+            r.sent_bytes or 0,
+            r.rate_bytes_per_s,
         )
         for r in s.scalars(q)
     ]
@@ -178,13 +192,18 @@ def slots(s: Session, now_us: int) -> list[SlotView]:
 @dataclass(frozen=True)
 class LinkState:
     """One link as status shows it: the limits in force, the rate its admitted holders may send together now
-    (None: some holder is unpaced), who sends and who waits, and why each waits."""
+    (None: some holder is unpaced), what they send, measured at their beats (``sending``), who sends and who
+    waits, and why each waits."""
 
     link: Link
     limits: Limits
     rate: int | None
     holders: list[SlotView]
     waiting: list[tuple[SlotView, str]]
+
+    @property
+    def sending(self) -> int:
+        return sum(v.rate or 0 for v in self.holders)
 
 
 def link_states(s: Session, now_us: int) -> list[LinkState]:

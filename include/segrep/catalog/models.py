@@ -223,6 +223,8 @@ class LinkSlot(Base):
     acquired_us: Mapped[int] = mapped_column(BigInteger)
     heartbeat_us: Mapped[int] = mapped_column(BigInteger)
     expires_us: Mapped[int] = mapped_column(BigInteger)
+    sent_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # reported at each beat
+    rate_bytes_per_s: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # measured at beats, smoothed
 
     __table_args__ = (Index("ix_link_slots_link", "source_site_id", "target_site_id"),)
 

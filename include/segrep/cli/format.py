@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from segrep.catalog import link_slots as lk
 from segrep.config.links import LinkState
 from segrep.core import hlc
 from segrep.core.human import human_rate
@@ -29,6 +30,7 @@ STATUS_HEADER = [
 ]
 
 LINK_HEADER = ["link", "cap now", "in force by", "max copies", "next change"]
+ACTIVITY_HEADER = ["link", "sending", "allowed", "cap", "holders (share)", "waiting"]
 
 
 def format_rows(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -67,6 +69,22 @@ def status_table(rows: Sequence[TargetState]) -> list[list[object]]:
             Whole(r.note() or "-"),
         ]
         for r in rows
+    ]
+
+
+def activity_table(activity: Sequence[tuple[str, lk.LinkState]]) -> list[list[object]]:
+    """One row per link in use: the rate measured, the rate its holders' shares allow, the cap in force, each
+    holder's class and share, and each waiting holder with why it waits."""
+    return [
+        [
+            pair,
+            human_rate(st.sending),
+            human_rate(st.rate),
+            human_rate(st.limits.cap_bytes_per_s),
+            Whole(", ".join(f"{v.what} {human_rate(v.share)}" for v in st.holders) or "-"),
+            Whole("; ".join(f"{v.what}: {why}" for v, why in st.waiting) or "-"),
+        ]
+        for pair, st in activity
     ]
 
 

@@ -820,16 +820,31 @@ BYTES_PER_SECOND = click.IntRange(min=0, max=MAX_SCRUB_BYTES_PER_S)
     default=None,
     help="Pace the file scrub (0: unpaced). Default: $SEGREP_SCRUB_BYTES_PER_S or 64 MiB/s.",
 )
+@click.option(
+    "--reader-site",
+    "reader",
+    default=None,
+    help="The site this command runs at: with --files, other sites' files cross the links from them to it, "
+    "at a scrub's share of a capped link (`links:` in the definitions). Default: $SEGREP_READER_SITE.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 @_user_errors
 def verify_(
-    obj: Context, table: str, site: str | None, at: str | None, files: bool, rate: int | None, as_json: bool
+    obj: Context,
+    table: str,
+    site: str | None,
+    at: str | None,
+    files: bool,
+    rate: int | None,
+    reader: str | None,
+    as_json: bool,
 ) -> None:
     """Compare every replica's rows with its leader's as of one pinned version, and with --files every file
     with the catalog. Exits 1 naming each differing key and bad file; 0 when all is equal."""
     import json
 
+    from segrep.catalog.link_limits import definitions_limits, reader_site
     from segrep.maintenance.verify import parse_at, verify
     from segrep.maintenance.verify_spark import SparkDigests
     from segrep.spark import launch
@@ -837,7 +852,11 @@ def verify_(
 
     pin, pace = parse_at(at), scrub_rate(rate)
     spark = SparkDigests.for_table(obj.defs, table, launch.submit)
-    report = verify(obj.catalog(), table, site=site, at=pin, files=files, rate=pace, spark=spark)
+    reader = reader_site(obj.defs, reader)  # an unknown site is named before anything is read
+    links = definitions_limits(obj.defs)
+    report = verify(
+        obj.catalog(), table, site=site, at=pin, files=files, rate=pace, spark=spark, reader=reader, links=links
+    )
     click.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True) if as_json else str(report))
     if report.differences:
         _fail(f"verify of {table}: {report.differences} difference(s); see above, then `segrep repair {table}`", 1)

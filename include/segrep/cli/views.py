@@ -9,11 +9,20 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 
 from segrep.catalog import Catalog
+from segrep.catalog import link_slots as lk
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.leadership import leadership
 from segrep.catalog.schemas import SchemaHistoryEntry, schema_history
-from segrep.cli.format import LINK_HEADER, STATUS_HEADER, format_rows, link_table, status_table
+from segrep.cli.format import (
+    ACTIVITY_HEADER,
+    LINK_HEADER,
+    STATUS_HEADER,
+    activity_table,
+    format_rows,
+    link_table,
+    status_table,
+)
 from segrep.config.definitions import Definitions, Policy
 from segrep.config.links import LinkState
 from segrep.core import hlc
@@ -250,6 +259,42 @@ def link_lines(states: list[LinkState]) -> list[str]:
     return ["links (caps from the definitions; windows in UTC):", format_rows(LINK_HEADER, link_table(states))]
 
 
+def link_activity(catalog: Catalog, sites: tuple[str, ...] | None = None) -> list[tuple[str, lk.LinkState]]:
+    """Each link with live slots now, as ``source -> target`` and what the catalog's slots say (the cap in
+    force, the rate allowed and measured, holders and who waits why); with ``sites``, a table's links only."""
+    with catalog.read() as s:
+        names = {r.site_id: r.name for r in s.execute(select(m.Site.site_id, m.Site.name))}
+        states = lk.link_states(s, hlc.now_us())
+    out = []
+    for st in states:
+        source, target = names.get(st.link.source_site_id, "?"), names.get(st.link.target_site_id, "?")
+        if sites is None or {source, target} <= set(sites):
+            out.append((f"{source} -> {target}", st))
+    return out
+
+
+def activity_doc(pair: str, st: lk.LinkState) -> dict[str, object]:
+    """A link's live state for ``status --json``."""
+
+    def slot(v: lk.SlotView) -> dict[str, object]:
+        return {
+            "what": str(v.what),
+            "share_bytes_per_s": v.share,
+            "rate_bytes_per_s": v.rate,
+            "sent_bytes": v.sent_bytes,
+        }
+
+    return {
+        "link": pair,
+        "max_bytes_per_second": st.limits.cap_bytes_per_s,
+        "max_concurrent_copies": st.limits.max_concurrent,
+        "allowed_bytes_per_s": st.rate,
+        "sending_bytes_per_s": st.sending,
+        "holders": [slot(v) for v in st.holders],
+        "waiting": [{**slot(v), "why": why} for v, why in st.waiting],
+    }
+
+
 def status_output(
     catalog: Catalog, defs: Definitions | None, table: str | None, *, as_json: bool, now: datetime | None = None
 ) -> str:
@@ -264,6 +309,7 @@ def status_output(
     conflicts = recent_conflicts(catalog, table)
     table_sites = defs.tables[table].sites if defs is not None and table in defs.tables else None
     links = link_states(defs, now or datetime.now(UTC), table_sites)
+    activity = link_activity(catalog, table_sites)
     if as_json:
         replication = [{**r.to_dict(), "note": r.note(), "last_round": r.last_round_text()} for r in rows]
         doc = {
@@ -273,6 +319,7 @@ def status_output(
             "leadership": [x.to_dict() for x in leaders],
             "conflicts": [c.to_dict() for c in conflicts],
             "links": [x.to_dict() for x in links],
+            "link_activity": [activity_doc(pair, st) for pair, st in activity],
         }
         return json.dumps(doc, indent=2, sort_keys=True)
     header = [*STATUS_HEADER[:4], "rpo", *STATUS_HEADER[4:]]
@@ -293,4 +340,7 @@ def status_output(
             keys = "; ".join(json.dumps(k) for k in c.sample)
             lines.append(f"  {c.table}: {c.rows:,} row(s) written at {c.site} overwritten by {c.by} (e.g. {keys})")
     lines += link_lines(links)
+    if activity:
+        lines += ["links in use (slots held now; rates measured each second, smoothed):"]
+        lines.append(format_rows(ACTIVITY_HEADER, activity_table(activity)))
     return "\n".join(lines)

@@ -32,6 +32,7 @@ from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.link_lease import LinkLimits, LinkPacing, unlimited
+from segrep.catalog.link_limits import limits_or_definitions
 from segrep.catalog.sql import rowcount
 from segrep.catalog.verifications import FileCheckResult, record_file_checks
 from segrep.config.definitions import Definitions
@@ -211,10 +212,11 @@ def repair(
     dry_run: bool = False,
     rate: int = 0,
     submit: Submit = launch.submit,
-    links: LinkLimits = unlimited,
+    links: LinkLimits | None = None,
 ) -> RepairReport:
     """Mend every copy (at ``site``, or everywhere) of ``table``'s segments and every replica's rows; a file
-    copied back over a link with limits (``links``) goes at a repair's share of it."""
+    copied back over a link with limits (``links``, default the definitions') goes at a repair's share of it."""
+    links = limits_or_definitions(links, defs)
     scope = scope_of(catalog, table, site, None)
     report = RepairReport(table, dry_run)
     pacer = Pacer(rate)

@@ -8,7 +8,7 @@ limited to the joining site.
 from __future__ import annotations
 
 from segrep.catalog import Catalog
-from segrep.catalog.link_lease import LinkLimits, unlimited
+from segrep.catalog.link_lease import LinkLimits
 from segrep.config.definitions import Definitions
 from segrep.core.errors import NotFoundError
 from segrep.replication.orchestrator import run_round
@@ -36,7 +36,7 @@ def catch_up(
     *,
     submit: Submit = launch.submit,
     max_rounds: int = CATCH_UP_ROUNDS,
-    links: LinkLimits = unlimited,
+    links: LinkLimits | None = None,
 ) -> list[RoundReport]:
     """Run rounds to ``site`` until it is caught up (nothing pending, joined), at most ``max_rounds``; their
     copies to a replica still joining share a capped link as a bootstrap's (``links``)."""

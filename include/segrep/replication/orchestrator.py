@@ -19,7 +19,8 @@ from enum import StrEnum
 from typing import Any
 
 from segrep.catalog import Catalog
-from segrep.catalog.link_lease import LinkLimits, unlimited
+from segrep.catalog.link_lease import LinkLimits
+from segrep.catalog.link_limits import limits_or_definitions
 from segrep.config.definitions import Definitions
 from segrep.core import hlc
 from segrep.core.human import human_bytes
@@ -123,11 +124,12 @@ class RoundSteps:
         *,
         submit: Submit = launch.submit,
         copier: Copier | None = None,
-        links: LinkLimits = unlimited,
+        links: LinkLimits | None = None,
     ) -> None:
         self.catalog, self.defs, self.table = catalog, defs, table
         self.policy = defs.policy(table)
-        self.submit, self.copier, self.links = submit, copier, links
+        self.submit, self.copier = submit, copier
+        self.links = limits_or_definitions(links, defs)  # the definitions' links unless a caller gives others
 
     # -- the steps ------------------------------------------------------------------------------------------
 
@@ -243,7 +245,7 @@ def run_round(
     reoffer: bool = False,
     submit: Submit = launch.submit,
     copier: Copier | None = None,
-    links: LinkLimits = unlimited,
+    links: LinkLimits | None = None,
 ) -> RoundReport:
     """plan -> fast-forward each target -> merge (only if planned) -> commit; the round's report (no view:
     what tests and workflows that run rounds back to back need)."""

@@ -1,7 +1,8 @@
 """Link slots (issue 36, DESIGN section 17): ``link_slots`` holds one row per copier holding (or waiting for)
 a share of a (source, target) link's byte-rate cap, kept alive by its heartbeat like a round's leases;
 ``link_budgets`` one row per link that has had a holder: the cap in force, and the row every change of the
-link's slots locks first.
+link's slots locks first. Each beat also stores what its holder has sent, and its rate since the beat before
+(what status shows as the link's current rate).
 
 Revision ID: 0011
 Revises: 0010
@@ -40,6 +41,8 @@ def upgrade() -> None:
         sa.Column("acquired_us", sa.BigInteger(), nullable=False),
         sa.Column("heartbeat_us", sa.BigInteger(), nullable=False),
         sa.Column("expires_us", sa.BigInteger(), nullable=False),
+        sa.Column("sent_bytes", sa.BigInteger(), nullable=False, server_default="0"),
+        sa.Column("rate_bytes_per_s", sa.BigInteger(), nullable=True),
     )
     op.create_index("ix_link_slots_link", "link_slots", ["source_site_id", "target_site_id"])
 
