@@ -4,13 +4,17 @@ differ re-bootstrapped, segments intact nowhere reported LOST with nothing delet
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
+from segrep.catalog import link_slots as lk
 from segrep.catalog import models as m
+from segrep.catalog.link_lease import LinkLease
+from segrep.core import hlc
 from segrep.maintenance.repair import repair
 from segrep.maintenance.verify import Verdict, verify
 from tests.support.badinput import catalog_rows, tree_state, unchanged
@@ -168,6 +172,36 @@ def test_repair_mends_the_leader_from_the_replicas_and_rebuilds_no_replica_from_
     round_until_idle(env)  # rounds have nothing to undo
     for site in ("primary", "dr", "edge"):
         assert triples(env.catalog, site) == model.snapshot(), site
+
+
+def test_a_leaders_mend_over_a_capped_link_goes_at_a_failbacks_share(outage_env: Env) -> None:
+    """The fetch back to the leader crosses dr -> primary: with a cap there it holds a failback's slot and is
+    paced at its share (a slower link than the file: the mend takes at least size / cap)."""
+    env = outage_env
+    load_events(env)
+    lost = drop_at_leader_while_replicas_are_away(env)
+    cap = 2048  # the segment is a few kB: two seconds or so
+    taken: list[tuple[str, str, str]] = []
+
+    def capped(source: str, target: str) -> lk.Limits | None:
+        return lk.Limits(cap_bytes_per_s=cap) if (source, target) == ("dr", "primary") else None
+
+    real_enter = LinkLease.__enter__
+
+    def entering(lease: LinkLease) -> LinkLease:
+        taken.append((lease.source, lease.target, str(lease.what)))
+        return real_enter(lease)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LinkLease, "__enter__", entering)
+        started = time.monotonic()
+        done = repair(env.catalog, env.defs, TABLE, submit=no_spark, links=capped)
+        elapsed = time.monotonic() - started
+    assert done.clean and [x.segment_id for x in done.leader] == [lost.segment_id], str(done)
+    assert taken == [("dr", "primary", "failback")]
+    assert lost.byte_size > cap and elapsed >= (lost.byte_size - cap // 4) / cap, (lost.byte_size, elapsed)
+    with env.catalog.read() as s:
+        assert lk.slots(s, hlc.now_us()) == []  # released
 
 
 def test_a_replica_holding_a_fork_the_leader_lacks_is_never_rebootstrapped(outage_env: Env) -> None:

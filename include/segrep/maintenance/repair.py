@@ -220,7 +220,7 @@ def repair(
     scope = scope_of(catalog, table, site, None)
     report = RepairReport(table, dry_run)
     pacer = Pacer(rate)
-    mends = mend_leaders(catalog, table, site=site, pacer=pacer, dry_run=dry_run)
+    mends = mend_leaders(catalog, table, site=site, pacer=pacer, dry_run=dry_run, links=links)
     report.leader = mends.lacks
     copies = segment_copies(catalog, scope.info)
     reference = leader_facts(copies)

@@ -25,12 +25,14 @@ from segrep.catalog import Catalog
 from segrep.catalog import leases as ls
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.link_lease import LinkLimits, LinkPacing, unlimited
 from segrep.catalog.segments import entry_of, insert_segments, move_root_to, segment_values
 from segrep.catalog.site_identity import open_site
 from segrep.catalog.snapshot import PartitionSnapshot, snapshot
 from segrep.core import hlc
 from segrep.core.chain import Chain, referenced_ids
 from segrep.core.errors import ConflictError
+from segrep.core.links import CopyPriority
 from segrep.maintenance.scrub import SegmentCopy, check_copy
 from segrep.storage.atomic import FileFacts
 from segrep.storage.pacing import Pacer
@@ -84,9 +86,26 @@ def lacking_at_leader(part: PartitionSnapshot) -> dict[str, list[tuple[m.Placeme
     return out
 
 
-def mend_leaders(catalog: Catalog, table: str, *, site: str | None, pacer: Pacer, dry_run: bool) -> LeaderMends:
+def mend_leaders(
+    catalog: Catalog,
+    table: str,
+    *,
+    site: str | None,
+    pacer: Pacer,
+    dry_run: bool,
+    links: LinkLimits = unlimited,
+) -> LeaderMends:
     """Find what each partition's leader lacks that a replica holds, and (unless ``dry_run``) fetch what makes
-    its chain whole; ``site`` limits the fetches to leaders at that site (every lack is still reported)."""
+    its chain whole; ``site`` limits the fetches to leaders at that site (every lack is still reported). A
+    fetch over a defined link (``links``) goes at a failback's share of it: the leader takes back rows only a
+    replica held."""
+    with LinkPacing(catalog, CopyPriority.FAILBACK, links) as pacing:
+        return _mend_leaders(catalog, table, site, pacer, dry_run, pacing)
+
+
+def _mend_leaders(
+    catalog: Catalog, table: str, site: str | None, pacer: Pacer, dry_run: bool, pacing: LinkPacing
+) -> LeaderMends:
     with catalog.read() as s:
         snap = snapshot(s, table, include_stalled=True)
     mends = LeaderMends()
@@ -117,7 +136,8 @@ def mend_leaders(catalog: Catalog, table: str, *, site: str | None, pacer: Pacer
             mends.lacks.append(lack)
             if fetch and not dry_run and source is not None:
                 target = open_site(catalog, leader_site)
-                copy_verified(source.storage(), target, seg.relpath, seg.byte_size, seg.sha256, seg.crc64nvme)
+                link = pacing.pacer(source.site, leader_site.name)
+                copy_verified(source.storage(), target, seg.relpath, seg.byte_size, seg.sha256, seg.crc64nvme, link)
                 done.append((source.segment, [pl for pl, _ in pairs]))
         if not dry_run:
             forks = {sid: [pl for pl, _ in pairs] for sid, pairs in lacking.items() if sid not in relinked}
