@@ -21,8 +21,8 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from functools import partial
 from types import TracebackType
@@ -171,18 +171,25 @@ class LinkPacing:
         the task at it. The share is fixed when the batch starts: a change reaches the next batch."""
 
         def copy(items: list[CopyItem]) -> list[CopyOutcome]:
-            counts = Counter((i.source, i.target) for i in items)
-            with ExitStack() as stack:
-                rates: dict[tuple[str, str], int | None] = {}
-                for (source, target), n in counts.items():
-                    if self.limits(source, target) is None:
-                        continue
-                    lease = LinkLease(self.catalog, source, target, self.what, partial(self._now, source, target))
-                    rate = stack.enter_context(lease).pacer.wait_rate()
-                    rates[(source, target)] = None if rate is None else max(1, rate // n)
+            with self.shares(Counter((i.source, i.target) for i in items)) as rates:
                 return copier([replace(i, bytes_per_s=rates.get((i.source, i.target))) for i in items])
 
         return copy
+
+    @contextmanager
+    def shares(self, counts: Counter[tuple[str, str]]) -> Iterator[dict[tuple[str, str], int | None]]:
+        """For work others pace (a Spark application's tasks), a slot of its own per defined link in
+        ``counts`` (source, target) -> how many items cross it, held while the block runs; yields each link's
+        share over its items (absent: no link, unpaced). Fixed for the block: a change reaches the next one."""
+        with ExitStack() as stack:
+            rates: dict[tuple[str, str], int | None] = {}
+            for (source, target), n in counts.items():
+                if self.limits(source, target) is None:
+                    continue
+                lease = LinkLease(self.catalog, source, target, self.what, partial(self._now, source, target))
+                rate = stack.enter_context(lease).pacer.wait_rate()
+                rates[(source, target)] = None if rate is None else max(1, rate // n)
+            yield rates
 
     def _now(self, source: str, target: str) -> lk.Limits:
         """The limits in force now on a defined link (a window may make it unlimited for a while: the slot is

@@ -22,6 +22,7 @@ import pyarrow as pa
 from segrep.config.stores import StoreOptions
 from segrep.core import schema as sch
 from segrep.core.projection import ReadVersions
+from segrep.storage.pacing import pay_ahead
 from segrep.storage.segment_meta import ExpectedSegment
 from segrep.storage.site import Site
 
@@ -41,6 +42,8 @@ class SegmentFile:
     expected: ExpectedSegment | None = None
     primary_key: tuple[str, ...] = ()
     versions: ReadVersions | None = None  # project the file to ``versions.target`` (``core.projection``)
+    byte_size: int = 0
+    bytes_per_s: int | None = None  # a read across a capped link: its share, paid before the read
 
 
 def segment_frame(
@@ -76,6 +79,7 @@ def read_batches(
 def read_file(f: SegmentFile, target: pa.Schema) -> pa.Table:
     """One file's ``target`` columns, opened with its site's options (projected to ``f.versions.target`` if
     given: on the executors too); checked if its entry is known."""
+    pay_ahead(f.byte_size, f.bytes_per_s)
     site = Site(f.site, f.uri, f.options)
     if f.expected is None:
         rows = site.read_segment(f.relpath, target.names, f.versions)

@@ -19,11 +19,12 @@ from enum import StrEnum
 from typing import Any
 
 from segrep.catalog import Catalog
-from segrep.catalog.link_lease import LinkLimits
+from segrep.catalog.link_lease import LinkLimits, LinkPacing
 from segrep.catalog.link_limits import limits_or_definitions
 from segrep.config.definitions import Definitions
 from segrep.core import hlc
 from segrep.core.human import human_bytes
+from segrep.core.links import CopyPriority
 from segrep.replication.commit import recommit
 from segrep.replication.fast_forward import fast_forward_target
 from segrep.replication.heartbeat import heartbeat
@@ -195,7 +196,8 @@ class RoundSteps:
         # the one-task path was chosen because its merge runs in process (choose_path read the inputs' footers
         # then): not decided, nor the footers read, again
         engine = MergeEngine.IN_PROCESS if planned.path == RoundPath.ONE_TASK else "auto"
-        run_merge(self.defs, self.table, planned.end_us, planned.manifest, self.submit, force=engine)
+        with LinkPacing(self.catalog, CopyPriority.ROUND, self.links) as pacing:  # inputs of other sites
+            run_merge(self.defs, self.table, planned.end_us, planned.manifest, self.submit, force=engine, pacing=pacing)
         return True
 
     def commit(self, planned: PlannedRound) -> RoundReport:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import itertools
 import json
+from contextlib import nullcontext
 from dataclasses import asdict
 
+from segrep.catalog.link_lease import LinkPacing
 from segrep.config.definitions import Definitions
 from segrep.spark import launch
 from segrep.spark.launch import Submit
+from segrep.spark.link_pacing import paced_merge
 from segrep.spark.merge_runner import MergeLimits, MergeRun, run_merge_manifest
 from segrep.storage.atomic import write_json_atomic
 from segrep.storage.transport import Copier, CopyItem, CopyOutcome
@@ -36,15 +39,23 @@ def spark_copier(defs: Definitions, table: str, end_us: int, site: str, submit: 
 
 
 def run_merge(
-    defs: Definitions, table: str, end_us: int, manifest: str, submit: Submit = launch.submit, *, force: str = "auto"
+    defs: Definitions,
+    table: str,
+    end_us: int,
+    manifest: str,
+    submit: Submit = launch.submit,
+    *,
+    force: str = "auto",
+    pacing: LinkPacing | None = None,
 ) -> MergeRun:
     """The round's merge manifest, in process or on Spark by the table's policy (``spark.merge_runner``), or on
-    the engine ``force`` names."""
-    return run_merge_manifest(
-        manifest,
-        result_path(defs, table, end_us),
-        submit=submit,
-        limits=MergeLimits.of(defs.policy(table)),
-        name=f"segrep-merge-{table}",
-        force=force,
-    )
+    the engine ``force`` names; with ``pacing``, its reads across defined links go at their share."""
+    with paced_merge(manifest, pacing) if pacing is not None else nullcontext():
+        return run_merge_manifest(
+            manifest,
+            result_path(defs, table, end_us),
+            submit=submit,
+            limits=MergeLimits.of(defs.policy(table)),
+            name=f"segrep-merge-{table}",
+            force=force,
+        )

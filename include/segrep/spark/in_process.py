@@ -24,9 +24,9 @@ import pyarrow.compute as pc
 
 from segrep.core import schema as sch
 from segrep.data.reader import key_range, latest, newest_first
-from segrep.data.spark_files import SegmentFile, read_file
+from segrep.data.spark_files import read_file
 from segrep.spark.conflicts import LeaderBest, Pushed, arrow_conflicts
-from segrep.spark.manifest import FileRef, Manifest, MergeItem
+from segrep.spark.manifest import FileRef, Manifest, MergeItem, segment_files
 from segrep.spark.merge_items import ItemRows, MergeEngine, run_items
 
 _SIDE = "__side"
@@ -103,8 +103,7 @@ def _read(refs: list[FileRef], item: MergeItem, columns: list[str] | None = None
     target = sch.segment_schema(sch.schema_from_columns(dict(item.columns)))
     if columns is not None:
         target = pa.schema([target.field(c) for c in columns])
-    files = [SegmentFile(r.site, r.uri, r.options, r.relpath, versions=item.versions) for r in refs]
-    tables = [read_file(f, target) for f in files]
+    tables = [read_file(f, target) for f in segment_files(refs, item.versions)]
     rows = pa.concat_tables(tables) if tables else target.empty_table()
     return rows, rows.num_rows
 

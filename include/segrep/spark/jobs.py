@@ -27,9 +27,9 @@ import pyarrow as pa
 from segrep.core import keys
 from segrep.core import schema as sch
 from segrep.core.projection import ReadVersions
-from segrep.data.spark_files import SegmentFile, segment_frame
+from segrep.data.spark_files import segment_frame
 from segrep.spark.conflicts import Conflict, merge_conflicts
-from segrep.spark.manifest import FileRef, Manifest, MergeItem
+from segrep.spark.manifest import FileRef, Manifest, MergeItem, segment_files
 from segrep.spark.merge_items import ItemRows, MergeEngine, row_count, run_items
 
 if TYPE_CHECKING:
@@ -61,8 +61,7 @@ def file_frame(
 ) -> DataFrame:
     """The files' unresolved rows, read on the executors from each file's site with the manifest's options,
     each projected to ``versions.target`` there (``schema`` is that version's)."""
-    files = [SegmentFile(r.site, r.uri, r.options, r.relpath, versions=versions) for r in refs]
-    return segment_frame(spark, files, schema, columns)
+    return segment_frame(spark, segment_files(refs, versions), schema, columns)
 
 
 def latest_rows(df: DataFrame, primary_key: list[str]) -> DataFrame:

@@ -20,6 +20,7 @@ from segrep.config.stores import StoreOptions
 from segrep.core.errors import SegrepError
 from segrep.core.projection import ReadVersions
 from segrep.core.schema_versions import SchemaVersion, first_version
+from segrep.data.spark_files import SegmentFile
 from segrep.storage.atomic import write_json_atomic
 from segrep.storage.site import Site, segment_relpath
 
@@ -36,6 +37,8 @@ class FileRef:
     sha256: str
     holder_placement_id: int
     options: StoreOptions  # how the site's store is reached (no secret): the job opens it with these
+    # a read across a capped link: its share of the link (``spark.link_pacing``), paid before the file is read
+    bytes_per_s: int | None = None
 
     def open_site(self) -> Site:
         return Site(self.site, self.uri, self.options)
@@ -127,6 +130,16 @@ class Manifest:
             raw["leader_options"] = StoreOptions.from_doc(raw.get("leader_options"), where)
             items.append(MergeItem(**raw))
         return cls(doc["round_key"], items)
+
+
+def segment_files(refs: list[FileRef], versions: ReadVersions) -> list[SegmentFile]:
+    """The files a job reads for ``refs``, projected to ``versions.target``, each paced at its share if any."""
+    return [
+        SegmentFile(
+            r.site, r.uri, r.options, r.relpath, versions=versions, byte_size=r.byte_size, bytes_per_s=r.bytes_per_s
+        )
+        for r in refs
+    ]
 
 
 def manifest_versions(columns: list[tuple[str, str]], first: str, target: str) -> ReadVersions:

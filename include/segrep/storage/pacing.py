@@ -134,6 +134,17 @@ class Pacer:
                 self.slept_s += seconds
 
 
+def pay_ahead(byte_size: int, bytes_per_s: int | None, sleep: Callable[[float], None] = time.sleep) -> float:
+    """Wait the time ``byte_size`` bytes take at ``bytes_per_s`` (None: no wait) before a whole-file read that
+    cannot be paced per chunk (a merge's input, parsed by Parquet on an executor): over any window its link
+    then carries at most its share plus one file. Returns the seconds waited."""
+    if not bytes_per_s or byte_size <= 0:
+        return 0.0
+    wait = byte_size / bytes_per_s
+    sleep(wait)
+    return wait
+
+
 def paced_facts(site: Site, relpath: str, pacer: Pacer, link: Pacer | None = None) -> FileFacts:
     """Size and sha256 of a stored file, read at the pacer's rate, and at ``link``'s too when the file crosses
     a capped link to be read (a remote scrub's share of it). FileNotFoundError if it is missing."""
