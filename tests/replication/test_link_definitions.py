@@ -21,6 +21,7 @@ from segrep.catalog.link_lease import LinkLease
 from segrep.catalog.link_limits import definitions_limits
 from segrep.core.links import CopyPriority
 from segrep.data.writer import write_batch
+from segrep.replication.join import catch_up
 from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport
 from tests.support.cli import cli
@@ -155,3 +156,22 @@ def _status_while(env: Env, running: threading.Thread, wanted: Callable[[dict[st
             return doc
         time.sleep(0.1)
     raise AssertionError("the round ended before status showed it")
+
+
+def test_a_catch_up_goes_at_a_catch_ups_share(defined_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`catch_up` (a replica back after a loss, or repair's re-bootstrap) copies as the second class, behind the
+    scheduled rounds and ahead of bootstraps; a replica still joining takes a bootstrap's."""
+    write_batch(defined_env.catalog, "hot", pa.table({"k": pa.array([1, 2], pa.int64()), "v": ["a", "b"]}))
+    run_round(defined_env.catalog, defined_env.defs, "hot", submit=no_spark)
+    write_batch(defined_env.catalog, "hot", pa.table({"k": pa.array([3], pa.int64()), "v": ["c"]}))
+    taken: list[tuple[str, str, str]] = []
+    real_enter = LinkLease.__enter__
+
+    def entering(lease: LinkLease) -> LinkLease:
+        taken.append((lease.source, lease.target, str(lease.what)))
+        return real_enter(lease)
+
+    monkeypatch.setattr(LinkLease, "__enter__", entering)
+    reports = catch_up(defined_env.catalog, defined_env.defs, "hot", "dr", submit=no_spark)
+    assert reports[-1].targets["dr"].status == "ok"
+    assert taken == [("primary", "dr", "catchup")]

@@ -132,7 +132,7 @@ def fast_forward_target(
     else:
         key, ttl = round_key(table, end), lease_ttl_us()
         turns = threading.Lock() if catalog.dialect == "sqlite" else contextlib.nullcontext()
-        what = priority or _priority_of(replicas)
+        what = _priority_of(replicas, priority or CopyPriority.ROUND)
         pacing = LinkPacing(catalog, what, links)
         own_pool = None  # the default copier: one pool for the target's partitions, closed when they are done
         if copier is None:
@@ -168,10 +168,11 @@ def fast_forward_target(
     return report
 
 
-def _priority_of(replicas: list[m.Placement]) -> CopyPriority:
-    """A bootstrap's class when every replica fed is joining (its bulk first copies), else a round's."""
+def _priority_of(replicas: list[m.Placement], otherwise: CopyPriority) -> CopyPriority:
+    """A bootstrap's class when every replica fed is joining (its bulk first copies), else ``otherwise`` (a
+    round's, or a catch-up's)."""
     joining = bool(replicas) and all(r.state == PlacementState.JOINING for r in replicas)
-    return CopyPriority.BOOTSTRAP if joining else CopyPriority.ROUND
+    return CopyPriority.BOOTSTRAP if joining else otherwise
 
 
 def _identity_problem(row: m.Site, expect: Expected) -> tuple[TargetStatus, str, bool] | None:

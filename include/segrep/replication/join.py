@@ -11,6 +11,7 @@ from segrep.catalog import Catalog
 from segrep.catalog.link_lease import LinkLimits
 from segrep.config.definitions import Definitions
 from segrep.core.errors import NotFoundError
+from segrep.core.links import CopyPriority
 from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport
 from segrep.replication.status import TargetState, status_rows
@@ -38,11 +39,13 @@ def catch_up(
     max_rounds: int = CATCH_UP_ROUNDS,
     links: LinkLimits | None = None,
 ) -> list[RoundReport]:
-    """Run rounds to ``site`` until it is caught up (nothing pending, joined), at most ``max_rounds``; their
-    copies to a replica still joining share a capped link as a bootstrap's (``links``)."""
+    """Run rounds to ``site`` until it is caught up (nothing pending, joined), at most ``max_rounds``; on a
+    capped link (``links``) their copies go at a catch-up's share, a bootstrap's to a replica still joining."""
     reports = []
     for _ in range(max_rounds):
-        reports.append(run_round(catalog, defs, table, target=site, submit=submit, links=links))
+        reports.append(
+            run_round(catalog, defs, table, target=site, submit=submit, links=links, priority=CopyPriority.CATCHUP)
+        )
         if target_state(catalog, table, site).caught_up:
             break
     return reports

@@ -126,11 +126,13 @@ class RoundSteps:
         submit: Submit = launch.submit,
         copier: Copier | None = None,
         links: LinkLimits | None = None,
+        priority: CopyPriority = CopyPriority.ROUND,
     ) -> None:
         self.catalog, self.defs, self.table = catalog, defs, table
         self.policy = defs.policy(table)
         self.submit, self.copier = submit, copier
         self.links = limits_or_definitions(links, defs)  # the definitions' links unless a caller gives others
+        self.priority = priority  # the copies' class on a capped link (a joining replica's: a bootstrap's)
 
     # -- the steps ------------------------------------------------------------------------------------------
 
@@ -180,6 +182,7 @@ class RoundSteps:
             copier=self.copier,
             big_copier=big,
             links=self.links,
+            priority=self.priority,
         )
         forecast = planned.plan.summary.targets.get(target)
         if report.status == TargetStatus.BACKOFF and forecast is not None and forecast.offers > 0:
@@ -248,8 +251,10 @@ def run_round(
     submit: Submit = launch.submit,
     copier: Copier | None = None,
     links: LinkLimits | None = None,
+    priority: CopyPriority = CopyPriority.ROUND,
 ) -> RoundReport:
     """plan -> fast-forward each target -> merge (only if planned) -> commit; the round's report (no view:
-    what tests and workflows that run rounds back to back need)."""
-    steps = RoundSteps(catalog, defs, table, submit=submit, copier=copier, links=links)
+    what tests and workflows that run rounds back to back need). ``priority``: the class of its copies on a
+    capped link (a catch-up's are second to the scheduled rounds')."""
+    steps = RoundSteps(catalog, defs, table, submit=submit, copier=copier, links=links, priority=priority)
     return steps.execute(steps.plan(until_us, target=target, reoffer=reoffer))
