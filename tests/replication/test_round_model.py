@@ -43,7 +43,7 @@ from sqlalchemy import select
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.core import hlc
-from segrep.core.errors import NotFoundError, RefusedError, SegrepError, SplitIncompleteError
+from segrep.core.errors import NotFoundError, RefusedError, SegrepError
 from segrep.core.states import SplitState
 from segrep.data import writer
 from segrep.data.reader import read_table
@@ -54,8 +54,8 @@ from segrep.failover.switchover import switchover
 from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport
 from segrep.replication.rollback import list_rollbacks
-from segrep.replication.unload import finish, finish_unloaded
-from segrep.split.workflow import commit_pass, finalize, plan_pass, start_split
+from segrep.replication.unload import finish_unloaded
+from segrep.split.workflow import start_split
 from segrep.storage.transport import Copier, CopyItem, CopyOutcome, copy_one, local_copier
 from tests.support.checks import (
     assert_acks_are_prefixes,
@@ -67,7 +67,7 @@ from tests.support.checks import (
     partitions,
 )
 from tests.support.env import KV_YAML, make_env
-from tests.support.machines import check_safe_times, faulted_round, run_machine
+from tests.support.machines import check_safe_times, faulted_round, run_machine, run_split_pass
 from tests.support.rounds import bring_up, corrupting_copier, set_leader, take_down
 from tests.support.spark import spark_submit_in
 
@@ -322,20 +322,10 @@ class RoundsMachine(RuleBasedStateMachine):
     @rule()
     def split_pass(self) -> None:
         """One pass of the split: plan, the Spark job, commit, then SPLIT_FINALIZE or UNLOAD_FINAL if due."""
-        plan = plan_pass(self.env.catalog, self.env.defs, self.split_id)
-        if plan.state == SplitState.DONE:
+        assert self.split_id is not None
+        plan = run_split_pass(self.env, self.split_id, self.submit, self.stats)
+        if plan is None:
             return
-        if plan.manifest:
-            self.submit("merge", ["--manifest", plan.manifest, "--result", str(plan.result)], name="split")
-        commit_pass(self.env.catalog, plan)
-        if plan.state == SplitState.SPLITTING:
-            try:
-                finalize(self.env.catalog, self.split_id, plan.cut_entry_id)
-            except SplitIncompleteError:
-                self.stats["split finalize refused"] += 1
-        else:
-            done = finish(self.env.catalog, self.env.defs, self.split_id)
-            self.stats[f"split {done.state}"] += 1
         self.log.append(f"split pass {plan.phase}: {plan.rewrites} rewrites, {plan.merges} merges")
 
     def count(self, report: RoundReport) -> None:

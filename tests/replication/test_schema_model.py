@@ -40,7 +40,7 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.apply import apply_definitions
 from segrep.catalog.schemas import current_schema
-from segrep.core.errors import ConfigError, NotFoundError, RefusedError, SchemaMismatchError, SplitIncompleteError
+from segrep.core.errors import ConfigError, NotFoundError, RefusedError, SchemaMismatchError
 from segrep.core.states import SplitState
 from segrep.data.reader import read_table
 from segrep.data.writer import WriteResult, write_batch
@@ -48,12 +48,12 @@ from segrep.failover.promote import failover
 from segrep.maintenance.compaction import compact
 from segrep.maintenance.verify import verify
 from segrep.replication.orchestrator import run_round
-from segrep.replication.unload import finish, finish_unloaded
-from segrep.split.workflow import commit_pass, finalize, plan_pass, start_split
+from segrep.replication.unload import finish_unloaded
+from segrep.split.workflow import start_split
 from tests.support.badinput import unchanged
 from tests.support.checks import assert_acks_are_prefixes, assert_files_match_catalog, partitions
 from tests.support.env import make_env
-from tests.support.machines import run_machine
+from tests.support.machines import run_machine, run_split_pass
 from tests.support.spark import merge_engine, spark_submit_in
 
 pytestmark = pytest.mark.spark
@@ -383,19 +383,9 @@ class SchemaMachine(RuleBasedStateMachine):
     def split_pass(self) -> None:
         """One pass of the split: plan, the Spark job, commit, then SPLIT_FINALIZE or UNLOAD_FINAL when due."""
         assert self.split_id is not None
-        plan = plan_pass(self.env.catalog, self.env.defs, self.split_id)
-        if plan.state == SplitState.DONE:
+        plan = run_split_pass(self.env, self.split_id, self.submit, self.stats)
+        if plan is None:
             return
-        if plan.manifest:
-            self.submit("merge", ["--manifest", plan.manifest, "--result", str(plan.result)], name="split")
-        commit_pass(self.env.catalog, plan)
-        if plan.state == SplitState.SPLITTING:
-            try:
-                finalize(self.env.catalog, self.split_id, plan.cut_entry_id)
-            except SplitIncompleteError:
-                self.stats["split finalize refused"] += 1
-        else:
-            finish(self.env.catalog, self.env.defs, self.split_id)
         self.stats["split passes"] += 1
         self.log.append(f"split pass {plan.phase}")
 

@@ -15,10 +15,13 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from segrep.catalog import Catalog
 from segrep.core import faults
-from segrep.core.errors import SegrepError
+from segrep.core.errors import SegrepError, SplitIncompleteError
+from segrep.core.states import SplitState
 from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport
+from segrep.replication.unload import finish
 from segrep.spark.launch import Submit
+from segrep.split.workflow import PassPlan, commit_pass, finalize, plan_pass
 from segrep.storage.transport import Copier, local_copier
 from tests.support.checks import raw_winners, safe_times
 from tests.support.env import Env
@@ -102,3 +105,23 @@ def faulted_round(
         if aside is not None:
             bring_up(env, site, aside)
     return None
+
+
+def run_split_pass(env: Env, split_id: int, submit: Submit, stats: Counter[str]) -> PassPlan | None:
+    """One pass of a split as its DAG runs it: plan, the Spark job, commit, then SPLIT_FINALIZE (refused while
+    the children lack something: counted) or UNLOAD_FINAL when due. None when the split is done already."""
+    plan = plan_pass(env.catalog, env.defs, split_id)
+    if plan.state == SplitState.DONE:
+        return None
+    if plan.manifest:
+        submit("merge", ["--manifest", plan.manifest, "--result", str(plan.result)], name="split")
+    commit_pass(env.catalog, plan)
+    if plan.state == SplitState.SPLITTING:
+        try:
+            finalize(env.catalog, split_id, plan.cut_entry_id)
+        except SplitIncompleteError:
+            stats["split finalize refused"] += 1
+    else:
+        done = finish(env.catalog, env.defs, split_id)
+        stats[f"split {done.state}"] += 1
+    return plan
