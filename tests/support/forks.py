@@ -12,6 +12,7 @@ the same values wherever they occur (a real write is never two different rows).
 from __future__ import annotations
 
 import datetime as dt
+import math
 import sqlite3
 from dataclasses import dataclass, replace
 from decimal import Decimal
@@ -61,7 +62,9 @@ MIX_YAML = (
 )
 GROUPS = (("a", "b", "c"), ("m", "q", "x"))  # the values of g in each partition
 VERSIONS = st.integers(1, 12)  # few versions: ties on _version (broken by _origin) are common
-FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=64), st.sampled_from([0.0, -0.0]))
+# NaN only as the canonical quiet NaN: Spark canonicalizes a NaN's payload bits (which no reader can use) and
+# Arrow keeps them, so a NaN with a payload made the engines' outputs differ in bits only (found 2026-11-28)
+FLOATS = st.one_of(st.floats(allow_nan=False, allow_infinity=True, width=64), st.sampled_from([0.0, -0.0, math.nan]))
 
 
 @dataclass(frozen=True)
