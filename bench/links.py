@@ -318,14 +318,14 @@ class CapFigures:
     span_s: float  # the sliding windows' length
     seconds: float
     bytes: int
-    max_window_Bps: float
+    max_window_Bps: float | None  # None: the run was shorter than one window
     min_busy_window_Bps: float | None  # over the windows while all three send (None: none fits)
     busy_s: float
     per_class_bytes: dict[str, int]
 
     @property
     def upper_met(self) -> bool:
-        return self.max_window_Bps <= 1.1 * self.cap_Bps
+        return self.max_window_Bps is not None and self.max_window_Bps <= 1.1 * self.cap_Bps
 
     @property
     def lower_met(self) -> bool:
@@ -359,7 +359,7 @@ def measure_cap(world: World, span: float) -> CapFigures:
         span,
         secs,
         sum(n for _, n in chunks),
-        max(r for _, _, r in all_windows) if all_windows else 0.0,
+        max((r for _, _, r in all_windows), default=None),
         min(busy) if busy else None,
         max(0.0, busy_to - busy_from),
         {k: v for k, v in per_class.items() if v},
@@ -577,7 +577,7 @@ def run_pair(world: World, args: argparse.Namespace) -> PairFigures:
     cap = measure_cap(world, args.window)
     log(
         f"{world.kind}: cap {cap.cap_Bps / MiB:.1f} MiB/s, max over {args.window:g} s "
-        f"{cap.max_window_Bps / MiB:.2f}, {cap.seconds:.0f} s"
+        f"{mibps(cap.max_window_Bps)}, {cap.seconds:.0f} s"
     )
     lag = measure_lag(world, args.round_every)
     log(f"{world.kind}: {lag.rounds} rounds beside the bootstrap, most waited {lag.max_wait_s:.1f} s")
@@ -599,7 +599,7 @@ def table_rows(p: PairFigures) -> list[list[str]]:
             f"{p.kind}: cap, round + bootstrap + scrub, max over {c.span_s:g} s windows ({c.seconds:.0f} s run)",
             mibps(c.max_window_Bps),
             f"cap {mibps(cap)}",
-            f"{c.max_window_Bps / cap:.3f}",
+            "n/a" if c.max_window_Bps is None else f"{c.max_window_Bps / cap:.3f}",
             "≤ cap + 10 %",
             verdict(c.upper_met),
         ],

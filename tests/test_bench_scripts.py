@@ -33,7 +33,7 @@ SCRIPTS = {
     ],
     "merge_crossover": ["--sizes", "10,1000", "--repeats", "1", "--skip-spark"],
     "topologies": ["--scale", "0.01", "--batches", "2", "--ring-batches", "2"],
-    "links": ["--mb", "2", "--cap", "4", "--s3-cap", "4", "--repeats", "1", "--window", "2", "--round-every", "0.5"],
+    "links": ["--mb", "4", "--cap", "4", "--s3-cap", "4", "--repeats", "1", "--window", "3", "--round-every", "0.5"],
     "rounds": [
         *("--scale", "0.01", "--batches", "2", "--repeats", "1", "--noop-repeats", "1", "--skip-merge"),
         *("--batched-sample", "200", "--row-sample", "100", "--batch-rows", "50", "--plan-partitions", "20"),
