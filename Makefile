@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: airflow venv demo test lint format bench bench-rounds bench-maintenance bench-object-store bench-failover bench-topologies bench-chaos bench-drills constraints clean spark-zip
+.PHONY: airflow venv demo test lint format bench bench-rounds bench-maintenance bench-object-store bench-failover bench-topologies bench-chaos bench-drills bench-links constraints clean spark-zip
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	@scripts/check_prereqs.sh $(PYTHON)
@@ -76,6 +76,10 @@ bench-chaos: venv
 # Disaster drills, each ended by a replay compared at every site; PostgreSQL: a private cluster on port 55432.
 bench-drills: venv
 	$(BIN)/python bench/drills.py --seed 7 --kills 5 --json bench/results/drills.json
+
+# Link caps across a round, a bootstrap and a scrub; RPO beside a bootstrap; window changes; unlimited = today's.
+bench-links: venv
+	$(BIN)/python bench/links.py --json bench/results/links.json
 
 # The segrep package as a zip for spark-submit --py-files (Spark clusters whose nodes lack the package):
 # export SEGREP_SPARK_PY_FILES=$$PWD/build/segrep.zip and both `segrep round` and the DAGs pass it on.

@@ -33,6 +33,7 @@ SCRIPTS = {
     ],
     "merge_crossover": ["--sizes", "10,1000", "--repeats", "1", "--skip-spark"],
     "topologies": ["--scale", "0.01", "--batches", "2", "--ring-batches", "2"],
+    "links": ["--mb", "4", "--cap", "4", "--s3-cap", "4", "--repeats", "1", "--window", "3", "--round-every", "0.5"],
     "rounds": [
         *("--scale", "0.01", "--batches", "2", "--repeats", "1", "--noop-repeats", "1", "--skip-merge"),
         *("--batched-sample", "200", "--row-sample", "100", "--batch-rows", "50", "--plan-partitions", "20"),
@@ -41,7 +42,11 @@ SCRIPTS = {
 }
 # a line the table must hold, and end with MET: a target that is a property at any size (rounds (f): the round
 # after a schema change moves exactly the new write's segments and rewrites nothing)
-MET_LINES = {"rounds": "(f) round after the change and a write"}
+MET_LINES = {
+    "rounds": ("(f) round after the change and a write",),
+    # a link's cap is never exceeded, on either pair, at any size (over windows of a few seconds)
+    "links": ("local: cap, round + bootstrap + scrub, max over", "s3: cap, round + bootstrap + scrub, max over"),
+}
 # where a script writes by default (its TPC-H cache, its results), sent to the test's directory instead
 OPTIONS = {
     "object_store": ("--tpch-dir", "--work-dir"),
@@ -52,6 +57,7 @@ OPTIONS = {
     "merge_crossover": ("--work-dir", "--results-dir"),
     "topologies": ("--tpch-dir",),
     "rounds": ("--tpch-dir", "--work-dir", "--results-dir"),
+    "links": ("--work-dir",),
 }
 
 
@@ -72,6 +78,6 @@ def test_the_benchmark_runs_to_the_end(script: str, pg_server: str, tmp_path: Pa
     )
     assert done.returncode == 0, f"{script}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    if script in MET_LINES:
-        lines = [line for line in done.stdout.splitlines() if line.startswith(f"| {MET_LINES[script]}")]
+    for prefix in MET_LINES.get(script, ()):
+        lines = [line for line in done.stdout.splitlines() if line.startswith(f"| {prefix}")]
         assert len(lines) == 1 and lines[0].endswith("| MET |"), done.stdout[-3000:]
