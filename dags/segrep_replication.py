@@ -17,8 +17,9 @@ the package's round steps (`segrep.replication.orchestrator`, the same as `segre
    and moves the replica's root; no row is read; a target that is down fails only its own task, after retries
    with exponential back-off; each task runs in the Airflow pool of the link it crosses,
    `segrep_link_<from>_<to>`, when that link has `max_concurrent_copies`, else in `default_pool`: see
-   docs/airflow.md), **merge** (SparkSubmitOperator, one Spark application for the whole round; skipped when
-   nothing forked), **commit** (merge results, checkpoints, safe time, splits whose parents can go), **report**.
+   docs/airflow.md; **copies_done** joins them), **merge** (SparkSubmitOperator, one Spark application for the
+   whole round; skipped when nothing forked), **commit** (merge results, checkpoints, safe time, splits whose
+   parents can go), **report**.
 3. **round** (small) and **report** (big) log one line per target (copied, safe time, lag, still pending), send
    the metrics, emit an Asset event on `segrep://<site>/<table>` for each site whose safe time advanced, and
    fail the run if a target failed, a copied file failed verification, or a target ends behind the table's RPO
@@ -64,6 +65,7 @@ from segrep_airflow.schedules import replication_schedule
 
 IN_ONE_TASK = "done_in_round"  # the branch a small round takes: it ran whole in the task `round`
 COPY_TASK_PREFIX = "fast_forward_"  # + a site: a big round's copies to that site
+COPIES_DONE = "copies_done"  # the join after the copy tasks (no process)
 
 
 def copy_task_id(site: str) -> str:
@@ -227,9 +229,18 @@ def build_replication_dag(table: TableDef, defs: Definitions):  # type: ignore[n
             choose_trigger_rule="all_done",
             commit_outlets=[alias],
         )
+        # The report waits for the copies through one join: a copy task the branch skipped (not a target) would
+        # skip the report (all_done_min_one_success skips on a skipped upstream); a failed copy makes the join
+        # upstream_failed, and the report still runs (commit succeeded) and fails the run naming the target.
+        copies_done = EmptyOperator(
+            task_id=COPIES_DONE,
+            trigger_rule="none_failed_min_one_success",
+            doc_md="Joins the copy tasks: skipped with them (a small round), upstream_failed when a copy failed.",
+        )
         planned >> [one_task, *copied]
         copied >> merged
-        [merged, *copied] >> report()
+        copied >> copies_done
+        [merged, copies_done] >> report()
 
     return replication()
 

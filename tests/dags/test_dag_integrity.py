@@ -19,7 +19,7 @@ from tests.support.golden import EXPECTED, PLACEHOLDERS, assert_matches_expected
 DEFAULT_CONFIG = REPO / "include" / "segrep.yaml"
 # one copy task per site of the table (orders: primary -> dr; the leader's is used after a failover)
 COPIES = {"fast_forward_dr", "fast_forward_primary"}
-TASKS = {"round", "done_in_round", *COPIES, "choose", "merge", "commit", "report"}
+TASKS = {"round", "done_in_round", *COPIES, "copies_done", "choose", "merge", "commit", "report"}
 UPSTREAM = {
     "round": set(),
     "done_in_round": {"round"},  # a small round ran whole in the task round
@@ -27,12 +27,16 @@ UPSTREAM = {
     "choose": {"round", *COPIES},
     "merge": {"choose"},
     "commit": {"round", "choose", "merge"},
-    "report": {"commit", *COPIES},
+    "copies_done": COPIES,  # an EmptyOperator: the report waits for the copies through it
+    "report": {"commit", "copies_done"},
 }
 TRIGGER_RULES = {
     "round": "all_success",
     "done_in_round": "all_success",
     **{copy: "all_success" for copy in COPIES},
+    # skipped with all the copies (a small round), upstream_failed when one failed; not skipped by the copies
+    # the branch skipped (sites not targets of the round), which would skip the report
+    "copies_done": "none_failed_min_one_success",
     "choose": "all_done",  # decides even when a target failed
     "merge": "all_success",
     "commit": "none_failed_min_one_success",  # runs after merge, or after choose skipped merge
