@@ -83,6 +83,7 @@ def test_two_copies_over_a_one_slot_link_never_overlap(segrep_env: Any, services
 
     for dag_id, (state, states, _tis) in runs.items():
         assert state == "success", (dag_id, states)
+        assert states[("report", -1)] == states[("copies_done", -1)] == "success", (dag_id, states)
     copies = {d: next(ti for ti in tis if ti.task_id == "fast_forward_dr") for d, (_s, _st, tis) in runs.items()}
     assert {ti.pool for ti in copies.values()} == {POOL}
     edge = next(ti for ti in runs[EVENTS_DAG][2] if ti.task_id == "fast_forward_edge")
