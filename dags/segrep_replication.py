@@ -12,11 +12,14 @@ the package's round steps (`segrep.replication.orchestrator`, the same as `segre
    merge, if any, in process) runs whole right there: every target's fast-forward, the merge, the commit and
    the report, in one task process; the branch then goes to **done_in_round** (marked done by the scheduler,
    no process). The graph shows both paths; the one not taken is skipped.
-2. A big round takes the mapped path: **fast_forward** (one instance per target site: copies each new segment
-   file, verifies it, registers it and moves the replica's root; no row is read; a target that is down fails
-   only its own instance, after retries with exponential back-off), **merge** (SparkSubmitOperator, one Spark
-   application for the whole round; skipped when nothing forked), **commit** (merge results, checkpoints, safe
-   time, splits whose parents can go), **report**.
+2. A big round takes the other path: **`fast_forward_<site>`** (one task per site of the table; the branch runs
+   those of the round's targets and skips the others: copies each new segment file, verifies it, registers it
+   and moves the replica's root; no row is read; a target that is down fails only its own task, after retries
+   with exponential back-off; each task runs in the Airflow pool of the link it crosses,
+   `segrep_link_<from>_<to>`, when that link has `max_concurrent_copies`, else in `default_pool`: see
+   docs/airflow.md; **copies_done** joins them), **merge** (SparkSubmitOperator, one Spark application for the
+   whole round; skipped when nothing forked), **commit** (merge results, checkpoints, safe time, splits whose
+   parents can go), **report**.
 3. **round** (small) and **report** (big) log one line per target (copied, safe time, lag, still pending), send
    the metrics, emit an Asset event on `segrep://<site>/<table>` for each site whose safe time advanced, and
    fail the run if a target failed, a copied file failed verification, or a target ends behind the table's RPO
@@ -43,7 +46,8 @@ from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import dag, task
 from airflow.sdk.definitions.xcom_arg import XComArg
 
-from segrep.config.definitions import TableDef
+from segrep.config.definitions import Definitions, TableDef
+from segrep.config.link_pools import copy_pool
 from segrep_airflow import assets, lineage
 from segrep_airflow.common import (
     dag_definitions,
@@ -60,9 +64,15 @@ from segrep_airflow.rounds import PLAN_KEY, ROUND_TASK, VIEW_KEY
 from segrep_airflow.schedules import replication_schedule
 
 IN_ONE_TASK = "done_in_round"  # the branch a small round takes: it ran whole in the task `round`
+COPY_TASK_PREFIX = "fast_forward_"  # + a site: a big round's copies to that site
+COPIES_DONE = "copies_done"  # the join after the copy tasks (no process)
 
 
-def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
+def copy_task_id(site: str) -> str:
+    return f"{COPY_TASK_PREFIX}{site}"
+
+
+def build_replication_dag(table: TableDef, defs: Definitions):  # type: ignore[no-untyped-def]
     policy = table.policy
     name = table.name
     retry = retry_args(policy)
@@ -118,8 +128,8 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
                 ti.xcom_push(key=PLAN_KEY, value=planned.to_dict())
                 spaced = f" (after {waited:.1f} s of spacing)" if waited else ""
                 structlog.get_logger("segrep.round").info(f"{planned}{spaced}")
-                if planned.path == RoundPath.MAPPED:
-                    return sorted(set(task.downstream_task_ids) - {IN_ONE_TASK})  # the mapped path's first tasks
+                if planned.path == RoundPath.MAPPED:  # the big path: its first tasks, only the targets' copies
+                    return _big_path(task.downstream_task_ids, planned.plan.targets)
                 # a small round: the rest of it here, no other task process (a retry is not held back by a back-off)
                 view = steps.finish(planned, retry=retried(ti))
                 lineage.rounds(catalog, [view.report])
@@ -127,23 +137,36 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
             ti.xcom_push(key=VIEW_KEY, value=_reported(view, outlet_events, schema))
             return [IN_ONE_TASK]
 
-        @task
-        def targets_of(ti: Any = None) -> list[str]:
-            from segrep_airflow.rounds import planned_round
+        def _big_path(downstream: set[str], targets: Any) -> list[str]:
+            """The big path's first tasks: every task after ``round`` but the small path's and the copies to
+            sites that are not targets of this round. A target without a copy task (the definitions changed
+            since this DAG was parsed) fails the round by name rather than go uncopied."""
+            missing = sorted(t for t in targets if copy_task_id(t) not in downstream)
+            if missing:
+                raise RuntimeError(
+                    f"no copy task for target(s) {', '.join(missing)} of {name}: this DAG was built from definitions "
+                    "where they are not sites of the table; it is built again from the file as it is now "
+                    "within the dag-processor's interval (then clear this run)"
+                )
+            wanted = {copy_task_id(t) for t in targets}
+            return sorted(t for t in downstream - {IN_ONE_TASK} if not t.startswith(COPY_TASK_PREFIX) or t in wanted)
 
-            planned = planned_round(ti)
-            return [] if planned is None else list(planned.plan.targets)
+        def fast_forward_to(target: str) -> Any:
+            """The copy task to ``target``, in the pool of the link it crosses (none: Airflow's default pool)."""
+            pool = copy_pool(defs, table, target)
 
-        @task(**retry)
-        def fast_forward(target: str, ti: Any = None) -> dict[str, Any]:
-            from segrep.replication.orchestrator import RoundSteps
-            from segrep_airflow.rounds import required_plan, retried
+            @task(task_id=copy_task_id(target), **({"pool": pool.name} if pool else {}), **retry)
+            def fast_forward(ti: Any = None) -> dict[str, Any]:
+                from segrep.replication.orchestrator import RoundSteps
+                from segrep_airflow.rounds import required_plan, retried
 
-            planned = required_plan(ti, name)
-            with segrep_context() as (defs, catalog):
-                steps = RoundSteps(catalog, defs, name, submit=hook_submit)
-                report = steps.copy(planned, target, retry=retried(ti))  # a cleared task: the operator's retry
-            return report.to_dict() if report is not None else {}
+                planned = required_plan(ti, name)
+                with segrep_context() as (defs_now, catalog):
+                    steps = RoundSteps(catalog, defs_now, name, submit=hook_submit)
+                    report = steps.copy(planned, target, retry=retried(ti))  # a cleared task: the operator's retry
+                return report.to_dict() if report is not None else {}
+
+            return fast_forward()
 
         def commit(p: dict[str, Any], outlet_events: Any = None) -> dict[str, Any]:
             from segrep.replication.orchestrator import PlannedRound, RoundSteps
@@ -190,8 +213,9 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
         planned = round_()
         plan_doc = XComArg(planned.operator, key=PLAN_KEY)
         one_task = EmptyOperator(task_id=IN_ONE_TASK, doc_md="A small round ran whole in the task `round`.")
-        targets = targets_of()
-        copied = fast_forward.expand(target=targets)
+        # one copy task per site of the table (its leader too: a replica after a failover); a task's pool is
+        # fixed at parse time, and Airflow cannot give each instance of a mapped task a pool of its own
+        copied = [fast_forward_to(site) for site in sorted(table.sites)]
         # choose decides even when a target failed (all_done): the merge and commit concern the leader only.
         merged = spark_step(
             plan_doc,
@@ -205,13 +229,22 @@ def build_replication_dag(table: TableDef):  # type: ignore[no-untyped-def]
             choose_trigger_rule="all_done",
             commit_outlets=[alias],
         )
-        planned >> [one_task, targets]
+        # The report waits for the copies through one join: a copy task the branch skipped (not a target) would
+        # skip the report (all_done_min_one_success skips on a skipped upstream); a failed copy makes the join
+        # upstream_failed, and the report still runs (commit succeeded) and fails the run naming the target.
+        copies_done = EmptyOperator(
+            task_id=COPIES_DONE,
+            trigger_rule="none_failed_min_one_success",
+            doc_md="Joins the copy tasks: skipped with them (a small round), upstream_failed when a copy failed.",
+        )
+        planned >> [one_task, *copied]
         copied >> merged
-        [merged, copied] >> report()
+        copied >> copies_done
+        [merged, copies_done] >> report()
 
     return replication()
 
 
 _defs = dag_definitions()  # invalid tables left out: dags/segrep_definitions.py reports them
 for _table in tables_to_build(_defs, "segrep_replicate_"):  # a task builds only its own DAG
-    globals()[f"segrep_replicate_{_table.name}"] = build_replication_dag(_table)
+    globals()[f"segrep_replicate_{_table.name}"] = build_replication_dag(_table, _defs)

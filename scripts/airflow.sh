@@ -59,6 +59,20 @@ if [ -z "${SEGREP_CATALOG_URL:-}" ] && [ ! -f "$ROOT/data/catalog.db" ]; then
   segrep apply
 fi
 
+# One Airflow pool per link direction with max_concurrent_copies (segrep airflow-pools; docs/airflow.md), made
+# or updated from the definitions at every start: a copy task whose pool does not exist would never be scheduled.
+# The pools table needs a migrated database (standalone would migrate it after this). Without pooled links
+# nothing is run; a definitions file that cannot be read is reported and Airflow starts anyway (its DAGs say why).
+POOLS_FILE="$AIRFLOW_HOME/segrep_pools.json"
+if segrep airflow-pools --json > "$POOLS_FILE"; then
+  if [ "$(tr -d '[:space:]' < "$POOLS_FILE")" != "{}" ]; then
+    airflow db migrate > "$AIRFLOW_HOME/segrep_db_migrate.log" 2>&1 || { cat "$AIRFLOW_HOME/segrep_db_migrate.log" >&2; exit 1; }
+    airflow pools import "$POOLS_FILE"
+  fi
+else
+  echo "segrep: the link pools were not updated (the definitions above are unusable)" >&2
+fi
+
 PASSWORDS="$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated"
 # The admin's password is made here on the first start (Airflow keeps a file it finds), so that the failover
 # DAG can set its run's note through the REST API as admin (connection segrep_airflow_api, docs/airflow.md).
@@ -73,6 +87,7 @@ Airflow for segrep: http://localhost:$PORT (Ctrl-C stops every part; SEGREP_AIRF
   database      $AIRFLOW_DB_SHOWN
   DAGs          $AIRFLOW__CORE__DAGS_FOLDER   (definitions: $SEGREP_CONFIG)
   plugins       $AIRFLOW__CORE__PLUGINS_FOLDER
+  link pools    $POOLS_FILE   (segrep airflow-pools; imported above)
   log in as     admin, password in $PASSWORDS
                 (made on the first start; also printed below as "Password for user 'admin'")
 MSG

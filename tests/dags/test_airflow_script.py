@@ -6,6 +6,7 @@ The script on a free port, on PostgreSQL, with rounds and the UI, runs in tests/
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,28 +40,35 @@ def test_a_bad_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
 def test_without_postgresql_the_script_says_airflow_runs_on_sqlite(tmp_path: Path) -> None:
     """No server answers at SEGREP_AIRFLOW_PG_URL: the script falls back to SQLite and says so (backfills
     refused), before Airflow starts; stopped as soon as it has said it."""
-    env = {
-        **script_env(tmp_path / "home", free_port()),
-        "SEGREP_AIRFLOW_PG_URL": f"postgresql+psycopg://x@127.0.0.1:{free_port()}/postgres",
-        # a catalog of its own: without one the script would run `segrep init` in the checkout's data/
-        "SEGREP_CATALOG_URL": f"sqlite:///{tmp_path / 'catalog.db'}",
-    }
-    log = tmp_path / "standalone.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(REPO / "scripts" / "airflow.sh")],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        _wait(lambda: "database      SQLite" in log.read_text(errors="replace"), proc, tmp_path, "the banner")
-    finally:
-        stop_group(proc, timeout_s=30)
-    text = log.read_text(errors="replace")
+    env = _sqlite_script_env(tmp_path)
+    text = _until_the_sqlite_banner(env, tmp_path)
     assert "no PostgreSQL for Airflow at postgresql+psycopg://x@127.0.0.1:" in text, text[:3000]
     assert "one task at a time, backfills refused" in text, text[:3000]
+
+
+def test_the_script_imports_a_pool_per_link_direction_before_airflow_starts(tmp_path: Path) -> None:
+    """Definitions with a link of 4 copies both ways: the script imports `segrep airflow-pools --json` (two
+    pools) into Airflow's database before the banner; Airflow's own CLI then lists them with their slots."""
+    from tests.support.env import LINKS_YAML
+
+    config = tmp_path / "links.yaml"
+    config.write_text(LINKS_YAML)
+    env = {**_sqlite_script_env(tmp_path), "SEGREP_CONFIG": str(config)}
+    text = _until_the_sqlite_banner(env, tmp_path)
+    assert "Uploaded 2 pool(s)" in text, text[:3000]
+    listed = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "airflow"), "pools", "list", "-o", "json"],
+        env={**env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'home' / 'airflow.db'}"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    slots = {p["pool"]: int(p["slots"]) for p in json.loads(listed.stdout)}
+    assert {k: v for k, v in slots.items() if k.startswith("segrep_")} == {
+        "segrep_link_dr_primary": 4,
+        "segrep_link_primary_dr": 4,
+    }
 
 
 def test_the_database_script_creates_airflows_database_once_and_refuses_a_bad_name(pg_server: str) -> None:
@@ -83,6 +91,34 @@ def test_the_database_script_creates_airflows_database_once_and_refuses_a_bad_na
         with engine.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         engine.dispose()
+
+
+def _sqlite_script_env(tmp_path: Path) -> dict[str, str]:
+    """The script's environment with no PostgreSQL server to find (so Airflow's database is SQLite)."""
+    return {
+        **script_env(tmp_path / "home", free_port()),
+        "SEGREP_AIRFLOW_PG_URL": f"postgresql+psycopg://x@127.0.0.1:{free_port()}/postgres",
+        # a catalog of its own: without one the script would run `segrep init` in the checkout's data/
+        "SEGREP_CATALOG_URL": f"sqlite:///{tmp_path / 'catalog.db'}",
+    }
+
+
+def _until_the_sqlite_banner(env: dict[str, str], tmp_path: Path) -> str:
+    """Run the script until its banner says SQLite (before Airflow starts), then stop it; its output."""
+    log = tmp_path / "standalone.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(REPO / "scripts" / "airflow.sh")],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait(lambda: "database      SQLite" in log.read_text(errors="replace"), proc, tmp_path, "the banner")
+    finally:
+        stop_group(proc, timeout_s=30)
+    return log.read_text(errors="replace")
 
 
 def _wait(check: Any, proc: subprocess.Popen[bytes], tmp_path: Path, what: str) -> None:

@@ -2,7 +2,7 @@
 
 The table replicates every INTERVAL_S seconds (a fixed-interval policy). Target `dr` is unreachable (its site
 directory is replaced by a regular file) for three intervals: a batch is written in each interval and each
-interval's run fails (dr's mapped fast_forward instance fails after its retry, edge succeeds, the report fails
+interval's run fails (dr's fast_forward_dr task fails after its retry, edge succeeds, the report fails
 the run). dr comes back, and ``airflow backfill create --reprocess-behavior failed`` -- executed by a real
 scheduler (LocalExecutor) with an execution-API server, both started here -- re-runs exactly those three
 intervals, in order. dr's safe time never goes backwards and in the end dr and edge read what the leader reads.
@@ -205,11 +205,11 @@ def _outage_run(env: Any, dag: Any, end_s: float, dr_safe_history: list[int], ro
     states = ti_states(run)
     assert run.state == "failed", states
     assert run.data_interval_end.timestamp() == end_s
-    assert states[("fast_forward", 0)] == "failed"  # targets are sorted: 0 is dr
-    assert states[("fast_forward", 1)] == "success"  # 1 is edge
+    assert states[("fast_forward_dr", -1)] == "failed"
+    assert states[("fast_forward_edge", -1)] == "success"
     assert states[("commit", -1)] == "success" and states[("report", -1)] == "failed"
     assert states[("merge", -1)] == "skipped"
-    dr_ff = next(ti for ti in run.get_task_instances() if ti.task_id == "fast_forward" and ti.map_index == 0)
+    dr_ff = next(ti for ti in run.get_task_instances() if ti.task_id == "fast_forward_dr")
     assert dr_ff.try_number == 2  # retried once (retries: 1, no delay)
     rnd = _round_for(env, _us(end_s))
     assert rnd.status == "failed"

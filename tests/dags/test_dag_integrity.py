@@ -13,26 +13,30 @@ from typing import Any
 import pytest
 
 from segrep.storage.workdir import compaction_paths, manifest_path, result_path, split_pass_paths
-from tests.support.airflow import DAGS, EVENTS_DAG, REPO, airflow_rows, load_dag, made_nothing
+from tests.support.airflow import DAGS, EVENTS_DAG, REPO, airflow_rows, load_dag, load_dagbag, made_nothing
 from tests.support.golden import EXPECTED, PLACEHOLDERS, assert_matches_expected, machine_paths, normalise
 
 DEFAULT_CONFIG = REPO / "include" / "segrep.yaml"
-TASKS = {"round", "done_in_round", "targets_of", "fast_forward", "choose", "merge", "commit", "report"}
+# one copy task per site of the table (orders: primary -> dr; the leader's is used after a failover)
+COPIES = {"fast_forward_dr", "fast_forward_primary"}
+TASKS = {"round", "done_in_round", *COPIES, "copies_done", "choose", "merge", "commit", "report"}
 UPSTREAM = {
     "round": set(),
     "done_in_round": {"round"},  # a small round ran whole in the task round
-    "targets_of": {"round"},
-    "fast_forward": {"targets_of"},
-    "choose": {"round", "fast_forward"},
+    **{copy: {"round"} for copy in COPIES},
+    "choose": {"round", *COPIES},
     "merge": {"choose"},
     "commit": {"round", "choose", "merge"},
-    "report": {"commit", "fast_forward"},
+    "copies_done": COPIES,  # an EmptyOperator: the report waits for the copies through it
+    "report": {"commit", "copies_done"},
 }
 TRIGGER_RULES = {
     "round": "all_success",
     "done_in_round": "all_success",
-    "targets_of": "all_success",
-    "fast_forward": "all_success",
+    **{copy: "all_success" for copy in COPIES},
+    # skipped with all the copies (a small round), upstream_failed when one failed; not skipped by the copies
+    # the branch skipped (sites not targets of the round), which would skip the report
+    "copies_done": "none_failed_min_one_success",
     "choose": "all_done",  # decides even when a target failed
     "merge": "all_success",
     "commit": "none_failed_min_one_success",  # runs after merge, or after choose skipped merge
@@ -211,17 +215,17 @@ def test_replication_dag_structure(default_definitions: Path) -> None:
     assert set(dag.task_ids) == TASKS
     assert {t: set(dag.get_task(t).upstream_task_ids) for t in TASKS} == UPSTREAM
     assert {t: getattr(dag.get_task(t).trigger_rule, "value", None) for t in TASKS} == TRIGGER_RULES
-    assert dag.get_task("fast_forward").is_mapped
-    assert not any(dag.get_task(t).is_mapped for t in TASKS - {"fast_forward"})
+    assert not any(dag.get_task(t).is_mapped for t in TASKS)  # Airflow cannot pool a mapped instance apart
+    assert {dag.get_task(t).pool for t in TASKS} == {"default_pool"}  # include/segrep.yaml defines no link
     assert isinstance(dag.get_task("merge"), SparkSubmitOperator)
     # Policy defaults (include/segrep.yaml sets none): 3 retries; the report never retries.
-    assert dag.get_task("fast_forward").partial_kwargs["retries"] == 3
+    assert {dag.get_task(t).retries for t in COPIES} == {3}
     assert dag.get_task("merge").retries == 3
     assert dag.get_task("report").retries == 0
     assert dag.get_task("round").retries == 3  # plan_round finds its round again, every step is idempotent
     # round is a branch: the graph shows the one-task path and the mapped path side by side; a small round
     # runs whole in it, and the branch it takes then (an EmptyOperator) costs no task process
-    assert dag.get_task("round").downstream_task_ids == {"done_in_round", "targets_of", "choose", "commit"}
+    assert dag.get_task("round").downstream_task_ids == {"done_in_round", *COPIES, "choose", "commit"}
     assert isinstance(dag.get_task("done_in_round"), EmptyOperator)
     group = dag.task_group.get_task_group_dict()["merge_step"]  # segrep_airflow.common.spark_step
     assert set(group.children) == {"choose", "merge", "commit"} and not group.prefix_group_id
@@ -271,7 +275,7 @@ def test_fixed_interval_policy_with_date_times(segrep_env: Any) -> None:
     assert dag.start_date == pendulum.datetime(2026, 11, 22, 8, 0, tz="UTC")
     assert dag.end_date == pendulum.datetime(2026, 11, 22, 8, 1, tz="UTC")  # naive date-times are UTC
     assert dag.params.get_param("target").schema["enum"] == [None, "dr", "edge"]
-    assert dag.get_task("fast_forward").partial_kwargs["retries"] == 1
+    assert {dag.get_task(t).retries for t in ("fast_forward_dr", "fast_forward_edge", "fast_forward_primary")} == {1}
     assert dag.description == "Replicate events from primary to dr, edge"
 
 
@@ -394,3 +398,36 @@ def test_spark_submit_command_matches_expectation(segrep_env: Any, dag_id: str, 
         f"# If the command changes on purpose, rewrite the files: {UPDATE_HINT}",
     ]
     assert_matches_expected(got, _expected_file(dag_id, task_id), header, UPDATE_HINT)
+
+
+@pytest.fixture
+def linked_definitions(airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """LINKS_YAML (primary <-> dr: 4 copies at once; dr -> edge: no copy limit) as the DAGs' definitions."""
+    from tests.support.env import LINKS_YAML
+
+    path = tmp_path / "links.yaml"
+    path.write_text(LINKS_YAML)
+    monkeypatch.setenv("SEGREP_CONFIG", str(path))
+    monkeypatch.delenv("SEGREP_CATALOG_URL", raising=False)  # parsing must not need a catalog
+    return path
+
+
+def test_copy_tasks_run_in_the_pool_of_the_link_they_cross(linked_definitions: Path) -> None:
+    """Each copy task carries its link's pool (`segrep airflow-pools`), in the DAG and as the scheduler reads it
+    (serialized); a copy over a link without a copy limit, and every other task, stay in default_pool."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    bag = load_dagbag()
+    events = bag.get_dag(EVENTS_DAG)
+    want = {
+        "fast_forward_dr": "segrep_link_primary_dr",
+        "fast_forward_edge": "default_pool",  # primary -> edge: no link
+        "fast_forward_primary": "segrep_link_dr_primary",  # the leader's, after a failover: from dr or edge
+    }
+    assert {t: events.get_task(t).pool for t in want} == want
+    assert {t.pool for t in events.tasks if t.task_id not in want} == {"default_pool"}
+    stored = DagSerialization.from_dict(DagSerialization.to_dict(events))
+    assert {t: stored.get_task(t).pool for t in want} == want
+    assert bag.get_dag("segrep_replicate_orders").get_task("fast_forward_dr").pool == "segrep_link_primary_dr"
+    # a bootstrap's catch-up never takes a round's pool slot: the catalog's link slots pause it for rounds
+    assert {t.pool for t in bag.get_dag("segrep_bootstrap").tasks} == {"default_pool"}

@@ -287,7 +287,7 @@ def test_clear_only_failed_tasks_reports_from_the_catalog_not_the_old_commit(
     run = dag.test(logical_date=pendulum.now("UTC"))
 
     states = ti_states(run)
-    assert states[("fast_forward", 0)] == "failed" and states[("commit", -1)] == "success", states
+    assert states[("fast_forward_dr", -1)] == "failed" and states[("commit", -1)] == "success", states
     assert states[("report", -1)] == "failed"
     out = capsys.readouterr()
     dr_line = next(x for x in (out.out + out.err).splitlines() if "  dr: failed; " in x)
@@ -297,7 +297,7 @@ def test_clear_only_failed_tasks_reports_from_the_catalog_not_the_old_commit(
     aside.rename(dr_dir)  # dr is back, with its identity marker
     # "Clear only failed tasks": the failed fast_forward (dr) and report run again in the same DAG run; plan
     # and commit do not (their XComs stay as they were). `airflow tasks test` runs one task of that run.
-    for task_id, extra in (("fast_forward", ["--map-index", "0"]), ("report", [])):
+    for task_id, extra in (("fast_forward_dr", []), ("report", [])):
         proc = subprocess.run(
             [AIRFLOW, "tasks", "test", EVENTS_DAG, task_id, run.run_id, *extra],
             capture_output=True,

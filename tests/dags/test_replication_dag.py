@@ -80,9 +80,10 @@ def test_fork_is_merged_and_replicas_match_the_leader(segrep_env: Any, engine: s
     first = rounds(env)[-1]
     if engine == "spark":
         assert states[("merge", -1)] == "success"
-        assert {states[("fast_forward", i)] for i in range(len(REPLICAS))} == {"success"}
-        assert {states[(t, -1)] for t in ("round", "targets_of", "choose", "commit", "report")} == {"success"}
-        assert states[("done_in_round", -1)] == "skipped"  # a Spark merge: the mapped path
+        assert {states[(f"fast_forward_{site}", -1)] for site in REPLICAS} == {"success"}
+        assert states[("fast_forward_primary", -1)] == "skipped"  # the leader's: not a target
+        assert {states[(t, -1)] for t in ("round", "choose", "commit", "report")} == {"success"}
+        assert states[("done_in_round", -1)] == "skipped"  # a Spark merge: the big path
         assert first.report["spark_apps"] >= 1
     else:
         assert states[("round", -1)] == states[("done_in_round", -1)] == "success"
@@ -102,7 +103,7 @@ def test_fork_is_merged_and_replicas_match_the_leader(segrep_env: Any, engine: s
     states = ti_states(run)
     assert run.state == "success", states
     assert states[("round", -1)] == states[("done_in_round", -1)] == "success"
-    assert {states[(t, -1)] for t in ("targets_of", "choose", "merge", "commit", "report")} == {"skipped"}
+    assert {states[(t, -1)] for t in ("fast_forward_dr", "choose", "merge", "commit", "report")} == {"skipped"}
     second = rounds(env)[-1]
     assert second.report["spark_apps"] == 0
     assert read_sorted(env).equals(leader)
@@ -144,9 +145,10 @@ def test_trigger_narrowed_to_one_target(segrep_env: Any, path: str) -> None:
 
     states = ti_states(run)
     assert run.state == "success", states
-    mapped = ("targets_of", "fast_forward", "choose", "commit", "report")
+    mapped = ("fast_forward_dr", "fast_forward_edge", "fast_forward_primary", "choose", "commit", "report")
     if path == "mapped":
-        assert ("fast_forward", 1) not in states and states[("fast_forward", 0)] == "success"
+        assert states[("fast_forward_edge", -1)] == "success"
+        assert states[("fast_forward_dr", -1)] == states[("fast_forward_primary", -1)] == "skipped"
         assert states[("done_in_round", -1)] == "skipped" and states[("commit", -1)] == "success"
     else:
         assert states[("round", -1)] == states[("done_in_round", -1)] == "success"

@@ -908,6 +908,29 @@ def status(obj: Context, table: str | None, as_json: bool) -> None:
     click.echo(status_output(obj.catalog(), obj.defs_if_any(), table, as_json=as_json))
 
 
+@main.command("airflow-pools")
+@click.option("--json", "as_json", is_flag=True, help="Print the file `airflow pools import` reads.")
+@click.pass_obj
+@_user_errors
+def airflow_pools(obj: Context, as_json: bool) -> None:
+    """The Airflow pools of the definitions' links: one per direction with max_concurrent_copies, whose slots
+    cap the copy tasks crossing it. Reads only the definitions file. Load them with `segrep airflow-pools
+    --json > pools.json && airflow pools import pools.json` (make airflow does it at every start)."""
+    import json
+
+    from segrep.config.link_pools import link_pools, pools_json
+
+    if as_json:
+        click.echo(json.dumps(pools_json(obj.defs), indent=2, sort_keys=True))
+        return
+    pools = link_pools(obj.defs)
+    if not pools:
+        click.echo(f"no link in {obj.defs.path} has max_concurrent_copies: no pool (copy tasks use default_pool)")
+        return
+    rows = [[p.name, p.slots, f"{p.source} -> {p.target}", p.link.pair] for p in pools]
+    click.echo(format_rows(["pool", "slots", "copies", "link"], rows))
+
+
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
     sys.exit(128 + signum)
 

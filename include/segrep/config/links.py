@@ -28,7 +28,7 @@ from segrep.config.entries import expect_mapping, no_unknown_keys
 from segrep.core.errors import SegrepError
 from segrep.core.human import human_rate, parse_bytes
 
-__all__ = ["CapInForce", "LinkDef", "LinkState", "Window", "parse_links"]
+__all__ = ["CapInForce", "LinkDef", "LinkState", "Window", "parse_links", "pool_name"]
 
 DAY_S = 86400
 WEEK_S = 7 * DAY_S
@@ -45,6 +45,13 @@ _TIME_RE = re.compile(r"(\d{1,2}):(\d{2})")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _LINK_KEYS = {"between", "from", "to", "max_bytes_per_second", "max_concurrent_copies", "windows"}
 _WINDOW_KEYS = {"days", "from", "to", "max_bytes_per_second"}
+POOL_PREFIX = "segrep_link_"
+
+
+def pool_name(source: str, target: str) -> str:
+    """The Airflow pool of copy tasks from ``source`` to ``target`` (``segrep_link_primary_dr``); named here
+    so that ``parse_links`` can refuse two directions whose names would be the same pool."""
+    return f"{POOL_PREFIX}{source}_{target}"
 
 
 @dataclass(frozen=True)
@@ -208,6 +215,7 @@ def parse_links(raw: Any, sites: Collection[str]) -> tuple[LinkDef, ...]:
         raise SegrepError("links: expected a list of entries (between: [a, b], or from: a and to: b)")
     links: list[LinkDef] = []
     owner: dict[tuple[str, str], str] = {}
+    pools: dict[str, tuple[str, str]] = {}
     for i, entry in enumerate(raw):
         link = _parse_link(entry, f"links[{i}]", sites)
         where = f"links[{i}] ({link.pair})"
@@ -218,6 +226,14 @@ def parse_links(raw: Any, sites: Collection[str]) -> tuple[LinkDef, ...]:
                     "give each direction one entry"
                 )
             owner[direction] = where
+            pool = pool_name(*direction)
+            if pool in pools:  # site names may hold '_': a_b -> c and a -> b_c would share one Airflow pool
+                other = pools[pool]
+                raise SegrepError(
+                    f"{where}: the directions {other[0]} -> {other[1]} and {direction[0]} -> {direction[1]} would "
+                    f"share the Airflow pool {pool}; rename one of these sites"
+                )
+            pools[pool] = direction
         links.append(link)
     return tuple(links)
 
