@@ -17,8 +17,9 @@ import pyarrow as pa
 import pytest
 
 from segrep.catalog import link_slots as lk
-from segrep.catalog.link_lease import LinkLease
+from segrep.catalog.link_lease import LinkLease, LinkPacing
 from segrep.catalog.link_limits import definitions_limits
+from segrep.core import hlc
 from segrep.core.links import CopyPriority
 from segrep.data.writer import write_batch
 from segrep.replication.join import catch_up
@@ -175,3 +176,16 @@ def test_a_catch_up_goes_at_a_catch_ups_share(defined_env: Env, monkeypatch: pyt
     reports = catch_up(defined_env.catalog, defined_env.defs, "hot", "dr", submit=no_spark)
     assert reports[-1].targets["dr"].status == "ok"
     assert taken == [("primary", "dr", "catchup")]
+
+
+def test_a_link_unlimited_for_now_takes_no_slot_until_a_window_caps_it(defined_env: Env) -> None:
+    """A defined link whose window leaves it unlimited costs a copy nothing (no slot, no catalog write); the
+    copier asks at each file, so the first file after a window caps the link takes a slot and is paced."""
+    now = [lk.Limits()]
+    with LinkPacing(defined_env.catalog, CopyPriority.ROUND, lambda s, t: now[0]) as pacing:
+        assert pacing.pacer("primary", "dr") is None
+        with defined_env.catalog.read() as s:
+            assert lk.slots(s, hlc.now_us()) == [] and lk.budget(s, lk.Link(1, 2)) is None
+        now[0] = lk.Limits(cap_bytes_per_s=CAP)  # the window begins: the next file
+        pacer = pacing.pacer("primary", "dr")
+        assert pacer is not None and pacer.rate == CAP

@@ -11,8 +11,8 @@ A beat that cannot reach the catalog is tried again at the next one; if none suc
 have lapsed, the pacer holds every copy (the share may already be someone else's) until a beat gets through.
 
 ``LinkPacing`` is what a copier is given: one lease per link it crosses, taken on the first copy over that
-link, and only when a link is defined there (even if a window leaves it unlimited for now); with none (the
-default, ``unlimited``) nothing is taken and copies run as before.
+link, and only when a link there has a cap or copy limit in force (a link unlimited for now costs nothing: the
+next file asks again); with none (the default, ``unlimited``) nothing is taken and copies run as before.
 """
 
 from __future__ import annotations
@@ -145,7 +145,8 @@ class LinkLease:
 
 class LinkPacing:
     """The pacers of one copier's links: ``pacer(source, target)`` takes the link's lease on first use when the
-    link is defined (None when none is: unpaced), and every lease is released on exit."""
+    link has a cap or copy limit in force (None otherwise: unpaced, asked again for the next file), and every
+    lease is released on exit."""
 
     def __init__(self, catalog: Catalog, what: CopyPriority, limits: LinkLimits = unlimited) -> None:
         self.catalog, self.what, self.limits = catalog, what, limits
@@ -157,7 +158,7 @@ class LinkPacing:
         with self._lock:
             lease = self._leases.get((source, target))
             if lease is None:
-                if self.limits(source, target) is None:
+                if not self.limited(source, target):
                     return None
                 lease = LinkLease(self.catalog, source, target, self.what, partial(self._now, source, target))
                 lease.__enter__()
@@ -184,16 +185,24 @@ class LinkPacing:
         with ExitStack() as stack:
             rates: dict[tuple[str, str], int | None] = {}
             for (source, target), n in counts.items():
-                if self.limits(source, target) is None:
+                if not self.limited(source, target):
                     continue
                 lease = LinkLease(self.catalog, source, target, self.what, partial(self._now, source, target))
                 rate = stack.enter_context(lease).pacer.wait_rate()
                 rates[(source, target)] = None if rate is None else max(1, rate // n)
             yield rates
 
+    def limited(self, source: str, target: str) -> bool:
+        """Whether copies over the link take a slot now: it is defined and has a cap or a copy limit in force.
+        An unlimited link costs its copies nothing (no catalog writes); asked again at each file, so a window
+        that caps it reaches the copier's next file, and a slot once taken keeps its holder paced as the
+        limits change (``_now``)."""
+        limits = self.limits(source, target)
+        return limits is not None and limits != lk.Limits()
+
     def _now(self, source: str, target: str) -> lk.Limits:
-        """The limits in force now on a defined link (a window may make it unlimited for a while: the slot is
-        kept, so the next window's cap reaches the copies within two beats)."""
+        """The limits in force now on a defined link (a window may make it unlimited for a while: a slot
+        already held is kept, so the next window's cap reaches its copies within two beats)."""
         return self.limits(source, target) or lk.Limits()
 
     def __enter__(self) -> LinkPacing:

@@ -1,8 +1,9 @@
 """The definitions' ``links:`` as the limits a copier's link slots are held to (DESIGN section 17).
 
 ``config.links`` says what each link allows at a given time (its windows); a ``LinkLease`` asks again at every
-beat, so a window that begins or ends reaches copies already running within two beats. A pair of sites with no
-link entry gets None: no slot is taken and its copies are not paced.
+beat, so a window that begins or ends reaches copies already holding a slot within two beats, and a copier
+without one asks at its next file. A pair of sites with no link entry gets None: no slot is taken and its
+copies are not paced.
 """
 
 from __future__ import annotations
