@@ -54,6 +54,20 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def args_doc(args: Any) -> dict[str, Any]:
+    """A bench's command-line arguments for its JSON results (paths as text)."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+
+
+def load_footer(secs: float, background: int, load_start: Sequence[float], load_end: Sequence[float]) -> str:
+    """The line a bench ends with: how long it ran, under how much background load, and the machine's load
+    average at its start and end."""
+    return (
+        f"\nran in {secs:.0f} s with {background} background process(es); load average "
+        f"{load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end"
+    )
+
+
 def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
     start = time.perf_counter()
     out = fn(*args, **kwargs)

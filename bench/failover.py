@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from benchkit import fill_chains, log, make_env, pg_schema, print_table, profile_top, timed, verdict
+from benchkit import args_doc, fill_chains, log, make_env, pg_schema, print_table, profile_top, timed, verdict
 from sqlalchemy import select
 
 import segrep.failover.switchover as switchover_module
@@ -626,7 +626,7 @@ def main() -> int:
 
     results: Results = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "args": args_doc(args),
     }
     seconds: dict[str, float] = {}
     load_start = os.getloadavg()

@@ -60,7 +60,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support (the moto servers)
 
-from benchkit import background_load, log, timed, verdict
+from benchkit import args_doc, background_load, load_footer, log, timed, verdict
 from object_store import ENV_PREFIX, copy_catalog, endpoints
 
 from segrep.catalog import Catalog
@@ -683,14 +683,11 @@ def main() -> int:
             secs = time.monotonic() - started
     print_table(pairs)
     load_end = os.getloadavg()
-    print(
-        f"\nran in {secs:.0f} s with {args.background_load} background process(es); load average "
-        f"{load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end"
-    )
+    print(load_footer(secs, args.background_load, load_start, load_end))
     if args.json:
         doc = {
             "date": dt.datetime.now().isoformat(timespec="seconds"),
-            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "args": args_doc(args),
             "loadavg": [load_start, load_end],
             "pairs": [
                 asdict(p)

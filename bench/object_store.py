@@ -62,7 +62,7 @@ from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support (the moto servers)
 
-from benchkit import background_load, evict, log, quantile_splits, timed, warm, write_interleaved
+from benchkit import args_doc, background_load, evict, load_footer, log, quantile_splits, timed, warm, write_interleaved
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
@@ -552,14 +552,11 @@ def main() -> int:
     figs = [figures(s, total) for s in samples]
     print_table(figs, segments, total)
     load_end = os.getloadavg()
-    print(
-        f"\nran in {secs:.0f} s with {args.background_load} background process(es); load average "
-        f"{load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end"
-    )
+    print(load_footer(secs, args.background_load, load_start, load_end))
     if args.json:
         doc = {
             "date": dt.datetime.now().isoformat(timespec="seconds"),
-            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "args": args_doc(args),
             "segments": segments,
             "bytes": total,
             "loadavg": [load_start, load_end],

@@ -49,6 +49,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from benchkit import (
+    args_doc,
     background_load,
     evict,
     fill_chains,
@@ -606,7 +607,7 @@ def main() -> int:
 
     results: Results = {
         "date": dt.date.today().isoformat(),
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "args": args_doc(args),
     }
     seconds: dict[str, float] = {}
     if args.spark_driver_memory:

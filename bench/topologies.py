@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
-from benchkit import ORDERS_COLUMNS, log, pg_schema, print_table, timed, verdict
+from benchkit import ORDERS_COLUMNS, args_doc, log, pg_schema, print_table, timed, verdict
 
 from segrep.catalog import Catalog
 from segrep.catalog.apply import apply_definitions
@@ -249,7 +249,7 @@ def main() -> int:
     source = pq.read_table(demo_data.generate_tpch("orders", args.scale, args.tpch_dir / f"sf{args.scale:g}"))
     results: Results = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "args": args_doc(args),
     }
     load_start = os.getloadavg()
     started = time.perf_counter()
