@@ -7,9 +7,9 @@ once into data/tpch/sf<scale> (git-ignored) and reused."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-import os
 from pathlib import Path
 
 import numpy as np
