@@ -459,4 +459,4 @@ class SchemaMachine(RuleBasedStateMachine):
 
 def test_schema_state_machine(spark: Any) -> None:
     SchemaMachine.spark = spark
-    run_machine(SchemaMachine, "SEGREP_MODEL_EXAMPLES", 20, steps=15)
+    run_machine(SchemaMachine, "SEGREP_MODEL_EXAMPLES", 12, steps=15)
