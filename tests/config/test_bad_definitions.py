@@ -23,7 +23,7 @@ from segrep.config.definitions import load_definitions
 from segrep.core.errors import ConfigError
 from tests.support.badinput import assert_user_error, unchanged
 from tests.support.cli import cli
-from tests.support.env import ORDERS_YAML, Env, env_fixture, pg_schema_url, sqlite_url
+from tests.support.env import BACKENDS, ORDERS_YAML, Env, shared_env
 
 Doc = dict[str, Any]
 # A hypothesis example reuses the function-scoped `env`: fine, since every example must leave it unchanged.
@@ -210,16 +210,10 @@ def bad_file(env: Env, case: bytes | Callable[[Doc], None]) -> Path:
     return path
 
 
-@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(scope="module", params=BACKENDS)
 def applied_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    """One applied environment per backend for every refused file: each case checks that it changed nothing
-    (``unchanged``), so the next case starts from the same catalog and sites."""
-    root = tmp_path_factory.mktemp("bad-definitions")
-    if request.param == "sqlite":
-        yield from env_fixture(root, sqlite_url(root))
-    else:
-        for url in pg_schema_url(request.getfixturevalue("pg_server")):
-            yield from env_fixture(root, url)
+    """One applied environment per backend for every refused file: each case proves it changed nothing."""
+    yield from shared_env(request, tmp_path_factory, ORDERS_YAML)
 
 
 @pytest.mark.parametrize(("case", "bad_table", "needles"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from segrep.core.errors import SegrepError
 from segrep.split.run import begin_split
 from tests.support.badinput import assert_user_error, unchanged
 from tests.support.cli import cli
-from tests.support.env import Env, env_fixture
+from tests.support.env import BACKENDS, ORDERS_YAML, Env, shared_env
 
 FUNCTION_SCOPED = settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -41,9 +40,15 @@ tables:
 """
 
 
-@pytest.fixture
-def readings(catalog_url: str, tmp_path: Path) -> Iterator[Env]:
-    yield from env_fixture(tmp_path, catalog_url, READINGS_YAML)
+# Every test here proves it changed nothing (`unchanged`): one environment per backend and module.
+@pytest.fixture(scope="module", params=BACKENDS)
+def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    yield from shared_env(request, tmp_path_factory, ORDERS_YAML)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def readings(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    yield from shared_env(request, tmp_path_factory, READINGS_YAML)
 
 
 # -- `segrep split` --------------------------------------------------------------------------------------------

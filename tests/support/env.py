@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ORDERS_YAML = """
 data_dir: data
 sites:
@@ -181,3 +183,20 @@ def env_fixture(tmp_path: Path, url: str, yaml_text: str = ORDERS_YAML) -> Itera
     e = make_env(tmp_path, url, yaml_text)
     yield e
     e.catalog.dispose()
+
+
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def shared_env(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, yaml_text: str
+) -> Iterator[Env]:
+    """The body of a module-scoped environment fixture parametrized with ``BACKENDS``, for modules whose every
+    test proves it changed nothing (``tests.support.badinput.unchanged``): one environment per backend instead
+    of one per test."""
+    root = tmp_path_factory.mktemp("shared-env")
+    if request.param == "sqlite":
+        yield from env_fixture(root, sqlite_url(root), yaml_text)
+    else:
+        for url in pg_schema_url(request.getfixturevalue("pg_server")):
+            yield from env_fixture(root, url, yaml_text)
