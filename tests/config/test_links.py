@@ -5,6 +5,7 @@ refused by `segrep apply` (and the other commands) as one line naming it, with n
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from segrep.config.links import LinkDef
 from segrep.core.errors import ConfigError
 from tests.support.badinput import assert_user_error, unchanged
 from tests.support.cli import cli
-from tests.support.env import LINKS_YAML, ORDERS_YAML, Env
+from tests.support.env import LINKS_YAML, ORDERS_YAML, Env, shared_env
 
 MB = 1000**2
 MIB = 1024**2
@@ -357,8 +358,15 @@ def bad_links_file(env: Env, links: Any) -> Path:
     return write_doc(env.config.with_name("bad_links.yaml"), doc)
 
 
+@pytest.fixture(scope="module", params=["sqlite"])
+def refusing_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    """One environment for every refused link (each proves it changed nothing)."""
+    yield from shared_env(request, tmp_path_factory, ORDERS_YAML)
+
+
 @pytest.mark.parametrize(("links", "needles"), [c[1:] for c in BAD_LINKS], ids=[c[0] for c in BAD_LINKS])
-def test_apply_refuses_a_bad_link(sqlite_env: Env, links: Any, needles: tuple[str, ...]) -> None:
+def test_apply_refuses_a_bad_link(refusing_env: Env, links: Any, needles: tuple[str, ...]) -> None:
+    sqlite_env = refusing_env
     path = bad_links_file(sqlite_env, links)
     for args in (["apply", "--dry-run"], ["apply"]):
         with unchanged(sqlite_env):

@@ -21,7 +21,7 @@ import pytest
 from segrep.data.reader import read_table
 from tests.support.badinput import assert_user_error, catalog_rows, tree_state, unchanged
 from tests.support.cli import cli, cli_command
-from tests.support.env import Env, env_fixture
+from tests.support.env import BACKENDS, Env, env_fixture, shared_env
 from tests.support.tables import orders
 
 KEYS_YAML = """
@@ -59,6 +59,12 @@ def kenv(catalog_url: str, tmp_path: Path) -> Iterator[Env]:
     root = tmp_path / "env"  # the input files stay outside the environment `unchanged` compares
     root.mkdir()
     yield from env_fixture(root, catalog_url, KEYS_YAML)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def refusing_kenv(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    """``kenv`` shared by the tests that prove a refused write changed nothing (``unchanged``)."""
+    yield from shared_env(request, tmp_path_factory, KEYS_YAML)
 
 
 def ik_rows(**columns: pa.Array) -> pa.Table:
@@ -135,8 +141,9 @@ BAD_PARQUET: list[tuple[str, str, pa.Table, bool, tuple[str, ...]]] = [
     ("table", "rows", "delete", "needles"), [c[1:] for c in BAD_PARQUET], ids=[c[0] for c in BAD_PARQUET]
 )
 def test_bad_parquet_input_is_refused_and_writes_nothing(
-    kenv: Env, tmp_path: Path, table: str, rows: pa.Table, delete: bool, needles: tuple[str, ...]
+    refusing_kenv: Env, tmp_path: Path, table: str, rows: pa.Table, delete: bool, needles: tuple[str, ...]
 ) -> None:
+    kenv = refusing_kenv
     path = parquet(tmp_path, rows)
     with unchanged(kenv):
         code, out, err = cli(kenv, "write", table, str(path), *(["--delete"] if delete else []))
@@ -158,8 +165,9 @@ BAD_CSV = [
 
 @pytest.mark.parametrize(("table", "text", "needles"), [c[1:] for c in BAD_CSV], ids=[c[0] for c in BAD_CSV])
 def test_bad_csv_input_is_refused_and_writes_nothing(
-    kenv: Env, tmp_path: Path, table: str, text: str, needles: tuple[str, ...]
+    refusing_kenv: Env, tmp_path: Path, table: str, text: str, needles: tuple[str, ...]
 ) -> None:
+    kenv = refusing_kenv
     path = tmp_path / "in.csv"
     path.write_text(text)
     with unchanged(kenv):
