@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import atexit
+import re
 import shutil
 import sqlite3
+import subprocess
 import tempfile
 import time
 import uuid
@@ -156,6 +158,53 @@ def migrated_sqlite(database: Path) -> None:
     conn.close()
 
 
+_PG_DDL: list[str] = []  # this process's migrated PostgreSQL schema as SQL, the schema's name a placeholder
+_SCHEMA_MARK = "__segrep_schema__"
+_SEARCH_PATH = re.compile(r"options=-csearch_path%3D(t_[0-9a-f]{12})$")
+
+
+def migrated_pg_schema(url: str) -> bool:
+    """For a URL from :func:`pg_schema_url` (a fresh, empty schema): fill the schema with what the migrations
+    make, replayed from ``pg_dump`` of a schema this process migrated with ``upgrade`` (once per test process),
+    with its own catalog uuid; False for any other URL (then the caller migrates)."""
+    found = _SEARCH_PATH.search(url)
+    if found is None or shutil.which("pg_dump") is None:
+        return False
+    import psycopg
+
+    base = url[: found.start()].rstrip("?")
+    conninfo = base.replace("postgresql+psycopg://", "postgresql://", 1)
+    if not _PG_DDL:
+        _PG_DDL.append(_dump_migrated_schema(base, conninfo))
+    schema = found.group(1)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(_PG_DDL[0].replace(_SCHEMA_MARK, schema).encode())
+        conn.execute(
+            f'UPDATE "{schema}".catalog_identity SET catalog_uuid = %s, created_us = %s'.encode(),
+            (uuid.uuid4().hex, time.time_ns() // 1000),
+        )
+    return True
+
+
+def _dump_migrated_schema(base_url: str, conninfo: str) -> str:
+    from segrep.catalog import Catalog
+    from segrep.catalog.migrate import upgrade
+
+    for url in pg_schema_url(base_url):
+        schema = _SEARCH_PATH.search(url).group(1)  # type: ignore[union-attr]
+        catalog = Catalog(url)
+        upgrade(catalog)
+        catalog.dispose()
+        dump = subprocess.run(
+            ["pg_dump", "--schema", schema, "--no-owner", "--no-privileges", "--inserts", "--dbname", conninfo],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    lines = [x for x in dump.splitlines() if not x.startswith(("CREATE SCHEMA", "--", "\\"))]
+    return "\n".join(lines).replace(f"{schema}.", f"{_SCHEMA_MARK}.").replace(f'"{schema}"', f'"{_SCHEMA_MARK}"')
+
+
 def make_env(root: Path, url: str, yaml_text: str = ORDERS_YAML, apply: bool = True) -> Env:
     from segrep.catalog.apply import apply_definitions
     from segrep.catalog.engine import sqlite_file
@@ -167,7 +216,7 @@ def make_env(root: Path, url: str, yaml_text: str = ORDERS_YAML, apply: bool = T
     database = sqlite_file(url)
     if database is not None and not database.exists():
         migrated_sqlite(database)
-    else:
+    elif not migrated_pg_schema(url):
         upgrade(env.catalog)
     if apply:
         apply_definitions(env.catalog, env.defs)
