@@ -10,11 +10,12 @@ more than the cap. They are kept in thousandths of a request per second (a rate 
 
 ``RequestSharing`` does it for one process: ``storage.throttle.share_requests`` tells it of each paced site;
 the site's bucket is held until its first share, one background thread renews every slot each beat and sets
-the bucket to the share (held while it is 0). A site the catalog does not know (a catalog being rebuilt) is
-paced at its whole rate, in this process only. If the catalog cannot be reached, the last share is kept
-until the slot could have lapsed, then the site's requests are held until a beat gets through (someone else
-may have its share). A process holds its slots from its first request to the site until ``close`` (the end of
-its command or task); if it dies, they lapse within one TTL.
+the bucket to the share (held while it is 0). A site the catalog does not know (a catalog being rebuilt, a
+store opened under a name that is no site's) is paced at its whole rate, in this process only. If the
+catalog cannot be reached, the last share is kept until the slot could have lapsed, then the site's
+requests are held until a beat gets through (someone else may have its share). A process holds its slots
+from its first request to the site until ``close`` (the end of its command or task); if it dies, they lapse
+within one TTL.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from segrep.catalog import queries as q
 from segrep.catalog.engine import Catalog
 from segrep.catalog.link_lease import BEAT_S, link_ttl_us
 from segrep.core import hlc
-from segrep.core.errors import NotFoundError
+from segrep.core.errors import SegrepError
 from segrep.core.links import CopyPriority
 from segrep.storage import throttle
 from segrep.storage.throttle import SiteLimits
@@ -96,7 +97,7 @@ class RequestSharing:
                     assert h.limits.bucket is not None
                     h.limits.bucket.set_rate(0)
                 continue
-            except NotFoundError:  # a site the catalog does not know: paced at its whole rate, here only
+            except SegrepError:  # a site the catalog does not know (or no site's name): its whole rate, here only
                 with self._lock:
                     self._held.pop(id(h.limits), None)
                 assert h.limits.bucket is not None
