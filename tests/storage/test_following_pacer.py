@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from segrep.storage.content import ContentSum, load_local, load_stream
 from segrep.storage.live_rates import follower, read_rate, write_rates
 from segrep.storage.pacing import FollowingPacer, Pacer
 from segrep.storage.site import Site
@@ -156,3 +157,25 @@ def test_follower_reads_again_each_time(tmp_path: Path) -> None:
     assert follow() == 5
     write_rates(rates, {("a", "b"): 0})
     assert follow() == 0
+
+
+@pytest.mark.parametrize("how", ["local", "stream"])
+def test_a_checked_read_pays_each_chunk_as_it_loads_the_file(tmp_path: Path, how: str) -> None:
+    """``read_checked``'s load (``storage.content``), local file or store stream: the bytes and their digest
+    are those of the file, and a share lowered one second in slows the rest of the load."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(3 * MIB))
+    clock = FakeClock()
+    pacer = FollowingPacer(MIB, schedule(clock, [(0, MIB), (1, 256 * 1024)]), clock, clock.sleep)
+    moves = Moves(pacer, clock)
+    if how == "local":
+        loaded = load_local(str(path), ContentSum.SHA256, pacer)
+    else:
+        with open(path, "rb") as stream:
+            loaded = load_stream(stream, ContentSum.SHA256, pacer)
+    assert loaded.data.to_pybytes() == path.read_bytes()
+    assert loaded.hexdigest == load_local(str(path), ContentSum.SHA256).hexdigest
+    assert sum(n for _, n in moves.at) == 3 * MIB
+    end = clock.now
+    assert moves.between(2.5, end + 1) <= 1.1 * 256 * 1024 * (end - 2.5) + 64 * 1024
+    assert end >= 1 + 1.5 * MIB / (256 * 1024)
