@@ -56,12 +56,15 @@ def segrep_context() -> Iterator[tuple[Definitions, Catalog]]:
         with segrep_context() as (defs, catalog):
             return plan_round(catalog, defs, ...).to_dict()
     """
+    from segrep.catalog.request_slots import shared_site_requests
+
     use_airflow_connections()  # sites' ``airflow_conn_id`` credentials resolve through Airflow in this task
     defs = load_definitions(isolate_tables=True)
     catalog = catalog_for(defs)
     try:
         catalog.require_initialized()
-        yield defs, catalog
+        with shared_site_requests(catalog):  # the task's S3 requests share each site's rate with the deployment
+            yield defs, catalog
     finally:
         catalog.dispose()
 

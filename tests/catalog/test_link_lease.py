@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +16,11 @@ from segrep.catalog import link_slots as lk
 from segrep.catalog.link_lease import LinkLease, LinkPacing
 from segrep.core import hlc
 from segrep.core.links import CopyPriority
-from segrep.storage.transport import CopyItem, CopyOutcome
+from segrep.storage.live_rates import read_rate
+from segrep.storage.pacing import FollowingPacer
+from segrep.storage.transport import CopyItem, CopyOutcome, task_pacer
 from tests.support.env import Env
+from tests.support.polling import eventually
 
 BEAT_S = 0.1
 TTL_US = 3_000_000
@@ -25,15 +29,6 @@ TTL_US = 3_000_000
 @pytest.fixture
 def lease_catalog(env: Env) -> Iterator[Catalog]:
     yield env.catalog
-
-
-def eventually(check: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
 
 
 def lease(catalog: Catalog, what: CopyPriority, limits: Callable[[], lk.Limits]) -> LinkLease:
@@ -97,7 +92,9 @@ def test_a_dead_holders_slot_lapses_and_an_unlimited_link_takes_none(lease_catal
     assert holders(lease_catalog) == {}
 
 
-def test_a_batch_handed_to_spark_holds_a_slot_and_its_items_carry_their_share(lease_catalog: Catalog) -> None:
+def test_a_batch_handed_to_spark_holds_a_slot_and_its_items_carry_their_share(
+    lease_catalog: Catalog, tmp_path: Path
+) -> None:
     cap = lk.Limits(cap_bytes_per_s=8000)
     seen: list[CopyItem] = []
     held: list[dict[str, lk.SlotView]] = []
@@ -112,11 +109,64 @@ def test_a_batch_handed_to_spark_holds_a_slot_and_its_items_carry_their_share(le
 
     limits = {("primary", "dr"): cap}
     with LinkPacing(lease_catalog, CopyPriority.ROUND, lambda s, t: limits.get((s, t))) as pacing:
-        outcomes = pacing.paced_batches(spark)([item(1, "dr"), item(2, "dr"), item(3, "dr"), item(4, "edge")])
+        outcomes = pacing.paced_batches(spark, tmp_path)([item(1, "dr"), item(2, "dr"), item(3, "dr"), item(4, "edge")])
     assert [o.ok for o in outcomes] == [True] * 4
     assert [i.bytes_per_s for i in seen] == [2666, 2666, 2666, None]  # the share over the link's 3 tasks
+    rate_file = seen[0].rate_file
+    assert rate_file is not None and [i.rate_file for i in seen] == [rate_file] * 3 + [None]  # no link to edge
+    assert Path(rate_file).parent == tmp_path and not Path(rate_file).exists()  # removed after the batch
     assert [v.what for v in held[0].values()] == [CopyPriority.ROUND]  # the driver held one slot meanwhile
     assert holders(lease_catalog) == {}  # released after the batch
+
+
+def test_a_cap_lowered_during_a_spark_batch_slows_the_copies_already_running(
+    lease_catalog: Catalog, tmp_path: Path
+) -> None:
+    """The batch's tasks follow the share the driver's beats write to the rate file: a window that lowers the
+    cap mid-batch slows the rest of a file being copied (bytes counted over a fake clock's time in the task,
+    the driver's beats real)."""
+    mib = 1024 * 1024
+    cap = {("primary", "dr"): lk.Limits(cap_bytes_per_s=8 * mib)}
+    moved: list[tuple[float, int]] = []
+    rates_seen: list[int | None] = []
+
+    def spark(items: list[CopyItem]) -> list[CopyOutcome]:
+        clock = [0.0]
+        pacers = [task_pacer(i, lambda: clock[0], lambda s: clock.__setitem__(0, clock[0] + s)) for i in items]
+        assert all(isinstance(p, FollowingPacer) for p in pacers)
+
+        def copy_for(seconds: float) -> None:  # both tasks copy one chunk after the other, in step
+            until = clock[0] + seconds
+            while clock[0] < until:
+                for p in pacers:
+                    assert p is not None
+                    n = p.chunk_bytes(4 * mib)
+                    moved.append((clock[0], n))
+                    p.consume(n)
+
+        copy_for(10.0)
+        rate_file = items[0].rate_file
+        assert rate_file is not None
+        rates_seen.append(read_rate(rate_file, "primary", "dr"))
+        cap[("primary", "dr")] = lk.Limits(cap_bytes_per_s=2 * mib)  # a window starts
+        assert eventually(lambda: read_rate(rate_file, "primary", "dr") == mib)  # the driver's next beats
+        rates_seen.append(read_rate(rate_file, "primary", "dr"))
+        copy_for(10.0)
+        return [CopyOutcome(i.relpath, True) for i in items]
+
+    def item(n: int) -> CopyItem:
+        return CopyItem("primary", "sites/primary", "dr", "sites/dr", f"t/{n}.parquet", 10, "0" * 64)
+
+    with LinkPacing(lease_catalog, CopyPriority.ROUND, lambda s, t: cap.get((s, t))) as pacing:
+        pacing.paced_batches(spark, tmp_path)([item(1), item(2)])
+    assert rates_seen == [4 * mib, mib]  # per task: the cap over the batch's two tasks
+
+    def between(start: float, end: float) -> int:
+        return sum(n for at, n in moved if start <= at < end)
+
+    assert 0.9 * 80 * mib <= between(0, 10) <= 1.1 * 80 * mib  # 8 MiB/s for both tasks together
+    assert between(11.5, 19.5) <= 1.1 * 2 * mib * 8  # within a second and a chunk: the new cap, in total
+    assert between(11.5, 19.5) >= 0.9 * 2 * mib * 8
 
 
 def test_a_cap_change_reaches_a_holder_within_five_seconds_at_the_default_beat(lease_catalog: Catalog) -> None:

@@ -3,8 +3,10 @@ spark-submit of spark_jobs/distributed_copy.py per batch, with the same verifica
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -13,6 +15,7 @@ from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.replication.orchestrator import run_round
 from segrep.spark import launch
+from segrep.storage.live_rates import read_rate
 from tests.support.env import ORDERS_YAML, make_env
 from tests.support.s3 import S3Endpoint, s3_events_yaml, secrets_of
 
@@ -88,4 +91,47 @@ def test_the_distributed_copy_reaches_s3_sites_with_their_own_options(
     leader = read_table(env.catalog, "events").sort_by(key)
     for site in ("dr", "edge"):
         assert read_table(env.catalog, "events", site).sort_by(key).equals(leader), site
+    env.catalog.dispose()
+
+
+def test_a_batch_over_a_capped_link_carries_the_share_its_tasks_follow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over a capped link each item carries its share and the batch's rate file, which the driver keeps
+    current while the application runs and the executors' copies read again every second (issue 36); the
+    file is gone once the batch is done. A target without a link gets neither."""
+    rates = tmp_path / "rates"
+    rates.mkdir()
+    monkeypatch.setenv("SEGREP_LINK_RATES_DIR", str(rates))
+    yaml = ORDERS_YAML.replace("    replicas: [dr, edge]\n", EVENTS_POLICY)
+    env = make_env(
+        tmp_path,
+        f"sqlite:///{tmp_path}/catalog.db",
+        f"{yaml}links:\n  - {{from: primary, to: dr, max_bytes_per_second: 4MB}}\n",
+    )
+    write_batch(env.catalog, "events", _rows(range(0, 200), "a"))
+    seen: list[dict[str, Any]] = []
+
+    def checking_submit(app: str, args: list[str], *, name: str, master: str | None = None) -> None:
+        items = json.loads(Path(args[args.index("--items") + 1]).read_text())
+        for item in items:
+            if item["rate_file"] is not None:  # what the executors read: the share the item starts with
+                assert read_rate(item["rate_file"], item["source"], item["target"]) == item["bytes_per_s"]
+        seen.extend(items)
+        launch.submit(app, args, name=name, master="local[2]")
+
+    report = run_round(env.catalog, env.defs, "events", submit=checking_submit)
+    assert report.status == "ok", report
+    link = env.defs.link("primary", "dr")
+    assert link is not None and link.max_bytes_per_second is not None
+    to_dr = [i for i in seen if i["target"] == "dr"]
+    to_edge = [i for i in seen if i["target"] == "edge"]
+    assert to_dr and to_edge
+    assert all(i["rate_file"] and 0 < i["bytes_per_s"] * len(to_dr) <= link.max_bytes_per_second for i in to_dr)
+    assert all(i["rate_file"] is None and i["bytes_per_s"] is None for i in to_edge)
+    assert list(rates.iterdir()) == []  # removed with the driver's slot
+    key = [("tenant", "ascending"), ("seq", "ascending")]
+    leader = read_table(env.catalog, "events").sort_by(key)
+    for site in ("dr", "edge"):
+        assert read_table(env.catalog, "events", site).sort_by(key).equals(leader)
     env.catalog.dispose()

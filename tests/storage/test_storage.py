@@ -351,8 +351,8 @@ def test_read_checked_reads_the_file_once(site: Site, monkeypatch: pytest.Monkey
     facts = site.write_segment(rel, rows(), META | ENTRY)
     loads: list[str] = []
 
-    def load_then_delete(path: str, kind: Any) -> Any:
-        loaded = content.load_local(path, kind)
+    def load_then_delete(path: str, kind: Any, pace: Any = None) -> Any:
+        loaded = content.load_local(path, kind, pace)
         loads.append(path)
         os.remove(path)
         return loaded

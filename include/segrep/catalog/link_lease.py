@@ -12,7 +12,9 @@ have lapsed, the pacer holds every copy (the share may already be someone else's
 
 ``LinkPacing`` is what a copier is given: one lease per link it crosses, taken on the first copy over that
 link, and only when a link there has a cap or copy limit in force (a link unlimited for now costs nothing: the
-next file asks again); with none (the default, ``unlimited``) nothing is taken and copies run as before.
+next file asks again); with none (the default, ``unlimited``) nothing is taken and copies run as before. Work
+handed to other processes (a Spark copy's tasks, a merge's readers) gets its share through a rate file the
+lease's beats keep current (``shares``): those tasks re-read it every second.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from types import TracebackType
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -35,6 +38,7 @@ from segrep.catalog.engine import Catalog
 from segrep.core import hlc
 from segrep.core.links import CopyPriority
 from segrep.core.settings import seconds_from_env
+from segrep.storage.live_rates import new_rates_path, write_rates
 from segrep.storage.pacing import LINK_BURST_S, Pacer
 from segrep.storage.transport import Copier, CopyItem, CopyOutcome
 
@@ -50,6 +54,13 @@ LinkLimits = Callable[[str, str], lk.Limits | None]
 def unlimited(source: str, target: str) -> lk.Limits | None:
     """No link anywhere: no slot is taken, copies run unpaced."""
     return None
+
+
+def _per_task(pacer: Pacer, tasks: int) -> int | None:
+    """A holder's share split over the tasks it hands on: None unpaced, 0 held, else at least 1 byte/s."""
+    if not pacer.paced:
+        return None
+    return max(1, pacer.rate // tasks) if pacer.rate else 0
 
 
 def link_ttl_us() -> int:
@@ -85,6 +96,12 @@ class LinkLease:
         self._thread = threading.Thread(target=self._beats, name=f"segrep-link-{source}-{target}", daemon=True)
         self._link = lk.Link(0, 0)
         self._valid_until = 0.0  # monotonic time by which the slot lapses unless a beat renews it
+        self._listeners: list[Callable[[], object]] = []
+
+    def on_change(self, listener: Callable[[], object]) -> None:
+        """Call ``listener`` after every beat (in the beat thread), once the pacer has the beat's share: how
+        a share handed to another process (``LinkPacing.shares``) is kept current."""
+        self._listeners.append(listener)
 
     def __enter__(self) -> LinkLease:
         with self.catalog.write() as s:
@@ -133,6 +150,8 @@ class LinkLease:
             self.pacer.set_rate(grant.share)
         if not grant.waiting:
             self._admitted.set()
+        for listener in self._listeners:
+            listener()
 
     def _beats(self) -> None:
         while not self._stop.wait(self._beat_s):
@@ -165,32 +184,64 @@ class LinkPacing:
                 self._leases[(source, target)] = lease
         return lease.pacer
 
-    def paced_batches(self, copier: Copier) -> Copier:
+    def paced_batches(self, copier: Copier, rates_dir: Path | None = None) -> Copier:
         """``copier`` (a Spark distributed copy, whose tasks this process cannot pace) with a slot of its own per
-        link for each batch, held here while the batch runs: each item carries its share over the batch's items
-        of its link (``CopyItem.bytes_per_s``; at most that many tasks are in flight), and ``copy_one`` paces
-        the task at it. The share is fixed when the batch starts: a change reaches the next batch."""
+        defined link for each batch, held here while the batch runs: each item carries its share over the
+        batch's items of its link (``CopyItem.bytes_per_s``; at most that many tasks are in flight) and the
+        batch's rate file (``rate_file``, in ``rates_dir``, default ``storage.live_rates.rates_dir()``), kept
+        current at every beat; ``copy_one`` paces the task at the share it reads there every second, so a cap
+        lowered while the batch runs slows the copies already running."""
 
         def copy(items: list[CopyItem]) -> list[CopyOutcome]:
-            with self.shares(Counter((i.source, i.target) for i in items)) as rates:
-                return copier([replace(i, bytes_per_s=rates.get((i.source, i.target))) for i in items])
+            path = new_rates_path(rates_dir)
+            with self.shares(Counter((i.source, i.target) for i in items), path) as rates:
+                followed = [
+                    replace(i, bytes_per_s=rates[(i.source, i.target)], rate_file=str(path))
+                    if (i.source, i.target) in rates
+                    else i
+                    for i in items
+                ]
+                return copier(followed)
 
         return copy
 
     @contextmanager
-    def shares(self, counts: Counter[tuple[str, str]]) -> Iterator[dict[tuple[str, str], int | None]]:
-        """For work others pace (a Spark application's tasks), a slot of its own per defined link in
-        ``counts`` (source, target) -> how many items cross it, held while the block runs; yields each link's
-        share over its items (absent: no link, unpaced). Fixed for the block: a change reaches the next one."""
+    def shares(self, counts: Counter[tuple[str, str]], rates_file: Path) -> Iterator[dict[tuple[str, str], int | None]]:
+        """For work others pace (a Spark application's tasks, a merge's readers), a slot of its own per defined
+        link in ``counts`` (source, target) -> how many tasks cross it, held while the block runs; yields each
+        link's share per task now (None: unpaced; a link absent: not defined, not followed). ``rates_file``
+        holds the same rates from the block's start, rewritten after each beat that changes one (the tasks
+        follow it: ``storage.live_rates``), and is removed at the end."""
         with ExitStack() as stack:
-            rates: dict[tuple[str, str], int | None] = {}
+            stack.callback(partial(Path.unlink, rates_file, missing_ok=True))
+            leases: dict[tuple[str, str], tuple[LinkLease, int]] = {}
             for (source, target), n in counts.items():
-                if not self.limited(source, target):
+                if self.limits(source, target) is None:
                     continue
                 lease = LinkLease(self.catalog, source, target, self.what, partial(self._now, source, target))
-                rate = stack.enter_context(lease).pacer.wait_rate()
-                rates[(source, target)] = None if rate is None else max(1, rate // n)
-            yield rates
+                stack.enter_context(lease).pacer.wait_rate()
+                leases[(source, target)] = (lease, n)
+            if not leases:
+                yield {}
+                return
+            written: list[dict[tuple[str, str], int | None]] = []
+            lock = threading.Lock()
+
+            def publish() -> dict[tuple[str, str], int | None]:
+                with lock:
+                    rates = {link: _per_task(lease.pacer, n) for link, (lease, n) in leases.items()}
+                    if not written or written[-1] != rates:
+                        try:
+                            write_rates(rates_file, rates)
+                            written.append(rates)
+                        except OSError:  # the tasks keep the last rates written; the next beat tries again
+                            pass
+                    return rates
+
+            first = publish()
+            for lease, _ in leases.values():
+                lease.on_change(publish)
+            yield first
 
     def limited(self, source: str, target: str) -> bool:
         """Whether copies over the link take a slot now: it is defined and has a cap or a copy limit in force.

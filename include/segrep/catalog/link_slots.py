@@ -207,10 +207,12 @@ class LinkState:
 
 
 def link_states(s: Session, now_us: int) -> list[LinkState]:
-    """Every link that has live slots, by source and target site id."""
+    """Every link that has live slots, by source and target site id (not a site's request slots, on the
+    pseudo-link from the site to itself: ``catalog.request_slots``)."""
     by_link: dict[Link, list[SlotView]] = {}
     for view in slots(s, now_us):
-        by_link.setdefault(view.link, []).append(view)
+        if view.link.source_site_id != view.link.target_site_id:
+            by_link.setdefault(view.link, []).append(view)
     out = []
     for link, views in by_link.items():
         limits = budget(s, link) or Limits()

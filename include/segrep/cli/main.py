@@ -28,6 +28,7 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.migrate import upgrade
 from segrep.catalog.models import MAX_PARTITION_ID
+from segrep.catalog.request_slots import shared_site_requests
 from segrep.cli.format import format_rows
 from segrep.config.definitions import Definitions, config_path, load_definitions
 from segrep.config.locations import redact_uri
@@ -82,6 +83,9 @@ class Context:
             if url is None:
                 url = resolve_url(None, self.defs.catalog_url, self.defs.data_dir)
             self._catalog = Catalog(url)
+            command = click.get_current_context(silent=True)
+            if command is not None:  # the command's S3 requests share each site's rate with the deployment
+                command.with_resource(shared_site_requests(self._catalog))
         if initialized:
             self._catalog.require_initialized()
         return self._catalog

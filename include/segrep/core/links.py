@@ -22,6 +22,7 @@ class CopyPriority(StrEnum):
     REPAIR = "repair"
     SCRUB = "scrub"
     VERIFY = "verify"
+    REQUESTS = "requests"  # not bytes: a process's share of a site's request rate (``catalog.request_slots``)
 
     @property
     def weight(self) -> int:
@@ -37,4 +38,5 @@ _WEIGHTS = {
     CopyPriority.REPAIR: 1,
     CopyPriority.SCRUB: 1,
     CopyPriority.VERIFY: 1,
+    CopyPriority.REQUESTS: 1,  # alone on its pseudo-link: every holder gets the same share
 }

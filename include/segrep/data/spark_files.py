@@ -22,7 +22,8 @@ import pyarrow as pa
 from segrep.config.stores import StoreOptions
 from segrep.core import schema as sch
 from segrep.core.projection import ReadVersions
-from segrep.storage.pacing import pay_ahead
+from segrep.storage.live_rates import follower
+from segrep.storage.pacing import LINK_BURST_S, FollowingPacer, Pacer
 from segrep.storage.segment_meta import ExpectedSegment
 from segrep.storage.site import Site
 
@@ -43,7 +44,9 @@ class SegmentFile:
     primary_key: tuple[str, ...] = ()
     versions: ReadVersions | None = None  # project the file to ``versions.target`` (``core.projection``)
     byte_size: int = 0
-    bytes_per_s: int | None = None  # a read across a capped link: its share, paid before the read
+    bytes_per_s: int | None = None  # a read across a defined link: its share, paid per chunk as it is read
+    rate_file: str | None = None  # where that share is read again while the file is read (``storage.live_rates``)
+    reader_site: str | None = None  # the link's other end (where the rows go): the rate file's entry is site -> it
 
 
 def segment_frame(
@@ -76,14 +79,24 @@ def read_batches(
     return read
 
 
+def read_pacer(f: SegmentFile) -> Pacer | None:
+    """The pacer of one file's read across a link: its share, followed in the rate file if it has one."""
+    if f.rate_file is not None and f.reader_site is not None:
+        return FollowingPacer(f.bytes_per_s or 0, follower(f.rate_file, f.site, f.reader_site))
+    if f.bytes_per_s:
+        return Pacer(f.bytes_per_s, burst_s=LINK_BURST_S)
+    return None
+
+
 def read_file(f: SegmentFile, target: pa.Schema) -> pa.Table:
     """One file's ``target`` columns, opened with its site's options (projected to ``f.versions.target`` if
-    given: on the executors too); checked if its entry is known."""
-    pay_ahead(f.byte_size, f.bytes_per_s)
+    given: on the executors too); checked if its entry is known. A file read across a link is paced per chunk
+    at its share, followed in its rate file (a cap lowered meanwhile slows the rest of the file)."""
     site = Site(f.site, f.uri, f.options)
+    pace = read_pacer(f)
     if f.expected is None:
-        rows = site.read_segment(f.relpath, target.names, f.versions)
+        rows = site.read_segment(f.relpath, target.names, f.versions, pace=pace)
     else:
-        rows = site.read_checked(f.relpath, f.expected, f.primary_key, target.names, f.versions)
+        rows = site.read_checked(f.relpath, f.expected, f.primary_key, target.names, f.versions, pace=pace)
     rows = rows.select(target.names)
     return rows if rows.schema == target else rows.cast(target)

@@ -21,6 +21,8 @@ from sqlalchemy.orm import Session
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.link_lease import LinkLimits, LinkPacing
+from segrep.catalog.link_limits import limits_or_definitions
 from segrep.catalog.site_identity import open_site
 from segrep.catalog.snapshot import PartitionSnapshot, TableSnapshot, snapshot
 from segrep.config.definitions import Definitions
@@ -28,11 +30,13 @@ from segrep.core import hlc
 from segrep.core import schema as sch
 from segrep.core.chain import visible_segments
 from segrep.core.errors import RefusedError, SegrepError
+from segrep.core.links import CopyPriority
 from segrep.core.projection import stamp
 from segrep.data.reader import checked_read
 from segrep.replication.rollback import rollback_relpath, stored_rows, write_rollback
 from segrep.spark.items import round_item
 from segrep.spark.launch import Submit
+from segrep.spark.link_pacing import paced_merge
 from segrep.spark.manifest import Manifest, MergeItem
 from segrep.spark.merge_runner import MergeLimits, run_merge_manifest
 from segrep.spark.results import commit_results
@@ -106,11 +110,20 @@ def assess_cut(catalog: Catalog, table: str, site: str, cut_us: int) -> CutRepor
 
 
 def cut_table(
-    catalog: Catalog, defs: Definitions, table: str, site: str, cut_us: int, failover_id: int, submit: Submit
+    catalog: Catalog,
+    defs: Definitions,
+    table: str,
+    site: str,
+    cut_us: int,
+    failover_id: int,
+    submit: Submit,
+    links: LinkLimits | None = None,
 ) -> CutReport:
     """Set aside the rows newer than ``cut_us`` at the table's new leader ``site`` and fold each such partition
     as of ``cut_us`` (one merge job, in process or on Spark); then lift the pause. SegrepError (writes still
-    paused, nothing lost) if a fold fails."""
+    paused, nothing lost) if a fold fails. The fold's inputs that cross a link with limits (``links``, default
+    the definitions') are read at a failback's share of it (``spark.link_pacing``), as every other copier's;
+    its own inputs are the new leader's chain at ``site``, so as the chain is built now none crosses one."""
     key = f"{table}-cut-{failover_id}"
     with catalog.read() as s:
         snap = snapshot(s, table)
@@ -144,7 +157,9 @@ def cut_table(
         mpath, rpath = compaction_paths(defs, table, key)
         Manifest(key, items).write(mpath)
         limits = MergeLimits.of(defs.policy(table))
-        run_merge_manifest(mpath, rpath, submit=submit, limits=limits, name=f"segrep-cut-{table}")
+        pacing = LinkPacing(catalog, CopyPriority.FAILBACK, limits_or_definitions(links, defs))
+        with pacing, paced_merge(mpath, pacing):
+            run_merge_manifest(mpath, rpath, submit=submit, limits=limits, name=f"segrep-cut-{table}")
         summary = commit_results(catalog, mpath, rpath)
         if summary.committed != len(items):
             problems = "; ".join(f"{p.item}: {p.reason}" for p in (*summary.invalid, *summary.dropped))

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 
 from segrep.catalog.link_lease import LinkPacing
 from segrep.spark.manifest import FileRef, Manifest, MergeItem
@@ -26,15 +27,19 @@ def crossing(manifest: Manifest) -> Counter[tuple[str, str]]:
 
 @contextmanager
 def paced_merge(manifest_path: str | os.PathLike[str], pacing: LinkPacing) -> Iterator[Manifest]:
-    """The manifest at ``manifest_path`` rewritten with each remote input's share of its link, the slots held
-    until the block ends (the job runs inside it). A manifest crossing no defined link is left as it is."""
+    """The manifest at ``manifest_path`` rewritten with each remote input's share of its link and the rate file
+    that follows it, the slots held until the block ends (the job runs inside it). A manifest crossing no
+    defined link is left as it is."""
     manifest = Manifest.load(manifest_path)
-    with pacing.shares(crossing(manifest)) as rates:
+    path = rates_path(manifest_path)
+    with pacing.shares(crossing(manifest), path) as rates:
         if rates:
 
             def paced(ref: FileRef, item: MergeItem) -> FileRef:
-                remote = _remote(ref, item)
-                return replace(ref, bytes_per_s=rates.get((ref.site, item.leader_site)) if remote else None)
+                link = (ref.site, item.leader_site)
+                if not _remote(ref, item) or link not in rates:
+                    return replace(ref, bytes_per_s=None, rate_file=None, reader_site=None)
+                return replace(ref, bytes_per_s=rates[link], rate_file=str(path), reader_site=item.leader_site)
 
             items = [
                 replace(
@@ -47,6 +52,12 @@ def paced_merge(manifest_path: str | os.PathLike[str], pacing: LinkPacing) -> It
             manifest = replace(manifest, items=items)
             manifest.write(manifest_path)
         yield manifest
+
+
+def rates_path(manifest_path: str | os.PathLike[str]) -> Path:
+    """The rate file of a manifest's merge: beside it, in the work directory the job's files are in."""
+    manifest = Path(manifest_path)
+    return manifest.with_name(f"{manifest.stem}-link-rates.json")
 
 
 def _inputs(item: MergeItem) -> list[FileRef]:

@@ -37,8 +37,11 @@ class FileRef:
     sha256: str
     holder_placement_id: int
     options: StoreOptions  # how the site's store is reached (no secret): the job opens it with these
-    # a read across a capped link: its share of the link (``spark.link_pacing``), paid before the file is read
+    # a read across a defined link: its share of the link (``spark.link_pacing``), paid per chunk as it is read,
+    # and where the share in force now on the link to ``reader_site`` is read again (``storage.live_rates``)
     bytes_per_s: int | None = None
+    rate_file: str | None = None
+    reader_site: str | None = None
 
     def open_site(self) -> Site:
         return Site(self.site, self.uri, self.options)
@@ -136,7 +139,15 @@ def segment_files(refs: list[FileRef], versions: ReadVersions) -> list[SegmentFi
     """The files a job reads for ``refs``, projected to ``versions.target``, each paced at its share if any."""
     return [
         SegmentFile(
-            r.site, r.uri, r.options, r.relpath, versions=versions, byte_size=r.byte_size, bytes_per_s=r.bytes_per_s
+            r.site,
+            r.uri,
+            r.options,
+            r.relpath,
+            versions=versions,
+            byte_size=r.byte_size,
+            bytes_per_s=r.bytes_per_s,
+            rate_file=r.rate_file,
+            reader_site=r.reader_site,
         )
         for r in refs
     ]

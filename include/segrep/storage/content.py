@@ -22,6 +22,15 @@ from segrep.storage.atomic import CHUNK
 from segrep.storage.crc64nvme import Crc64Nvme
 
 
+class ChunkPace(Protocol):
+    """What paces a read chunk by chunk (``storage.pacing.Pacer``): how much to read at a time, and the bytes
+    read paid for (it sleeps until they fit its rate)."""
+
+    def chunk_bytes(self, default: int) -> int: ...
+
+    def consume(self, n: int) -> None: ...
+
+
 class _Digest(Protocol):
     def update(self, data: Any, /) -> None: ...
 
@@ -67,18 +76,21 @@ class LoadedFile:
     hexdigest: str
 
 
-def load_local(path: str, kind: ContentSum) -> LoadedFile:
+def load_local(path: str, kind: ContentSum, pace: ChunkPace | None = None) -> LoadedFile:
     """A local file read into one Arrow buffer of its size (Arrow's allocator: no zeroing, no copy after the
-    read), hashed chunk by chunk. FileNotFoundError if it is missing; OSError if it cannot be read."""
+    read), hashed chunk by chunk (each chunk paid to ``pace`` if given, as it is read). FileNotFoundError if it
+    is missing; OSError if it cannot be read."""
     digest = kind.new()
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         data = pa.allocate_buffer(size)
         done = 0
         with memoryview(data) as view:
-            while done < size and (n := f.readinto(view[done : done + CHUNK])):
+            while done < size and (n := f.readinto(view[done : done + _chunk(pace)])):
                 digest.update(view[done : done + n])
                 done += n
+                if pace is not None:
+                    pace.consume(n)
         tail = f.read()  # the file grew under us: the extra bytes are checked too
     if tail:
         digest.update(tail)
@@ -86,12 +98,28 @@ def load_local(path: str, kind: ContentSum) -> LoadedFile:
     return LoadedFile(data.slice(0, done), digest.hexdigest())  # shorter if it shrank: what was read is checked
 
 
-def load_stream(stream: Any, kind: ContentSum) -> LoadedFile:
+def load_stream(stream: Any, kind: ContentSum, pace: ChunkPace | None = None) -> LoadedFile:
     """What a binary stream (anything with ``read(n)``, e.g. ``pyarrow.fs`` input streams) holds from here on,
-    in one buffer, hashed chunk by chunk."""
+    in one buffer, hashed chunk by chunk (each chunk paid to ``pace`` if given, as it is read)."""
     digest = kind.new()
     data = bytearray()
-    while chunk := stream.read(CHUNK):
+    while chunk := stream.read(_chunk(pace)):
         digest.update(chunk)
         data += chunk
+        if pace is not None:
+            pace.consume(len(chunk))
     return LoadedFile(pa.py_buffer(data), digest.hexdigest())
+
+
+def load_paced(stream: Any, pace: ChunkPace) -> pa.Buffer:
+    """What a binary stream holds from here on, in one buffer, each chunk paid to ``pace`` as it is read (a
+    Parquet file read across a link: the parser then reads the buffer, not the link)."""
+    data = bytearray()
+    while chunk := stream.read(pace.chunk_bytes(CHUNK)):
+        data += chunk
+        pace.consume(len(chunk))
+    return pa.py_buffer(data)
+
+
+def _chunk(pace: ChunkPace | None) -> int:
+    return CHUNK if pace is None else pace.chunk_bytes(CHUNK)

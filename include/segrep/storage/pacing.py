@@ -2,7 +2,8 @@
 link's holders (``catalog.link_slots``) each keep to their share of its cap.
 
 A scrub's rate comes from ``--max-bytes-per-second``, else ``SEGREP_SCRUB_BYTES_PER_S``, else the default
-below; 0 means unpaced. A link holder's rate is its share, set again at every beat of its lease.
+below; 0 means unpaced. A link holder's rate is its share, set again at every beat of its lease; a copy or a
+read that the holder hands to another process (a Spark task) follows the share through ``FollowingPacer``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ DEFAULT_SCRUB_BYTES_PER_S = 64 * 1024 * 1024
 _CHUNK = 1024 * 1024
 _MIN_CHUNK = 64 * 1024
 LINK_BURST_S = 0.25  # the most a link's holder sends above its share after idling: a quarter second's worth
+FOLLOW_EVERY_S = 1.0  # how often a pacer following a rate set elsewhere asks for it again
 
 
 def scrub_rate(explicit: int | None = None) -> int:
@@ -134,15 +136,55 @@ class Pacer:
                 self.slept_s += seconds
 
 
-def pay_ahead(byte_size: int, bytes_per_s: int | None, sleep: Callable[[float], None] = time.sleep) -> float:
-    """Wait the time ``byte_size`` bytes take at ``bytes_per_s`` (None: no wait) before a whole-file read that
-    cannot be paced per chunk (a merge's input, parsed by Parquet on an executor): over any window its link
-    then carries at most its share plus one file. Returns the seconds waited."""
-    if not bytes_per_s or byte_size <= 0:
-        return 0.0
-    wait = byte_size / bytes_per_s
-    sleep(wait)
-    return wait
+class FollowingPacer(Pacer):
+    """A pacer whose rate is set elsewhere and re-read here (a Spark task's or a merge reader's share of a link
+    whose slot the submitting process holds): ``follow()`` gives the rate in force now (None: unpaced, 0:
+    held) and is asked again at the first chunk after ``every_s`` seconds, so a cap lowered while a file is
+    copied or read slows its remaining bytes within ``every_s`` plus one chunk. While held it asks again
+    every ``every_s``. A ``follow()`` that raises OSError or ValueError (the rate's file unreadable for a
+    moment) leaves the last rate in force. One consumer at a time: a task's or a reader's own pacer."""
+
+    def __init__(
+        self,
+        rate: int,
+        follow: Callable[[], int | None],
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        *,
+        every_s: float = FOLLOW_EVERY_S,
+        burst_s: float | None = LINK_BURST_S,
+    ) -> None:
+        super().__init__(rate, clock, sleep, burst_s=burst_s)
+        self._follow = follow
+        self._every_s = every_s
+        self._asked_at = clock()
+
+    @property
+    def paced(self) -> bool:
+        """Always: a rate may be set at any chunk, so what it paces must go by chunks (never the kernel's copy,
+        which cannot be slowed once started), even while it is unpaced now."""
+        return True
+
+    def consume(self, n: int) -> None:
+        self._ask(force=False)
+        while self._rate == 0:  # held: nobody else will wake us, so ask again after a while
+            self._pause(self._every_s)
+            self._ask(force=True)
+        super().consume(n)
+
+    def _ask(self, *, force: bool) -> None:
+        now = self._clock()
+        if not force and now - self._asked_at < self._every_s:
+            return
+        self._asked_at = now
+        try:
+            rate = self._follow()
+        except (OSError, ValueError):
+            return
+        if rate == 0:
+            self.hold()
+        else:
+            self.set_rate(rate)
 
 
 def paced_facts(site: Site, relpath: str, pacer: Pacer, link: Pacer | None = None) -> FileFacts:

@@ -40,7 +40,7 @@ from segrep.storage.atomic import (
     remove_quietly,
     tmp_name,
 )
-from segrep.storage.content import ExpectedContent, load_local, load_stream
+from segrep.storage.content import ChunkPace, ExpectedContent, load_local, load_paced, load_stream
 from segrep.storage.s3 import S3Target, put_verified
 from segrep.storage.segment_meta import (
     ExpectedSegment,
@@ -183,18 +183,32 @@ class Site:
         return facts
 
     def read_segment(
-        self, relpath: str, columns: list[str] | None = None, versions: ReadVersions | None = None
+        self,
+        relpath: str,
+        columns: list[str] | None = None,
+        versions: ReadVersions | None = None,
+        *,
+        pace: ChunkPace | None = None,
     ) -> pa.Table:
         """A segment's rows, page checksums verified (pyarrow raises OSError on a mismatch); no catalog check:
         for a file this process just wrote or verified. Reads for users go through ``read_checked``. With
-        ``versions``, the rows are projected to ``versions.target`` (``columns`` then name its columns)."""
+        ``versions``, the rows are projected to ``versions.target`` (``columns`` then name its columns). With
+        ``pace`` (a read across a link), the file's bytes are read into memory chunk by chunk, each paid as it
+        is read, and parsed from there."""
         self.ensure_identified()
-        if versions is None:
+        if pace is not None:
+            with self.fs.open_input_stream(self.path(relpath)) as stream:
+                source: Any = pa.BufferReader(load_paced(stream, pace))
+        elif versions is None:
             return pq.read_table(
                 self.path(relpath), columns=columns, filesystem=self.fs, page_checksum_verification=True
             )
-        with self.fs.open_input_file(self.path(relpath)) as f:
+        else:
+            source = self.fs.open_input_file(self.path(relpath))
+        with source as f:
             parquet = pq.ParquetFile(f, page_checksum_verification=True)
+            if versions is None:
+                return parquet.read(columns=columns)
             return read_projected(parquet.schema_arrow, versions, columns, lambda cols: parquet.read(columns=cols))
 
     def check_footer(self, relpath: str, expected: ExpectedSegment) -> pq.FileMetaData:
@@ -222,13 +236,16 @@ class Site:
         primary_key: Sequence[str],
         columns: list[str] | None = None,
         versions: ReadVersions | None = None,
+        *,
+        pace: ChunkPace | None = None,
     ) -> pa.Table:
         """A segment's rows, checked on the way: the file's bytes are read once, into memory, and their content
         checksum computed as they come (``storage.content``: CRC-64/NVME where the catalog has it, else
         sha256); the Parquet is parsed from that buffer. Then the footer (as ``check_footer``), every page's
         checksum, the row count, the key range and (where read) the version range and tombstones are checked
         against the catalog. A file whose bytes are not the catalog's is refused even if everything else in it
-        agrees (a rewrite with other values); no row is returned before every check passed. With ``versions``
+        agrees (a rewrite with other values); no row is returned before every check passed. With ``pace`` (a
+        read across a link) each chunk is paid as it is read. With ``versions``
         the rows are projected to ``versions.target`` (``core.projection``; ``columns`` and ``primary_key`` then
         name its columns), before the rows' checks.
 
@@ -238,10 +255,10 @@ class Site:
         path = self.path(relpath)
         try:
             if self.local:
-                loaded = load_local(path, content.kind)
+                loaded = load_local(path, content.kind, pace)
             else:
                 with self.fs.open_input_stream(path) as stream:
-                    loaded = load_stream(stream, content.kind)
+                    loaded = load_stream(stream, content.kind, pace)
         except FileNotFoundError:
             raise self.missing(relpath, expected) from None
         except OSError as exc:

@@ -6,8 +6,11 @@ to ``base * 2**(retry - 1)``, at most ``MAX_BACKOFF_S``), up to the site's ``thr
 they run out is it an error (``store_errors.StoreThrottledError``, naming the site). Every such retry is
 counted per site in this process (``counts``), and a round reports the counts of its target's fast-forward.
 
-``max_requests_per_second`` paces the requests this process sends the site's store: one token bucket per
-site, shared by every thread (burst: one second's worth, at least one request).
+``max_requests_per_second`` paces the requests sent to the site's store: one token bucket per site in a
+process, shared by every thread (burst: one second's worth, at least one request). The cap is the
+deployment's: where a catalog is open (the CLI, Airflow tasks), ``catalog.request_slots`` gives each process
+talking to the site its share of it (``share_requests``); elsewhere (a Spark executor) a process paces at the
+whole rate.
 The boto3 side hooks into botocore's own retry loop (``s3_hooks``); the pyarrow side is a file system
 wrapper (``throttled_fs``); both use the ``SiteLimits`` of their site from here.
 """
@@ -42,7 +45,11 @@ class ThrottlePolicy:
 
 class RequestBucket:
     """A token bucket: ``take`` returns once a request may go, at ``rate`` a second after a burst of ``burst``.
-    Safe to share between threads: each taker reserves its slot under the lock and waits outside it."""
+    Safe to share between threads: each taker reserves its slot under the lock and waits outside it.
+
+    ``cap`` is the site's configured rate; ``set_rate`` changes the rate in force (this process's share of the
+    cap for the deployment, ``catalog.request_slots``; 0 holds every taker until a rate is set again), and the
+    burst follows it (one second's worth, at least one request) unless one was given."""
 
     def __init__(
         self,
@@ -51,29 +58,46 @@ class RequestBucket:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        self.cap = rate
         self.rate = rate
+        self._given_burst = burst
         self.burst = burst if burst is not None else max(1.0, math.floor(rate))
         self._clock = clock
         self._sleep = sleep
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._tokens = self.burst
         self._at = clock()
 
-    def __reduce__(self) -> tuple[type[RequestBucket], tuple[float, float]]:
-        """Pickled (a file system sent to another process) as a fresh bucket of the same rate and burst."""
-        return (RequestBucket, (self.rate, self.burst))
+    def __reduce__(self) -> tuple[type[RequestBucket], tuple[float, float | None]]:
+        """Pickled (a file system sent to another process) as a fresh bucket of the site's rate and burst."""
+        return (RequestBucket, (self.cap, self._given_burst))
+
+    def set_rate(self, rate: float) -> None:
+        """Requests at ``rate`` a second from now on; 0 holds them until a rate is set again."""
+        with self._lock:
+            self._refill(self._clock())
+            self.rate = rate
+            if self._given_burst is None and rate > 0:
+                self.burst = max(1.0, math.floor(rate))
+                self._tokens = min(self._tokens, self.burst)
+            self._lock.notify_all()
 
     def take(self) -> float:
         """Wait for one request's token; return how long this waited."""
         with self._lock:
-            now = self._clock()
-            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
-            self._at = now
+            while self.rate == 0:  # held: this process has no share of the site's requests yet
+                self._lock.wait()
+            self._refill(self._clock())
             self._tokens -= 1
             wait = -self._tokens / self.rate if self._tokens < 0 else 0.0
         if wait > 0:
             self._sleep(wait)
         return wait
+
+    def _refill(self, now: float) -> None:
+        if self.rate > 0:
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
 
 
 @dataclass(frozen=True)
@@ -101,6 +125,22 @@ _lock = threading.Lock()
 _limits: dict[tuple[str, StoreOptions], SiteLimits] = {}
 _counts: dict[str, int] = {}
 
+# Told of each site's limits that pace requests, so the deployment's processes share the site's rate
+# (``catalog.request_slots`` installs one); None: each process paces at the whole rate
+RequestSharer = Callable[[SiteLimits], None]
+_sharer: list[RequestSharer] = []
+
+
+def share_requests(sharer: RequestSharer | None) -> None:
+    """Install ``sharer`` (None: remove it): called now for every site's paced limits already made in this
+    process, and later for each new one."""
+    with _lock:
+        _sharer[:] = [] if sharer is None else [sharer]
+        paced = [limits for limits in _limits.values() if limits.bucket is not None]
+    if sharer is not None:
+        for limits in paced:
+            sharer(limits)
+
 
 def limits_for(site: str, opts: StoreOptions) -> SiteLimits:
     """The site's limits, one per (site, options) in the process: its boto3 and pyarrow clients and every
@@ -116,7 +156,12 @@ def limits_for(site: str, opts: StoreOptions) -> SiteLimits:
             rate = opts.max_requests_per_second
             limits = SiteLimits(site, policy, None if rate is None else RequestBucket(rate))
             _limits[key] = limits
-        return limits
+            sharer = _sharer[0] if _sharer and limits.bucket is not None else None
+        else:
+            sharer = None
+    if sharer is not None:
+        sharer(limits)
+    return limits
 
 
 def record(site: str, n: int = 1) -> None:

@@ -1,7 +1,9 @@
 """A site's request limits around pyarrow's S3 file system (``storage.throttle`` says what they are).
 
 pyarrow takes no retry policy from Python (only the AWS SDK's standard or default strategy, which retries a
-throttled request a few times, unseen, within the site's ``retries``) and reports nothing of its retries. So
+throttled request a few times, unseen, within the site's ``retries``) and reports nothing of its retries: as of
+pyarrow 26, ``S3FileSystem(retry_strategy=...)`` refuses any other ``S3RetryStrategy`` subclass and builds the
+C++ strategy from ``max_attempts`` alone, so a Python subclass's methods are never called and cannot count them. So
 the S3 file system is wrapped (``pyarrow.fs.PyFileSystem``): each call, and each read of a file it opened,
 first waits for the site's request rate; one that fails throttled once the SDK gave up is sent again after
 the site's back-off and counted, up to ``throttle_retries``; then it raises ``StoreThrottledError`` naming the

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,7 +21,8 @@ from typing import Any
 from segrep.config.stores import StoreOptions
 from segrep.core.errors import CorruptSegmentError, SegrepError
 from segrep.storage.atomic import batched_directory_syncs
-from segrep.storage.pacing import LINK_BURST_S, Pacer
+from segrep.storage.live_rates import follower
+from segrep.storage.pacing import LINK_BURST_S, FollowingPacer, Pacer
 from segrep.storage.probe import STORE_ERRORS, describe
 from segrep.storage.site import Site
 from segrep.storage.store_errors import StoreRefusedError
@@ -47,6 +49,7 @@ class CopyItem:
     target_options: StoreOptions = field(default_factory=StoreOptions)
     crc64nvme: str | None = None  # the catalog's CRC-64/NVME of the file, if known: copies are checked by it
     bytes_per_s: int | None = None  # this copy's share of its link's cap, where no pacer of this process paces it
+    rate_file: str | None = None  # where the share in force now is read again (``storage.live_rates``)
 
     @classmethod
     def from_doc(cls, raw: dict[str, Any]) -> CopyItem:
@@ -88,15 +91,27 @@ def copy_one(item: CopyItem, open_site: SiteOpener = Site, pacer_for: PacerFor =
     try:
         source = open_site(item.source, item.source_uri, item.source_options)
         target = open_site(item.target, item.target_uri, item.target_options)
-        pacer = pacer_for(item.source, item.target)
-        if pacer is None and item.bytes_per_s:  # a Spark task: its share of the driver's slot
-            pacer = Pacer(item.bytes_per_s, burst_s=LINK_BURST_S)
+        pacer = pacer_for(item.source, item.target) or task_pacer(item)
         copy_verified(source, target, item.relpath, item.byte_size, item.sha256, item.crc64nvme, pacer)
     except CorruptSegmentError as exc:
         return CopyOutcome(item.relpath, False, invalid=str(exc))
     except COPY_ERRORS as exc:  # a site that cannot be opened, read or written
         return CopyOutcome(item.relpath, False, error=describe(exc), refused=isinstance(exc, StoreRefusedError))
     return CopyOutcome(item.relpath, True)
+
+
+def task_pacer(
+    item: CopyItem, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+) -> Pacer | None:
+    """The pacer of a copy that no pacer of this process paces (a Spark task): its share of the submitter's
+    slot, followed in the item's rate file while it copies (a cap lowered meanwhile slows the rest of the
+    file), else fixed; None without either."""
+    if item.rate_file is not None:
+        follow = follower(item.rate_file, item.source, item.target)
+        return FollowingPacer(item.bytes_per_s or 0, follow, clock, sleep)
+    if item.bytes_per_s:
+        return Pacer(item.bytes_per_s, clock, sleep, burst_s=LINK_BURST_S)
+    return None
 
 
 class CopyPool:
