@@ -1,0 +1,434 @@
+"""Publishing a site's copy of a table as an Iceberg snapshot (DESIGN section 18).
+
+For each site: the files ``segrep read --site`` reads (``data.reader.placement_files``: each partition's
+visible segments, restricted to the placement's key range, with a split's unloading parent and an
+active-active site's own writes), the rows it hides (``hidden_rows``), and the site's safe time. A snapshot
+is committed when any of those changed since the site's current one: when only files were added, it carries
+the previous snapshot's manifests and adds one for the new files and one for the positions they hide (only
+the new files are read); otherwise (a compaction's major, a failover's cut, a split, a fork merged away) a
+clean snapshot lists every file afresh. The commit is the catalog's conditional update of the table's
+metadata location: a publication killed before it leaves the previous snapshot current.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog as IcebergCatalog
+from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, NoSuchTableError
+from pyiceberg.manifest import ManifestFile
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.snapshots import Operation, Snapshot, Summary
+from pyiceberg.table.update import (
+    AddSchemaUpdate,
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    RemoveSnapshotsUpdate,
+    SetCurrentSchemaUpdate,
+    SetPropertiesUpdate,
+    SetSnapshotRefUpdate,
+    TableUpdate,
+)
+from sqlalchemy import func, select
+
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+from segrep.catalog.schemas import schema_versions
+from segrep.config.definitions import Definitions
+from segrep.core import faults, hlc
+from segrep.core import schema as sch
+from segrep.core.errors import NotFoundError, SegrepError
+from segrep.data.reader import PlacementFiles, key_range, placement_files
+from segrep.publish import iceberg_files as files
+from segrep.publish import iceberg_types as types
+from segrep.publish.hidden_rows import out_of_range, positions, resolve
+from segrep.publish.site_catalog import SiteLocation, identifier, namespace, site_catalog, site_location
+
+log = logging.getLogger(__name__)
+
+PUBLISH_ICEBERG = "iceberg"
+_PREFIX = "segrep."
+KEEP_SNAPSHOTS = 5  # older snapshots are expired: their files may be compacted away and collected
+MAX_DELETE_FILES = 32  # more and the next publication starts a clean snapshot (one delete file)
+
+
+class PublishStatus(StrEnum):
+    PUBLISHED = "published"  # a new snapshot is current
+    UNCHANGED = "unchanged"  # the current snapshot already shows this state
+    WAITING = "waiting"  # the site has no copy of some partition yet (joining): nothing published
+    FAILED = "failed"  # something could not be read or written: the previous snapshot stays current
+
+
+@dataclass(frozen=True)
+class SitePublication:
+    site: str
+    status: PublishStatus
+    snapshot_id: int | None = None
+    safe_time_us: int | None = None
+    clean: bool = False  # a clean snapshot (every file listed afresh), not an incremental one
+    files_added: int = 0
+    rows_hidden: int = 0
+    seconds: float = 0.0
+    detail: str = ""
+
+    def line(self) -> str:
+        """One line for a report: what the site's Iceberg table shows now, or why it was not published."""
+        head = f"iceberg at {self.site}: {self.status}"
+        if self.status in (PublishStatus.PUBLISHED, PublishStatus.UNCHANGED) and self.safe_time_us is not None:
+            kind = " (clean snapshot)" if self.clean else ""
+            return f"{head}, snapshot {self.snapshot_id} at safe time {hlc.iso(self.safe_time_us)}{kind}"
+        return f"{head}: {self.detail}" if self.detail else head
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> SitePublication:
+        return cls(**{**doc, "status": PublishStatus(doc["status"])})
+
+
+@dataclass(frozen=True)
+class Publication:
+    table: str
+    sites: tuple[SitePublication, ...] = field(default_factory=tuple)
+
+    @property
+    def failed(self) -> list[SitePublication]:
+        return [x for x in self.sites if x.status is PublishStatus.FAILED]
+
+
+@dataclass(frozen=True)
+class _SiteState:
+    """What the catalog says the site serves now. Files are named by their path under the site's root: a
+    split's children hold files of the same segment id in their own partition directories."""
+
+    info: q.TableInfo
+    placements: list[PlacementFiles]
+    safe_time_us: int
+    round_id: int | None
+    epoch: int
+    structure: str  # the placements and their key ranges
+    fingerprint: str  # the structure, every file and the schema version
+
+    def files(self) -> dict[str, tuple[PlacementFiles, m.Segment]]:
+        out: dict[str, tuple[PlacementFiles, m.Segment]] = {}
+        for pf in self.placements:
+            for seg in pf.segments:
+                out.setdefault(seg.relpath, (pf, seg))
+        return out
+
+
+def enabled(defs: Definitions, table: str) -> bool:
+    return defs.policy(table).publish == PUBLISH_ICEBERG
+
+
+def publish_table(catalog: Catalog, defs: Definitions, table: str, sites: Sequence[str] | None = None) -> Publication:
+    """Publish every site of ``table`` (or those named) whose state moved; a table whose policy does not say
+    ``publish: iceberg`` is not published (an empty result)."""
+    if not enabled(defs, table):
+        return Publication(table)
+    with catalog.read() as s:
+        info = q.table_info(s, table)
+        names = sorted({r.name for r in _sites_of(s, info)})
+    chosen = names if sites is None else [x for x in sites if x in names]
+    return Publication(table, tuple(publish_site(catalog, table, site) for site in chosen))
+
+
+def _sites_of(s: Any, info: q.TableInfo) -> list[m.Site]:
+    parts = q.serving_partitions(s, info)
+    placements = q.active_placements(s, [p.partition_id for p in parts])
+    by_id = q.sites_by_id(s)
+    return [by_id[pl.site_id] for pl in placements]
+
+
+def publish_site(catalog: Catalog, table: str, site: str) -> SitePublication:
+    """Publish ``site``'s copy of ``table`` if it moved; FAILED (with why) leaves the previous snapshot."""
+    started = time.perf_counter()
+    try:
+        state = _site_state(catalog, table, site)
+    except NotFoundError as exc:
+        return SitePublication(site, PublishStatus.WAITING, detail=str(exc))
+    try:
+        out = _publish(catalog, site, state)
+    except (SegrepError, OSError, CommitFailedException) as exc:
+        return SitePublication(site, PublishStatus.FAILED, detail=f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # a publication never fails the round, write or failover it follows
+        log.warning("publishing %s at %s failed", table, site, exc_info=True)
+        return SitePublication(site, PublishStatus.FAILED, detail=f"{type(exc).__name__}: {exc}")
+    return SitePublication(**{**out.__dict__, "seconds": round(time.perf_counter() - started, 3)})
+
+
+def _site_state(catalog: Catalog, table: str, site: str) -> _SiteState:
+    info, placements = placement_files(catalog, table, site)
+    with catalog.read() as s:
+        site_row = q.site_by_name(s, site)
+        parts = q.serving_partitions(s, info)
+        safe = s.scalar(
+            select(m.SafeTime.safe_time_us).where(
+                m.SafeTime.table_id == info.table_id, m.SafeTime.site_id == site_row.site_id
+            )
+        )
+        leads_all = all(pf.is_leader for pf in placements)
+        round_id = s.scalar(
+            select(func.max(m.Round.round_id)).where(
+                m.Round.table_id == info.table_id, m.Round.finished_us.is_not(None)
+            )
+        )
+    # a leader holds every committed write: its safe time is its clock's last version (it moves only with a
+    # write, so publishing an idle leader again changes nothing)
+    last = max((p.last_version for p in parts), default=0)
+    safe_time = last if leads_all or safe is None else int(safe)
+    structure = _digest([[pf.placement_id, pf.key_begin, pf.key_end] for pf in placements])
+    fingerprint = _digest(
+        [structure, info.row.schema_version, [[seg.relpath for seg in pf.segments] for pf in placements]]
+    )
+    epoch = max((p.epoch for p in parts), default=0)
+    return _SiteState(info, placements, safe_time, round_id, epoch, structure, fingerprint)
+
+
+def _digest(doc: Any) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _publish(catalog: Catalog, site: str, state: _SiteState) -> SitePublication:
+    pf0 = state.placements[0] if state.placements else None
+    if pf0 is None:
+        return SitePublication(site, PublishStatus.WAITING, detail="no partition is served")
+    loc = site_location(pf0.site)
+    ice = site_catalog(catalog, site, pf0.site.uri)
+    with catalog.read() as s:
+        versions = schema_versions(s, state.info.table_id)
+    current_version = versions[state.info.row.schema_version]
+    tbl = _table(ice, site, state.info.name, loc)
+    schema = types.iceberg_schema(current_version, current_version.version)
+    mapping = types.name_mapping(versions.values(), current_version)
+    snap = tbl.current_snapshot()
+    summary = snap.summary if snap is not None and snap.summary is not None else None
+    prev = dict(summary.additional_properties) if summary is not None else {}
+    schema_same = types.same_columns(tbl.schema(), schema) and tbl.schema().schema_id == schema.schema_id
+    if (
+        prev.get(_PREFIX + "fingerprint") == state.fingerprint
+        and prev.get(_PREFIX + "safe-time-us") == str(state.safe_time_us)
+        and schema_same
+    ):
+        return SitePublication(site, PublishStatus.UNCHANGED, snap.snapshot_id if snap else None, state.safe_time_us)
+    return _commit(ice, tbl, loc, state, schema, mapping.model_dump_json(), schema_same, snap, prev)
+
+
+def _table(ice: IcebergCatalog, site: str, table: str, loc: SiteLocation) -> IcebergTable:
+    ident = identifier(site, table)
+    try:
+        return ice.load_table(ident)
+    except NoSuchTableError:
+        pass
+    with contextlib.suppress(NamespaceAlreadyExistsError):  # another site's first publication made it
+        ice.create_namespace(namespace(site))
+    return ice.create_table(
+        ident, schema=Schema(), location=loc.table(table), properties={"format-version": str(files.FORMAT_VERSION)}
+    )
+
+
+def _commit(
+    ice: IcebergCatalog,
+    tbl: IcebergTable,
+    loc: SiteLocation,
+    state: _SiteState,
+    schema: Schema,
+    mapping_json: str,
+    schema_same: bool,
+    snap: Snapshot | None,
+    prev: dict[str, str],
+) -> SitePublication:
+    io, location = tbl.io, tbl.location()
+    meta = tbl.metadata
+    snapshot_id = meta.new_snapshot_id()
+    seq = meta.next_sequence_number()
+    current = state.files()
+    uris = {rel: loc.file(rel) for rel in current}
+    published = _published_files(io, prev)
+    incremental = (
+        snap is not None
+        and published is not None
+        and prev.get(_PREFIX + "structure") == state.structure
+        and published <= current.keys()
+        and int(prev.get(_PREFIX + "delete-files", "0")) < MAX_DELETE_FILES
+    )
+    previous_index = _read_index(io, prev) if incremental else None
+    new_files = [rel for rel in current if not incremental or rel not in (published or set())]
+    rows, outside = _candidate_rows(state, [current[rel] for rel in new_files])
+    res = resolve(previous_index, rows, state.info.primary_key)
+    hidden = pa.concat_tables([outside, res.hidden]) if outside.num_rows else res.hidden
+    delete_file = files.position_deletes(io, location, snapshot_id, hidden, uris)
+    added = [files.data_file(uris[rel], current[rel][1].row_count, current[rel][1].byte_size) for rel in new_files]
+    new_manifests = [
+        x
+        for x in (
+            files.manifest(io, location, schema, snapshot_id, added, deletes=False),
+            files.manifest(io, location, schema, snapshot_id, [delete_file] if delete_file else [], deletes=True),
+        )
+        if x is not None
+    ]
+    carried: list[ManifestFile] = list(snap.manifests(io)) if incremental and snap is not None else []
+    delete_files = (int(prev.get(_PREFIX + "delete-files", "0")) if incremental else 0) + (1 if delete_file else 0)
+    index_path = files.new_name(location, "segrep", f"index-{snapshot_id}", "parquet")
+    files.write_parquet(io, index_path, _with_files(res.index, sorted(current)))
+    ml = files.manifest_list(
+        io, location, snapshot_id, snap.snapshot_id if snap else None, seq, new_manifests + carried
+    )
+    summary = Summary(
+        Operation.APPEND if incremental else Operation.OVERWRITE,
+        **_summary(state, index_path, delete_files, len(added), hidden.num_rows, loc.site),
+    )
+    snapshot = Snapshot(
+        snapshot_id=snapshot_id,
+        parent_snapshot_id=snap.snapshot_id if snap else None,
+        sequence_number=seq,
+        manifest_list=ml,
+        summary=summary,
+        schema_id=schema.schema_id,
+    )
+    updates: list[TableUpdate] = []
+    if not schema_same:
+        if schema.schema_id not in {x.schema_id for x in meta.schemas}:
+            updates.append(AddSchemaUpdate(schema_=schema))
+        updates.append(SetCurrentSchemaUpdate(schema_id=schema.schema_id))
+    if meta.properties.get("schema.name-mapping.default") != mapping_json:
+        updates.append(SetPropertiesUpdate(updates={"schema.name-mapping.default": mapping_json}))
+    updates.append(AddSnapshotUpdate(snapshot=snapshot))
+    updates.append(
+        SetSnapshotRefUpdate(
+            snapshot_id=snapshot_id,
+            ref_name=MAIN_BRANCH,
+            type=SnapshotRefType.BRANCH,
+            max_ref_age_ms=None,
+            max_snapshot_age_ms=None,
+            min_snapshots_to_keep=None,
+        )
+    )
+    expired = [x.snapshot_id for x in sorted(meta.snapshots, key=lambda x: x.sequence_number or 0)][
+        : max(0, len(meta.snapshots) + 1 - KEEP_SNAPSHOTS)
+    ]
+    if expired:
+        updates.append(RemoveSnapshotsUpdate(snapshot_ids=expired))
+    requirement = AssertRefSnapshotId(snapshot_id=snap.snapshot_id if snap else None, ref=MAIN_BRANCH)
+    faults.point("publish_before_commit")
+    ice.commit_table(tbl, (requirement,), tuple(updates))
+    return SitePublication(
+        loc.site,
+        PublishStatus.PUBLISHED,
+        snapshot_id,
+        state.safe_time_us,
+        clean=not incremental,
+        files_added=len(added),
+        rows_hidden=hidden.num_rows,
+    )
+
+
+def _summary(
+    state: _SiteState, index_path: str, delete_files: int, added: int, hidden: int, site: str
+) -> dict[str, str]:
+    safe = datetime.fromtimestamp(state.safe_time_us / 1e6, UTC).isoformat(timespec="microseconds")
+    out = {
+        "site": site,
+        "safe-time-us": str(state.safe_time_us),
+        "safe-time": safe,
+        "round-id": "" if state.round_id is None else str(state.round_id),
+        "leader-epoch": str(state.epoch),
+        "schema-version": str(state.info.row.schema_version),
+        "fingerprint": state.fingerprint,
+        "structure": state.structure,
+        "index": index_path,
+        "delete-files": str(delete_files),
+        "files-added": str(added),
+        "rows-hidden": str(hidden),
+    }
+    return {_PREFIX + k: v for k, v in out.items()}
+
+
+_FILES_META = b"segrep.files"
+
+
+def _with_files(index: pa.Table, relpaths: list[str]) -> pa.Table:
+    """The winners index, carrying in its metadata the files (relative paths) this snapshot lists."""
+    return index.replace_schema_metadata({_FILES_META: json.dumps(relpaths)})
+
+
+def _published_files(io: Any, prev: dict[str, str]) -> set[str] | None:
+    path = prev.get(_PREFIX + "index")
+    if not path:
+        return None
+    try:
+        meta = pq.read_schema(io.new_input(path).open()).metadata or {}
+    except (OSError, FileNotFoundError):
+        return None
+    raw = meta.get(_FILES_META)
+    return set(json.loads(raw)) if raw else None
+
+
+def _read_index(io: Any, prev: dict[str, str]) -> pa.Table:
+    with io.new_input(prev[_PREFIX + "index"]).open() as f:
+        return pq.read_table(f)
+
+
+def _candidate_rows(state: _SiteState, chosen: Sequence[tuple[PlacementFiles, m.Segment]]) -> tuple[pa.Table, pa.Table]:
+    """The key rows of ``chosen`` files inside their placements' key ranges, and the positions outside
+    them. A file two placements read (a split's unloading parent) counts once, inside either range."""
+    info = state.info
+    pk = list(info.primary_key)
+    ranges: dict[str, list[pc.Expression | None]] = {}
+    for pf in state.placements:
+        for seg in pf.segments:
+            ranges.setdefault(seg.relpath, []).append(
+                key_range(info.partition_key, info.key_type, pf.key_begin, pf.key_end)
+            )
+    inside: list[pa.Table] = []
+    outside: list[pa.Table] = []
+    for pf, seg in chosen:
+        rows = positions(seg.relpath, _key_rows(pf, seg, pk), pk)
+        exprs = ranges[seg.relpath]
+        keep = None if any(e is None for e in exprs) else _any(exprs)
+        kept, dropped = out_of_range(rows, keep)
+        inside.append(kept)
+        outside.append(dropped)
+    schema = pa.schema([*[info.schema.field(k) for k in pk], *sch.INTERNAL_FIELDS])
+    empty = positions("", schema.empty_table(), pk)
+    rows_in = pa.concat_tables(inside, promote_options="permissive") if inside else empty
+    rows_out = pa.concat_tables(outside) if outside else empty.select(["_file", "_pos"])
+    return rows_in, rows_out
+
+
+def _any(exprs: list[pc.Expression | None]) -> pc.Expression:
+    out: pc.Expression | None = None
+    for e in exprs:
+        assert e is not None
+        out = e if out is None else out | e
+    assert out is not None
+    return out
+
+
+def _key_rows(pf: PlacementFiles, seg: m.Segment, pk: list[str]) -> pa.Table:
+    """A segment file's key and internal columns, in file order; SegrepError if missing or short."""
+    site = pf.site
+    site.ensure_identified()
+    path = site.path(seg.relpath)
+    try:
+        rows = pq.read_table(path, columns=[*pk, sch.VERSION_COL, sch.ORIGIN_COL, sch.DELETED_COL], filesystem=site.fs)
+    except FileNotFoundError:
+        raise SegrepError(f"site {site.name}: segment file {seg.relpath} is missing (run `segrep repair`)") from None
+    if rows.num_rows != seg.row_count:
+        raise SegrepError(
+            f"site {site.name}: segment file {seg.relpath} has {rows.num_rows} rows, the catalog says {seg.row_count}"
+        )
+    return rows
