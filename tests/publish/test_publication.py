@@ -5,6 +5,7 @@ row for row with ``segrep read --site``; DuckDB and polars query it through pyic
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,12 +14,16 @@ from pyiceberg.table.snapshots import Operation
 from sqlalchemy import text
 
 from segrep import write_batch as public_write
+from segrep.catalog import queries as q
+from segrep.catalog.site_identity import open_site
 from segrep.core import faults
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.failover.promote import failover
 from segrep.maintenance.compaction import compact
-from segrep.publish.publisher import PublishStatus, publish_table
+from segrep.publish import publisher
+from segrep.publish.metadata_gc import ORPHAN_GRACE_S, collect_unreferenced
+from segrep.publish.publisher import PublishStatus, SnapshotKind, publish_table
 from segrep.replication.orchestrator import run_round
 from segrep.split.run import run_split
 from tests.support.badinput import assert_user_error
@@ -54,6 +59,13 @@ def assert_published_equal(env: Env, sites: tuple[str, ...] = SITES) -> None:
         got = scan(env.url, site, TABLE, KEYS)
         assert got.schema.names == want.schema.names, site
         assert got.cast(want.schema).equals(want), f"{site}: {got.num_rows} rows published, {want.num_rows} served"
+
+
+def q_site(env: Env, name: str):  # type: ignore[no-untyped-def]
+    with env.catalog.read() as s:
+        row = q.site_by_name(s, name)
+        s.expunge(row)
+        return row
 
 
 def keys_only(keys: range) -> pa.Table:
@@ -97,7 +109,9 @@ def test_each_site_publishes_what_it_serves_with_its_safe_time_and_hides_interna
     assert before == {site: loaded(pub_env.url, site, TABLE)[0].current_snapshot().snapshot_id for site in SITES}
 
 
-def test_duckdb_and_polars_query_a_replica(pub_env: Env) -> None:
+def test_duckdb_and_polars_query_a_replica(pub_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # polars plans the scan through pyiceberg (its own planner is a separate package, polars-iceberg)
+    monkeypatch.setenv("POLARS_ICEBERG_PLANNER", "pyiceberg")
     cat, defs = pub_env.catalog, pub_env.defs
     write_batch(cat, TABLE, batch(range(0, 30), "v1"))
     write_batch(cat, TABLE, batch(range(0, 10), "v2"))
@@ -269,3 +283,41 @@ def test_an_s3_site_publishes_in_its_own_bucket_and_no_credential_is_stored(
         got = scan(s3_env.url, site, TABLE, KEYS, **props)
         want = segrep_rows(s3_env, site)
         assert got.cast(want.schema).equals(want), site
+
+
+def test_many_rounds_consolidate_the_metadata_and_expired_files_are_collected(
+    sqlite_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Incremental snapshots carry their manifests until there are MAX_CARRIED_MANIFESTS; the next one is
+    consolidated (one data manifest, one delete file, read from the metadata). Snapshots past KEEP_SNAPSHOTS
+    expire, and their files (and a killed publication's) are deleted once past the grace, never a file a
+    retained snapshot needs."""
+    env = sqlite_env
+    env.config.write_text(PUBLISHED_YAML)
+    monkeypatch.setattr(publisher, "MAX_CARRIED_MANIFESTS", 4)
+    cat, defs = env.catalog, env.defs
+    kinds = []
+    for i in range(7):
+        write_batch(cat, TABLE, batch(range(i * 3, i * 3 + 10), f"r{i}"))
+        if i % 2:
+            write_batch(cat, TABLE, keys_only(range(i, i + 2)), delete=True)
+        report = run_round(cat, defs, TABLE, submit=no_spark)
+        kinds.append({x.site: x.kind for x in report.published}["dr"])
+        assert_published_equal(env, ("dr",))
+    assert kinds[0] == SnapshotKind.CLEAN and SnapshotKind.CONSOLIDATED in kinds, kinds
+    tbl, _ = loaded(env.url, "dr", TABLE)
+    assert len(tbl.current_snapshot().manifests(tbl.io)) <= 4 + 2
+    assert len(tbl.metadata.snapshots) == publisher.KEEP_SNAPSHOTS
+    iceberg_dir = env.site_dir("dr") / TABLE / "_iceberg"
+    before = {p for p in iceberg_dir.rglob("*") if p.is_file()}
+    stray = iceberg_dir / "metadata" / "killed-publication-m0.avro"  # what a killed publication leaves
+    stray.write_bytes(b"x")
+    site = open_site(cat, q_site(env, "dr"))
+    assert collect_unreferenced(tbl, site, TABLE) == 0  # everything is younger than the grace
+    collected = collect_unreferenced(tbl, site, TABLE, now=time.time() + ORPHAN_GRACE_S + 1)
+    after = {p for p in iceberg_dir.rglob("*") if p.is_file()}
+    assert stray not in after and collected == len(before | {stray}) - len(after)
+    assert collected > 1  # the expired snapshots' manifests, delete files and indexes
+    for snap in tbl.metadata.snapshots:  # every retained snapshot still reads
+        assert tbl.scan(snapshot_id=snap.snapshot_id).to_arrow().num_rows > 0
+    assert_published_equal(env, ("dr",))

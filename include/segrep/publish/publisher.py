@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog as IcebergCatalog
 from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, NoSuchTableError
-from pyiceberg.manifest import ManifestFile
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
@@ -56,7 +56,8 @@ from segrep.core.errors import NotFoundError, SegrepError
 from segrep.data.reader import PlacementFiles, key_range, placement_files
 from segrep.publish import iceberg_files as files
 from segrep.publish import iceberg_types as types
-from segrep.publish.hidden_rows import out_of_range, positions, resolve
+from segrep.publish.hidden_rows import FILE_COL, POS_COL, out_of_range, positions, resolve
+from segrep.publish.metadata_gc import collect_unreferenced
 from segrep.publish.site_catalog import SiteLocation, identifier, namespace, site_catalog, site_location
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,20 @@ log = logging.getLogger(__name__)
 PUBLISH_ICEBERG = "iceberg"
 _PREFIX = "segrep."
 KEEP_SNAPSHOTS = 5  # older snapshots are expired: their files may be compacted away and collected
-MAX_DELETE_FILES = 32  # more and the next publication starts a clean snapshot (one delete file)
+# an incremental snapshot carrying this many manifests is consolidated instead: one manifest of every data file
+# and one delete file of every hidden position, written from the metadata alone (no segment file is read)
+MAX_CARRIED_MANIFESTS = 16
+TABLE_PROPERTIES = {
+    "format-version": "2",
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "5",
+}
+
+
+class SnapshotKind(StrEnum):
+    INCREMENTAL = "incremental"  # the previous manifests carried, the new files' added
+    CONSOLIDATED = "consolidated"  # the previous manifests and delete files rewritten as one of each
+    CLEAN = "clean"  # every file listed and every hidden row found afresh (a major, a cut, a split...)
 
 
 class PublishStatus(StrEnum):
@@ -80,9 +94,10 @@ class SitePublication:
     status: PublishStatus
     snapshot_id: int | None = None
     safe_time_us: int | None = None
-    clean: bool = False  # a clean snapshot (every file listed afresh), not an incremental one
+    kind: SnapshotKind | None = None
     files_added: int = 0
     rows_hidden: int = 0
+    files_collected: int = 0  # files of expired snapshots deleted
     seconds: float = 0.0
     detail: str = ""
 
@@ -90,13 +105,22 @@ class SitePublication:
         """One line for a report: what the site's Iceberg table shows now, or why it was not published."""
         head = f"iceberg at {self.site}: {self.status}"
         if self.status in (PublishStatus.PUBLISHED, PublishStatus.UNCHANGED) and self.safe_time_us is not None:
-            kind = " (clean snapshot)" if self.clean else ""
+            kind = (
+                f" ({self.kind} snapshot)" if self.kind is not None and self.status is PublishStatus.PUBLISHED else ""
+            )
             return f"{head}, snapshot {self.snapshot_id} at safe time {hlc.iso(self.safe_time_us)}{kind}"
         return f"{head}: {self.detail}" if self.detail else head
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> SitePublication:
-        return cls(**{**doc, "status": PublishStatus(doc["status"])})
+        kind = doc.get("kind")
+        return cls(
+            **{**doc, "status": PublishStatus(doc["status"]), "kind": None if kind is None else SnapshotKind(kind)}
+        )
+
+    @property
+    def clean(self) -> bool:
+        return self.kind is SnapshotKind.CLEAN
 
 
 @dataclass(frozen=True)
@@ -235,9 +259,7 @@ def _table(ice: IcebergCatalog, site: str, table: str, loc: SiteLocation) -> Ice
         pass
     with contextlib.suppress(NamespaceAlreadyExistsError):  # another site's first publication made it
         ice.create_namespace(namespace(site))
-    return ice.create_table(
-        ident, schema=Schema(), location=loc.table(table), properties={"format-version": str(files.FORMAT_VERSION)}
-    )
+    return ice.create_table(ident, schema=Schema(), location=loc.table(table), properties=TABLE_PROPERTIES)
 
 
 def _commit(
@@ -263,33 +285,38 @@ def _commit(
         and published is not None
         and prev.get(_PREFIX + "structure") == state.structure
         and published <= current.keys()
-        and int(prev.get(_PREFIX + "delete-files", "0")) < MAX_DELETE_FILES
     )
+    carried: list[ManifestFile] = list(snap.manifests(io)) if incremental and snap is not None else []
+    kind = SnapshotKind.CLEAN
+    if incremental:
+        kind = SnapshotKind.CONSOLIDATED if len(carried) >= MAX_CARRIED_MANIFESTS else SnapshotKind.INCREMENTAL
     previous_index = _read_index(io, prev) if incremental else None
     new_files = [rel for rel in current if not incremental or rel not in (published or set())]
     rows, outside = _candidate_rows(state, [current[rel] for rel in new_files])
     res = resolve(previous_index, rows, state.info.primary_key)
     hidden = pa.concat_tables([outside, res.hidden]) if outside.num_rows else res.hidden
-    delete_file = files.position_deletes(io, location, snapshot_id, hidden, uris)
     added = [files.data_file(uris[rel], current[rel][1].row_count, current[rel][1].byte_size) for rel in new_files]
+    listed, hiding = added, hidden
+    if kind is SnapshotKind.CONSOLIDATED:  # one data manifest, one delete file, from the metadata alone
+        old_data, old_hidden = _carried_entries(io, carried, loc)
+        listed, hiding, carried = old_data + added, pa.concat_tables([old_hidden, hidden]), []
+    delete_file = files.position_deletes(io, location, snapshot_id, hiding, uris)
     new_manifests = [
         x
         for x in (
-            files.manifest(io, location, schema, snapshot_id, added, deletes=False),
+            files.manifest(io, location, schema, snapshot_id, listed, deletes=False),
             files.manifest(io, location, schema, snapshot_id, [delete_file] if delete_file else [], deletes=True),
         )
         if x is not None
     ]
-    carried: list[ManifestFile] = list(snap.manifests(io)) if incremental and snap is not None else []
-    delete_files = (int(prev.get(_PREFIX + "delete-files", "0")) if incremental else 0) + (1 if delete_file else 0)
     index_path = files.new_name(location, "segrep", f"index-{snapshot_id}", "parquet")
     files.write_parquet(io, index_path, _with_files(res.index, sorted(current)))
     ml = files.manifest_list(
         io, location, snapshot_id, snap.snapshot_id if snap else None, seq, new_manifests + carried
     )
     summary = Summary(
-        Operation.APPEND if incremental else Operation.OVERWRITE,
-        **_summary(state, index_path, delete_files, len(added), hidden.num_rows, loc.site),
+        Operation.APPEND if kind is SnapshotKind.INCREMENTAL else Operation.OVERWRITE,
+        **_summary(state, index_path, kind, len(added), hidden.num_rows, loc.site),
     )
     snapshot = Snapshot(
         snapshot_id=snapshot_id,
@@ -304,8 +331,9 @@ def _commit(
         if schema.schema_id not in {x.schema_id for x in meta.schemas}:
             updates.append(AddSchemaUpdate(schema_=schema))
         updates.append(SetCurrentSchemaUpdate(schema_id=schema.schema_id))
-    if meta.properties.get("schema.name-mapping.default") != mapping_json:
-        updates.append(SetPropertiesUpdate(updates={"schema.name-mapping.default": mapping_json}))
+    properties = {**TABLE_PROPERTIES, "schema.name-mapping.default": mapping_json}
+    if any(meta.properties.get(k) != v for k, v in properties.items()):
+        updates.append(SetPropertiesUpdate(updates=properties))
     updates.append(AddSnapshotUpdate(snapshot=snapshot))
     updates.append(
         SetSnapshotRefUpdate(
@@ -324,20 +352,44 @@ def _commit(
         updates.append(RemoveSnapshotsUpdate(snapshot_ids=expired))
     requirement = AssertRefSnapshotId(snapshot_id=snap.snapshot_id if snap else None, ref=MAIN_BRANCH)
     faults.point("publish_before_commit")
-    ice.commit_table(tbl, (requirement,), tuple(updates))
+    # the catalog's conditional update; pyiceberg then deletes metadata files past previous-versions-max
+    tbl._do_commit(tuple(updates), (requirement,))
+    collected = collect_unreferenced(tbl, state.placements[0].site, state.info.name)
     return SitePublication(
         loc.site,
         PublishStatus.PUBLISHED,
         snapshot_id,
         state.safe_time_us,
-        clean=not incremental,
+        kind=kind,
         files_added=len(added),
         rows_hidden=hidden.num_rows,
+        files_collected=collected,
     )
 
 
+def _carried_entries(io: Any, manifests: Sequence[ManifestFile], loc: SiteLocation) -> tuple[list[DataFile], pa.Table]:
+    """The data files and the hidden positions (``_file`` relative paths, ``_pos``) the carried manifests list."""
+    data: list[DataFile] = []
+    deletes: list[pa.Table] = []
+    prefix = loc.base + "/"
+    for mf in manifests:
+        for entry in mf.fetch_manifest_entry(io, discard_deleted=True):
+            if mf.content == ManifestContent.DATA:
+                data.append(entry.data_file)
+                continue
+            with io.new_input(entry.data_file.file_path).open() as f:
+                rows = pq.read_table(f, columns=["file_path", "pos"])
+            paths = rows.column("file_path").to_pylist()
+            if any(not p.startswith(prefix) for p in paths):
+                raise SegrepError(f"{entry.data_file.file_path}: a position delete names a file outside {loc.base}")
+            rels = pa.array([p[len(prefix) :] for p in paths], pa.string())
+            deletes.append(pa.table({FILE_COL: rels, POS_COL: rows.column("pos")}))
+    empty = pa.table({FILE_COL: pa.array([], pa.string()), POS_COL: pa.array([], pa.int64())})
+    return data, pa.concat_tables([empty, *deletes])
+
+
 def _summary(
-    state: _SiteState, index_path: str, delete_files: int, added: int, hidden: int, site: str
+    state: _SiteState, index_path: str, kind: SnapshotKind, added: int, hidden: int, site: str
 ) -> dict[str, str]:
     safe = datetime.fromtimestamp(state.safe_time_us / 1e6, UTC).isoformat(timespec="microseconds")
     out = {
@@ -350,7 +402,7 @@ def _summary(
         "fingerprint": state.fingerprint,
         "structure": state.structure,
         "index": index_path,
-        "delete-files": str(delete_files),
+        "snapshot-kind": str(kind),
         "files-added": str(added),
         "rows-hidden": str(hidden),
     }
