@@ -321,3 +321,27 @@ def test_many_rounds_consolidate_the_metadata_and_expired_files_are_collected(
     for snap in tbl.metadata.snapshots:  # every retained snapshot still reads
         assert tbl.scan(snapshot_id=snap.snapshot_id).to_arrow().num_rows > 0
     assert_published_equal(env, ("dr",))
+
+
+def test_status_shows_each_sites_publication_and_a_failure_with_the_snapshot_readers_still_see(
+    pub_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 20), "v1"))
+    report = run_round(cat, defs, TABLE, submit=no_spark)
+    snapshot = {x.site: x.snapshot_id for x in report.published}
+    code, out, err = cli(pub_env, "status", TABLE, "--json")
+    assert code == 0, err
+    rows = {r["site"]: r for r in json.loads(out)["open_tables"]}
+    assert {s: (r["status"], r["snapshot_id"]) for s, r in rows.items()} == {
+        s: ("published", snapshot[s]) for s in SITES
+    }
+    assert rows["dr"]["safe_time_us"] == report.safe_time_us["dr"]
+    write_batch(cat, TABLE, batch(range(5, 10), "v2"))
+    monkeypatch.setenv(faults.FAULTS_ENV, "publish_before_commit")
+    run_round(cat, defs, TABLE, submit=no_spark)
+    code, out, err = cli(pub_env, "status", TABLE)
+    assert code == 0, err
+    block = out.split("open tables (Iceberg catalog `segrep` in the catalog database; <site>.<table>):\n")[1]
+    line = next(x for x in block.splitlines() if x.startswith(f"{TABLE}") and " dr " in x)
+    assert "FAILED at" in line and str(snapshot["dr"]) in line and "InjectedFault: injected fault" in line

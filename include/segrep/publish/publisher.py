@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -44,10 +44,12 @@ from pyiceberg.table.update import (
     TableUpdate,
 )
 from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
+from segrep.catalog.publications import record
 from segrep.catalog.schemas import schema_versions
 from segrep.config.definitions import Definitions
 from segrep.core import faults, hlc
@@ -178,20 +180,34 @@ def _sites_of(s: Any, info: q.TableInfo) -> list[m.Site]:
 
 
 def publish_site(catalog: Catalog, table: str, site: str) -> SitePublication:
-    """Publish ``site``'s copy of ``table`` if it moved; FAILED (with why) leaves the previous snapshot."""
+    """Publish ``site``'s copy of ``table`` if it moved; FAILED (with why) leaves the previous snapshot. The
+    outcome is recorded for ``segrep status`` (``catalog.publications``) unless nothing changed."""
     started = time.perf_counter()
+    out = replace(_attempt(catalog, table, site), seconds=round(time.perf_counter() - started, 3))
+    if out.status is not PublishStatus.UNCHANGED:
+        try:
+            with catalog.read() as s:
+                ids = (q.table_info(s, table).table_id, q.site_by_name(s, site).site_id)
+            committed = out.status is PublishStatus.PUBLISHED
+            snapshot, safe = (out.snapshot_id, out.safe_time_us) if committed else (None, None)
+            record(catalog, *ids, str(out.status), out.detail, snapshot_id=snapshot, safe_time_us=safe)
+        except (SegrepError, SQLAlchemyError) as exc:  # the catalog went away: status shows the last record
+            log.warning("publication of %s at %s not recorded: %s", table, site, exc)
+    return out
+
+
+def _attempt(catalog: Catalog, table: str, site: str) -> SitePublication:
     try:
         state = _site_state(catalog, table, site)
     except NotFoundError as exc:
         return SitePublication(site, PublishStatus.WAITING, detail=str(exc))
     try:
-        out = _publish(catalog, site, state)
+        return _publish(catalog, site, state)
     except (SegrepError, OSError, CommitFailedException) as exc:
         return SitePublication(site, PublishStatus.FAILED, detail=f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # a publication never fails the round, write or failover it follows
         log.warning("publishing %s at %s failed", table, site, exc_info=True)
         return SitePublication(site, PublishStatus.FAILED, detail=f"{type(exc).__name__}: {exc}")
-    return SitePublication(**{**out.__dict__, "seconds": round(time.perf_counter() - started, 3)})
 
 
 def _site_state(catalog: Catalog, table: str, site: str) -> _SiteState:
