@@ -345,3 +345,34 @@ def test_status_shows_each_sites_publication_and_a_failure_with_the_snapshot_rea
     block = out.split("open tables (Iceberg catalog `segrep` in the catalog database; <site>.<table>):\n")[1]
     line = next(x for x in block.splitlines() if x.startswith(f"{TABLE}") and " dr " in x)
     assert "FAILED at" in line and str(snapshot["dr"]) in line and "InjectedFault: injected fault" in line
+
+
+def test_appended_keys_skip_the_index_until_a_later_write_shares_one(sqlite_env: Env) -> None:
+    """Files whose keys meet no other listed file's (and hold no tombstone) are published without reading or
+    writing the winners index; the first write that may share a key folds them in, and reads stay exact."""
+    env = sqlite_env
+    env.config.write_text(PUBLISHED_YAML)
+    cat, defs = env.catalog, env.defs
+
+    def state(site: str) -> dict[str, list[str]]:
+        tbl, summary = loaded(env.url, site, TABLE)
+        with tbl.io.new_input(summary["segrep.state"]).open() as f:
+            return json.loads(f.read())
+
+    write_batch(cat, TABLE, pa.table({"tenant": ["a", "x"], "seq": [1, 1], "payload": ["p", "p"], "at": [None, None]}))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    first = state("dr")
+    assert first["unindexed"] == [] and len(first["indexed"]) == 2
+    for i in range(2, 5):  # each write's keys sort after every earlier key of its partition
+        rows = {"tenant": ["b", "y"], "seq": [i, i], "payload": [f"p{i}"] * 2, "at": [None, None]}
+        write_batch(cat, TABLE, pa.table(rows, schema=segrep_rows(env, "dr").schema))
+        run_round(cat, defs, TABLE, submit=no_spark)
+        assert_published_equal(env)
+    appended = state("dr")
+    assert appended["index"] == first["index"] and len(appended["unindexed"]) == 6
+    write_batch(cat, TABLE, batch([3], "update"))  # tenant y, seq 3: a key of an appended file
+    write_batch(cat, TABLE, pa.table({"tenant": ["b"], "seq": [2]}), delete=True)
+    run_round(cat, defs, TABLE, submit=no_spark)
+    folded = state("dr")
+    assert folded["unindexed"] == [] and folded["index"] != first["index"]
+    assert_published_equal(env)

@@ -250,6 +250,8 @@ class PublicationRow(Base):
     snapshot_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     safe_time_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     detail: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # what the catalog said the site served when that snapshot was committed (``publish.publisher``)
+    state_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
     updated_us: Mapped[int] = mapped_column(BigInteger)
 
 

@@ -43,12 +43,13 @@ def record(
     *,
     snapshot_id: int | None = None,
     safe_time_us: int | None = None,
+    state_token: str | None = None,
 ) -> None:
-    """Record a publication's outcome; ``snapshot_id`` and ``safe_time_us`` only when a snapshot was committed
-    (otherwise the row keeps the ones readers still see)."""
-    values: dict[str, Any] = {"status": status, "detail": detail, "updated_us": hlc.now_us()}
+    """Record a publication's outcome; ``snapshot_id``, ``safe_time_us`` and ``state_token`` only when the
+    site's table shows the state (otherwise the row keeps the ones readers still see, and no token)."""
+    values: dict[str, Any] = {"status": status, "detail": detail, "updated_us": hlc.now_us(), "state_token": None}
     if snapshot_id is not None:
-        values.update(snapshot_id=snapshot_id, safe_time_us=safe_time_us)
+        values.update(snapshot_id=snapshot_id, safe_time_us=safe_time_us, state_token=state_token)
     where = (m.PublicationRow.table_id == table_id, m.PublicationRow.site_id == site_id)
     for _ in range(2):
         try:
@@ -58,6 +59,14 @@ def record(
             return
         except IntegrityError:  # another publisher inserted the row first: update it
             continue
+
+
+def recorded_token(s: Session, table_id: int, site_id: int) -> tuple[str | None, int | None, int | None]:
+    """The recorded state token, snapshot id and safe time of a site's publication (None: none recorded)."""
+    row = s.get(m.PublicationRow, (table_id, site_id))
+    if row is None or row.status != "published":
+        return None, None, None
+    return row.state_token, row.snapshot_id, row.safe_time_us
 
 
 def publication_states(s: Session, table: str | None = None) -> list[PublicationState]:

@@ -69,6 +69,12 @@ def write_parquet(io: FileIO, path: str, table: pa.Table) -> int:
     return len(io.new_input(path))
 
 
+def write_bytes(io: FileIO, path: str, data: bytes) -> None:
+    """Write ``data`` to a new file ``path``."""
+    with io.new_output(path).create(overwrite=False) as stream:
+        stream.write(data)
+
+
 def position_deletes(
     io: FileIO, location: str, snapshot_id: int, hidden: pa.Table, uris: Mapping[str, str]
 ) -> DataFile | None:

@@ -21,7 +21,7 @@ from segrep.storage.site import Site
 
 ORPHAN_GRACE_S = 600
 _COLLECTED_DIRS = ("metadata", "deletes", "segrep")
-_INDEX_KEY = "segrep.index"
+_KEPT_KEYS = ("segrep.index", "segrep.state")  # summary entries naming files of the snapshot
 
 
 def referenced(tbl: IcebergTable) -> set[str]:
@@ -31,8 +31,9 @@ def referenced(tbl: IcebergTable) -> set[str]:
     seen: set[str] = set()
     for snap in tbl.metadata.snapshots:
         out.add(snap.manifest_list)
-        if snap.summary is not None and snap.summary.get(_INDEX_KEY):
-            out.add(str(snap.summary.get(_INDEX_KEY)))
+        for key in _KEPT_KEYS:
+            if snap.summary is not None and snap.summary.get(key):
+                out.add(str(snap.summary.get(key)))
         for mf in snap.manifests(io):
             out.add(mf.manifest_path)
             if mf.content != ManifestContent.DELETES or mf.manifest_path in seen:

@@ -49,10 +49,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.catalog.publications import record
+from segrep.catalog.publications import record, recorded_token
 from segrep.catalog.schemas import schema_versions
 from segrep.config.definitions import Definitions
-from segrep.core import faults, hlc
+from segrep.core import faults, hlc, keys
 from segrep.core import schema as sch
 from segrep.core.errors import NotFoundError, SegrepError
 from segrep.data.reader import PlacementFiles, key_range, placement_files
@@ -181,19 +181,54 @@ def _sites_of(s: Any, info: q.TableInfo) -> list[m.Site]:
 
 def publish_site(catalog: Catalog, table: str, site: str) -> SitePublication:
     """Publish ``site``'s copy of ``table`` if it moved; FAILED (with why) leaves the previous snapshot. The
-    outcome is recorded for ``segrep status`` (``catalog.publications``) unless nothing changed."""
+    outcome is recorded for ``segrep status`` (``catalog.publications``), with a token of what the catalog
+    said the site served: a publication that finds the same token returns UNCHANGED without reading a file."""
     started = time.perf_counter()
+    try:
+        ids, token = _state_token(catalog, table, site)
+    except NotFoundError as exc:
+        return SitePublication(site, PublishStatus.WAITING, detail=str(exc))
+    with catalog.read() as s:
+        recorded, snapshot_id, safe_time = recorded_token(s, *ids)
+    if recorded == token:
+        return SitePublication(site, PublishStatus.UNCHANGED, snapshot_id, safe_time)
     out = replace(_attempt(catalog, table, site), seconds=round(time.perf_counter() - started, 3))
-    if out.status is not PublishStatus.UNCHANGED:
-        try:
-            with catalog.read() as s:
-                ids = (q.table_info(s, table).table_id, q.site_by_name(s, site).site_id)
-            committed = out.status is PublishStatus.PUBLISHED
-            snapshot, safe = (out.snapshot_id, out.safe_time_us) if committed else (None, None)
-            record(catalog, *ids, str(out.status), out.detail, snapshot_id=snapshot, safe_time_us=safe)
-        except (SegrepError, SQLAlchemyError) as exc:  # the catalog went away: status shows the last record
-            log.warning("publication of %s at %s not recorded: %s", table, site, exc)
+    try:
+        shows = out.status in (PublishStatus.PUBLISHED, PublishStatus.UNCHANGED)
+        status = PublishStatus.PUBLISHED if shows else out.status
+        snapshot, safe = (out.snapshot_id, out.safe_time_us) if shows else (None, None)
+        record(catalog, *ids, str(status), out.detail, snapshot_id=snapshot, safe_time_us=safe, state_token=token)
+    except (SegrepError, SQLAlchemyError) as exc:  # the catalog went away: status shows the last record
+        log.warning("publication of %s at %s not recorded: %s", table, site, exc)
     return out
+
+
+def _state_token(catalog: Catalog, table: str, site: str) -> tuple[tuple[int, int], str]:
+    """(table id, site id) and a digest of what decides the site's copy: its placements of the table (key
+    ranges, roots, states), their segments (count and newest entry), the schema version, the safe time and the
+    leaders' epochs and clocks. Two light queries, whatever the history's length. It is read before the files
+    are: a token seen again may only make a publication that was needed look needed (never the reverse)."""
+    with catalog.read() as s:
+        info = q.table_info(s, table)
+        site_id = q.site_by_name(s, site).site_id
+        parts = q.partitions_of(s, info)
+        placements = [pl for pl in q.active_placements(s, [p.partition_id for p in parts]) if pl.site_id == site_id]
+        ids = [pl.placement_id for pl in placements]
+        count, newest = s.execute(
+            select(func.count(), func.max(m.Segment.entry_id)).where(m.Segment.placement_id.in_(ids))
+        ).one()
+        safe = s.scalar(
+            select(m.SafeTime.safe_time_us).where(m.SafeTime.table_id == info.table_id, m.SafeTime.site_id == site_id)
+        )
+    doc = [
+        info.row.schema_version,
+        safe,
+        count,
+        newest,
+        [[p.partition_id, p.state, p.epoch, p.last_version, p.leader_placement_id] for p in parts],
+        [[pl.placement_id, pl.state, pl.root_segment_id, pl.key_begin, pl.key_end] for pl in placements],
+    ]
+    return (info.table_id, site_id), _digest(doc)
 
 
 def _attempt(catalog: Catalog, table: str, site: str) -> SitePublication:
@@ -295,7 +330,8 @@ def _commit(
     seq = meta.next_sequence_number()
     current = state.files()
     uris = {rel: loc.file(rel) for rel in current}
-    published = _published_files(io, prev)
+    before = _read_state(io, prev)
+    published = None if before is None else before.files
     incremental = (
         snap is not None
         and published is not None
@@ -306,11 +342,22 @@ def _commit(
     kind = SnapshotKind.CLEAN
     if incremental:
         kind = SnapshotKind.CONSOLIDATED if len(carried) >= MAX_CARRIED_MANIFESTS else SnapshotKind.INCREMENTAL
-    previous_index = _read_index(io, prev) if incremental else None
     new_files = [rel for rel in current if not incremental or rel not in (published or set())]
-    rows, outside = _candidate_rows(state, [current[rel] for rel in new_files])
-    res = resolve(previous_index, rows, state.info.primary_key)
-    hidden = pa.concat_tables([outside, res.hidden]) if outside.num_rows else res.hidden
+    if before is not None and incremental and _disjoint_appends(state, current, new_files):
+        # no key of a new file is anywhere else and none is a tombstone: nothing older is hidden, no index read
+        unrestricted = [rel for rel in new_files if not _restricted(current[rel][0])]
+        rows_out = _candidate_rows(state, [current[r] for r in new_files if r not in unrestricted], set(new_files))[1]
+        hidden, after = rows_out, PublishedState(before.index, before.indexed, (*before.unindexed, *new_files))
+    else:
+        # the new files and those appended without the index so far are resolved against the index's winners
+        fold = new_files + (list(before.unindexed) if incremental and before is not None else [])
+        rows, outside = _candidate_rows(state, [current[rel] for rel in fold], set(new_files))
+        previous_index = _read_index(io, before.index) if incremental and before is not None else None
+        res = resolve(previous_index, rows, state.info.primary_key)
+        hidden = pa.concat_tables([outside, res.hidden]) if outside.num_rows else res.hidden
+        index_path = files.new_name(location, "segrep", f"index-{snapshot_id}", "parquet")
+        files.write_parquet(io, index_path, res.index)
+        after = PublishedState(index_path, tuple(sorted(current)), ())
     added = [files.data_file(uris[rel], current[rel][1].row_count, current[rel][1].byte_size) for rel in new_files]
     listed, hiding = added, hidden
     if kind is SnapshotKind.CONSOLIDATED:  # one data manifest, one delete file, from the metadata alone
@@ -325,14 +372,14 @@ def _commit(
         )
         if x is not None
     ]
-    index_path = files.new_name(location, "segrep", f"index-{snapshot_id}", "parquet")
-    files.write_parquet(io, index_path, _with_files(res.index, sorted(current)))
+    state_path = files.new_name(location, "segrep", f"state-{snapshot_id}", "json")
+    files.write_bytes(io, state_path, after.to_json())
     ml = files.manifest_list(
         io, location, snapshot_id, snap.snapshot_id if snap else None, seq, new_manifests + carried
     )
     summary = Summary(
         Operation.APPEND if kind is SnapshotKind.INCREMENTAL else Operation.OVERWRITE,
-        **_summary(state, index_path, kind, len(added), hidden.num_rows, loc.site),
+        **_summary(state, after.index, state_path, kind, len(added), hidden.num_rows, loc.site),
     )
     snapshot = Snapshot(
         snapshot_id=snapshot_id,
@@ -370,7 +417,11 @@ def _commit(
     faults.point("publish_before_commit")
     # the catalog's conditional update; pyiceberg then deletes metadata files past previous-versions-max
     tbl._do_commit(tuple(updates), (requirement,))
-    collected = collect_unreferenced(tbl, state.placements[0].site, state.info.name)
+    # an incremental snapshot leaves behind only its expired predecessors' manifest lists and states: collected
+    # with the rest when a consolidated or clean one drops the carried manifests (every MAX_CARRIED_MANIFESTS)
+    collected = 0
+    if kind is not SnapshotKind.INCREMENTAL:
+        collected = collect_unreferenced(tbl, state.placements[0].site, state.info.name)
     return SitePublication(
         loc.site,
         PublishStatus.PUBLISHED,
@@ -405,7 +456,7 @@ def _carried_entries(io: Any, manifests: Sequence[ManifestFile], loc: SiteLocati
 
 
 def _summary(
-    state: _SiteState, index_path: str, kind: SnapshotKind, added: int, hidden: int, site: str
+    state: _SiteState, index_path: str, state_path: str, kind: SnapshotKind, added: int, hidden: int, site: str
 ) -> dict[str, str]:
     safe = datetime.fromtimestamp(state.safe_time_us / 1e6, UTC).isoformat(timespec="microseconds")
     out = {
@@ -418,6 +469,7 @@ def _summary(
         "fingerprint": state.fingerprint,
         "structure": state.structure,
         "index": index_path,
+        "state": state_path,
         "snapshot-kind": str(kind),
         "files-added": str(added),
         "rows-hidden": str(hidden),
@@ -425,34 +477,80 @@ def _summary(
     return {_PREFIX + k: v for k, v in out.items()}
 
 
-_FILES_META = b"segrep.files"
+@dataclass(frozen=True)
+class PublishedState:
+    """What a snapshot lists, for the next publication: the winners index and the files it covers, and the
+    files appended since without it (each one's keys in no other file, no tombstone: all its rows in range
+    are visible, so the index needs them only once a later file may share a key)."""
+
+    index: str
+    indexed: tuple[str, ...]
+    unindexed: tuple[str, ...]
+
+    @property
+    def files(self) -> set[str]:
+        return {*self.indexed, *self.unindexed}
+
+    def to_json(self) -> bytes:
+        doc = {"index": self.index, "indexed": list(self.indexed), "unindexed": list(self.unindexed)}
+        return json.dumps(doc).encode()
 
 
-def _with_files(index: pa.Table, relpaths: list[str]) -> pa.Table:
-    """The winners index, carrying in its metadata the files (relative paths) this snapshot lists."""
-    return index.replace_schema_metadata({_FILES_META: json.dumps(relpaths)})
-
-
-def _published_files(io: Any, prev: dict[str, str]) -> set[str] | None:
-    path = prev.get(_PREFIX + "index")
+def _read_state(io: Any, prev: dict[str, str]) -> PublishedState | None:
+    """The previous snapshot's state, or None (a first publication, or a state file that cannot be read: the
+    next snapshot is then a clean one)."""
+    path = prev.get(_PREFIX + "state")
     if not path:
         return None
     try:
-        meta = pq.read_schema(io.new_input(path).open()).metadata or {}
-    except (OSError, FileNotFoundError):
+        with io.new_input(path).open() as f:
+            doc = json.loads(f.read())
+        return PublishedState(str(doc["index"]), tuple(doc["indexed"]), tuple(doc["unindexed"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        log.warning("publication state %s unreadable: the next snapshot is a clean one", path)
         return None
-    raw = meta.get(_FILES_META)
-    return set(json.loads(raw)) if raw else None
 
 
-def _read_index(io: Any, prev: dict[str, str]) -> pa.Table:
-    with io.new_input(prev[_PREFIX + "index"]).open() as f:
+def _read_index(io: Any, path: str) -> pa.Table:
+    with io.new_input(path).open() as f:
         return pq.read_table(f)
 
 
-def _candidate_rows(state: _SiteState, chosen: Sequence[tuple[PlacementFiles, m.Segment]]) -> tuple[pa.Table, pa.Table]:
-    """The key rows of ``chosen`` files inside their placements' key ranges, and the positions outside
-    them. A file two placements read (a split's unloading parent) counts once, inside either range."""
+def _restricted(pf: PlacementFiles) -> bool:
+    return pf.key_begin is not None or pf.key_end is not None
+
+
+def _disjoint_appends(state: _SiteState, current: dict[str, tuple[PlacementFiles, m.Segment]], new: list[str]) -> bool:
+    """True if no new file holds a tombstone or a key range that meets another listed file's (the catalog's
+    key_min/key_max per segment, compared as the reader compares them): then no row anywhere is superseded."""
+    if any(current[rel][1].deleted_rows for rel in new):
+        return False
+    types = [state.info.schema.field(k).type for k in state.info.primary_key]
+
+    def decode(v: Any) -> tuple[Any, ...]:
+        return tuple(map(keys.decode, v, types))
+
+    spans = sorted(
+        (decode(seg.key_min), decode(seg.key_max), rel) for rel, (_pf, seg) in current.items() if seg.row_count
+    )
+    wanted = set(new)
+    highest: tuple[Any, ...] | None = None
+    for i, (lo, hi, rel) in enumerate(spans):
+        if rel in wanted:
+            if highest is not None and lo <= highest:
+                return False
+            if i + 1 < len(spans) and spans[i + 1][0] <= hi:
+                return False
+        highest = hi if highest is None or hi > highest else highest
+    return True
+
+
+def _candidate_rows(
+    state: _SiteState, chosen: Sequence[tuple[PlacementFiles, m.Segment]], fresh: set[str]
+) -> tuple[pa.Table, pa.Table]:
+    """The key rows of ``chosen`` files inside their placements' key ranges, and the positions outside them
+    of those in ``fresh`` (the others' were hidden when they were first listed). A file two placements read
+    (a split's unloading parent) counts once, inside either range."""
     info = state.info
     pk = list(info.primary_key)
     ranges: dict[str, list[pc.Expression | None]] = {}
@@ -469,7 +567,8 @@ def _candidate_rows(state: _SiteState, chosen: Sequence[tuple[PlacementFiles, m.
         keep = None if any(e is None for e in exprs) else _any(exprs)
         kept, dropped = out_of_range(rows, keep)
         inside.append(kept)
-        outside.append(dropped)
+        if seg.relpath in fresh:
+            outside.append(dropped)
     schema = pa.schema([*[info.schema.field(k) for k in pk], *sch.INTERNAL_FIELDS])
     empty = positions("", schema.empty_table(), pk)
     rows_in = pa.concat_tables(inside, promote_options="permissive") if inside else empty

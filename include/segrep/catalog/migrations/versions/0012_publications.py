@@ -2,7 +2,8 @@
 table: the outcome of its last publication (published, waiting, failed and why), and the snapshot and safe time
 its Iceberg table shows (kept when a later publication fails: that snapshot stays current). What ``segrep
 status`` shows under "open tables"; the Iceberg catalog itself (pyiceberg's tables) is the source of truth for
-readers.
+readers. ``state_token`` digests what the catalog said the site served when that snapshot was committed: the
+next publication that finds the same token has nothing to do and reads no file.
 
 Revision ID: 0012
 Revises: 0011
@@ -29,6 +30,7 @@ def upgrade() -> None:
         sa.Column("snapshot_id", sa.BigInteger(), nullable=True),
         sa.Column("safe_time_us", sa.BigInteger(), nullable=True),
         sa.Column("detail", sa.Text(), nullable=False, server_default=""),
+        sa.Column("state_token", sa.String(length=32), nullable=True),
         sa.Column("updated_us", sa.BigInteger(), nullable=False),
     )
 
