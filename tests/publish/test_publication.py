@@ -5,6 +5,8 @@ row for row with ``segrep read --site``; DuckDB and polars query it through pyic
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -27,7 +29,7 @@ from segrep.publish.publisher import PublishStatus, SnapshotKind, publish_table
 from segrep.replication.orchestrator import run_round
 from segrep.split.run import run_split
 from tests.support.badinput import assert_user_error
-from tests.support.cli import cli
+from tests.support.cli import cli, cli_command
 from tests.support.env import ORDERS_YAML, Env, make_env
 from tests.support.iceberg import iceberg_catalog, loaded, scan
 from tests.support.rounds import no_spark
@@ -376,3 +378,42 @@ def test_appended_keys_skip_the_index_until_a_later_write_shares_one(sqlite_env:
     folded = state("dr")
     assert folded["unindexed"] == [] and folded["index"] != first["index"]
     assert_published_equal(env)
+
+
+def test_publications_racing_for_a_site_both_end_published(pub_env: Env) -> None:
+    """Two processes' publications of the same sites at once: the catalog's conditional update lets one
+    commit; the other looks again and finds it done (or commits after it), never a FAILED result."""
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 30), "v1"))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    write_batch(cat, TABLE, batch(range(10, 40), "v2"))
+    procs = [
+        subprocess.Popen(cli_command(pub_env, "publish", TABLE, "--json"), stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    statuses = [x["status"] for out in outs for x in json.loads(out)["sites"] if x["site"] == "primary"]
+    assert "failed" not in statuses and "published" in statuses, statuses
+    assert_published_equal(pub_env)
+
+
+def test_a_publication_killed_midway_leaves_a_readable_snapshot_and_the_next_one_completes(pub_env: Env) -> None:
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 30), "v1"))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    before = scan(pub_env.url, "primary", TABLE, KEYS)
+    write_batch(cat, TABLE, batch(range(5, 15), "v2"))
+    env = {**os.environ, faults.FAULTS_ENV: "publish_before_commit:hang"}
+    proc = subprocess.Popen(
+        cli_command(pub_env, "publish", TABLE, "--site", "primary"), stderr=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert faults.HANG_MARK in line, line
+    proc.kill()  # kill -9 with its files written and the catalog not yet updated
+    proc.wait()
+    assert scan(pub_env.url, "primary", TABLE, KEYS).equals(before)
+    again = publish_table(cat, defs, TABLE, ["primary"])
+    assert [x.status for x in again.sites] == [PublishStatus.PUBLISHED]
+    assert_published_equal(pub_env, ("primary",))

@@ -237,7 +237,10 @@ def _attempt(catalog: Catalog, table: str, site: str) -> SitePublication:
     except NotFoundError as exc:
         return SitePublication(site, PublishStatus.WAITING, detail=str(exc))
     try:
-        return _publish(catalog, site, state)
+        try:
+            return _publish(catalog, site, state)
+        except CommitFailedException:  # another process published this site first: look again, once
+            return _publish(catalog, site, _site_state(catalog, table, site))
     except (SegrepError, OSError, CommitFailedException) as exc:
         return SitePublication(site, PublishStatus.FAILED, detail=f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # a publication never fails the round, write or failover it follows
