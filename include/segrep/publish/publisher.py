@@ -65,6 +65,7 @@ from segrep.publish.site_catalog import SiteLocation, identifier, namespace, sit
 log = logging.getLogger(__name__)
 
 PUBLISH_ICEBERG = "iceberg"
+UNKNOWN_SAFE_TIME = 0  # the summary's safe time of a site the catalog has none for: no write is promised
 _PREFIX = "segrep."
 KEEP_SNAPSHOTS = 5  # older snapshots are expired: their files may be compacted away and collected
 # an incremental snapshot carrying this many manifests is consolidated instead: one manifest of every data file
@@ -110,7 +111,8 @@ class SitePublication:
             kind = (
                 f" ({self.kind} snapshot)" if self.kind is not None and self.status is PublishStatus.PUBLISHED else ""
             )
-            return f"{head}, snapshot {self.snapshot_id} at safe time {hlc.iso(self.safe_time_us)}{kind}"
+            safe = "unknown" if self.safe_time_us == UNKNOWN_SAFE_TIME else hlc.iso(self.safe_time_us)
+            return f"{head}, snapshot {self.snapshot_id} at safe time {safe}{kind}"
         return f"{head}: {self.detail}" if self.detail else head
 
     @classmethod
@@ -267,7 +269,9 @@ def _site_state(catalog: Catalog, table: str, site: str) -> _SiteState:
     # a leader holds every committed write: its safe time is its clock's last version (it moves only with a
     # write, so publishing an idle leader again changes nothing)
     last = max((p.last_version for p in parts), default=0)
-    safe_time = last if leads_all or safe is None else int(safe)
+    # a site the catalog has no safe time for (a replica no round reached yet, an old leader after a failover)
+    # promises nothing: 0, "unknown" (never the leaders' clock, which would claim writes it does not hold)
+    safe_time = last if leads_all else (UNKNOWN_SAFE_TIME if safe is None else int(safe))
     structure = _digest([[pf.placement_id, pf.key_begin, pf.key_end] for pf in placements])
     fingerprint = _digest(
         [structure, info.row.schema_version, [[seg.relpath for seg in pf.segments] for pf in placements]]
@@ -461,7 +465,11 @@ def _carried_entries(io: Any, manifests: Sequence[ManifestFile], loc: SiteLocati
 def _summary(
     state: _SiteState, index_path: str, state_path: str, kind: SnapshotKind, added: int, hidden: int, site: str
 ) -> dict[str, str]:
-    safe = datetime.fromtimestamp(state.safe_time_us / 1e6, UTC).isoformat(timespec="microseconds")
+    safe = (
+        "unknown"
+        if state.safe_time_us == UNKNOWN_SAFE_TIME
+        else datetime.fromtimestamp(state.safe_time_us / 1e6, UTC).isoformat(timespec="microseconds")
+    )
     out = {
         "site": site,
         "safe-time-us": str(state.safe_time_us),
