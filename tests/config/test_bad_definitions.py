@@ -10,7 +10,7 @@ bad table out and keep the others, or still raise when the file as a whole is wr
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from segrep.config.definitions import load_definitions
 from segrep.core.errors import ConfigError
 from tests.support.badinput import assert_user_error, unchanged
 from tests.support.cli import cli
-from tests.support.env import ORDERS_YAML, Env
+from tests.support.env import ORDERS_YAML, Env, env_fixture, pg_schema_url, sqlite_url
 
 Doc = dict[str, Any]
 # A hypothesis example reuses the function-scoped `env`: fine, since every example must leave it unchanged.
@@ -210,10 +210,23 @@ def bad_file(env: Env, case: bytes | Callable[[Doc], None]) -> Path:
     return path
 
 
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def applied_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    """One applied environment per backend for every refused file: each case checks that it changed nothing
+    (``unchanged``), so the next case starts from the same catalog and sites."""
+    root = tmp_path_factory.mktemp("bad-definitions")
+    if request.param == "sqlite":
+        yield from env_fixture(root, sqlite_url(root))
+    else:
+        for url in pg_schema_url(request.getfixturevalue("pg_server")):
+            yield from env_fixture(root, url)
+
+
 @pytest.mark.parametrize(("case", "bad_table", "needles"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_apply_refuses_a_bad_definitions_file(
-    env: Env, case: bytes | Callable[[Doc], None], bad_table: str | None, needles: tuple[str, ...]
+    applied_env: Env, case: bytes | Callable[[Doc], None], bad_table: str | None, needles: tuple[str, ...]
 ) -> None:
+    env = applied_env
     path = bad_file(env, case)
     for args in (["apply", "--dry-run"], ["apply"]):
         with unchanged(env):

@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import sqlite3
+import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -123,14 +128,45 @@ class Env:
         return self.root / "data" / "sites" / name
 
 
+_MIGRATED: list[Path] = []  # this process's migrated, empty SQLite catalog (made once, copied per environment)
+
+
+def migrated_sqlite(database: Path) -> None:
+    """``database`` becomes a catalog migrated to the head revision: a copy of one this process migrated with
+    ``upgrade`` (the migrations still run, once per test process, not once per test)."""
+    from segrep.catalog import Catalog
+    from segrep.catalog.migrate import upgrade
+
+    if not _MIGRATED:
+        folder = tempfile.mkdtemp(prefix="segrep-migrated-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        template = Path(folder) / "catalog.db"
+        catalog = Catalog(f"sqlite:///{template}")
+        upgrade(catalog)
+        catalog.dispose()
+        _MIGRATED.append(template)
+    database.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(_MIGRATED[0], database)
+    with sqlite3.connect(database) as conn:  # each catalog has its own identity, as migration 0009 makes it
+        conn.execute(
+            "UPDATE catalog_identity SET catalog_uuid = ?, created_us = ?", (uuid.uuid4().hex, time.time_ns() // 1000)
+        )
+    conn.close()
+
+
 def make_env(root: Path, url: str, yaml_text: str = ORDERS_YAML, apply: bool = True) -> Env:
     from segrep.catalog.apply import apply_definitions
+    from segrep.catalog.engine import sqlite_file
     from segrep.catalog.migrate import upgrade
 
     config = root / "segrep.yaml"
     config.write_text(yaml_text)
     env = Env(root=root, config=config, url=url)
-    upgrade(env.catalog)
+    database = sqlite_file(url)
+    if database is not None and not database.exists():
+        migrated_sqlite(database)
+    else:
+        upgrade(env.catalog)
     if apply:
         apply_definitions(env.catalog, env.defs)
     return env
