@@ -87,14 +87,14 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
         def commit_compaction(p: dict[str, Any]) -> dict[str, Any]:
             from pathlib import Path
 
-            from segrep.publish.publisher import publish_table
+            from segrep.replication.publication import publish
             from segrep.spark.results import CommitSummary, commit_results
 
             if not p["manifest"]:
                 return CommitSummary().to_dict()
             with segrep_context() as (defs, catalog):
                 summary = commit_results(catalog, Path(p["manifest"]), Path(p["result"]))
-                for pub in publish_table(catalog, defs, name).sites:  # a major starts a clean snapshot
+                for pub in publish(catalog, defs, name).sites:  # a major starts a clean snapshot
                     print(pub.line())
                 return summary.to_dict()
 

@@ -205,10 +205,10 @@ def apply(obj: Context, dry_run: bool, down: tuple[str, ...]) -> None:
     if not changes:
         click.echo(f"catalog matches {obj.defs.path}: nothing to change")
     if not dry_run:  # a schema change is published at once (the tables' Iceberg schemas and name mappings)
-        from segrep.publish.publisher import publish_table
+        from segrep.replication.publication import publish
 
         for table in obj.defs.tables:
-            for pub in publish_table(obj.catalog(), obj.defs, table).sites:
+            for pub in publish(obj.catalog(), obj.defs, table).sites:
                 if pub.status != "unchanged":
                     click.echo(f"{table}: {pub.line()}", err=pub.status == "failed")
 
@@ -409,7 +409,7 @@ def write(obj: Context, table: str, file: Path, fmt: str | None, delete: bool, s
     _PASSWORD); if that fails the write stays committed and a warning on stderr says why."""
     from segrep.catalog.schemas import schema_history
     from segrep.data.writer import write_batch
-    from segrep.publish.writes import publish_written
+    from segrep.replication.publication import publish
 
     catalog = obj.catalog()
     with catalog.read() as s:
@@ -436,7 +436,10 @@ def write(obj: Context, table: str, file: Path, fmt: str | None, delete: bool, s
         click.echo(f"  {result.event.detail}")
     elif result.event is not None:
         click.echo(f"segrep: warning: {result.event.detail}", err=True)
-    for pub in publish_written(catalog, obj.defs_if_any(), result).sites:
+    defs = obj.defs_if_any()
+    written = sorted({seg.site for seg in result.segments})
+    published = publish(catalog, defs, table, written).sites if defs is not None and written else ()
+    for pub in published:
         failed = pub.status == "failed"
         click.echo(
             f"segrep: warning: the write is committed; {pub.line()}" if failed else f"  {pub.line()}", err=failed
@@ -937,14 +940,15 @@ def publish_(obj: Context, table: str, sites: tuple[str, ...], as_json: bool) ->
     import dataclasses
     import json
 
-    from segrep.publish.publisher import enabled, publish_table
+    from segrep.publish.publisher import enabled
+    from segrep.replication.publication import publish
 
     obj.defs.table(table)
     for site in sites:
         obj.defs.site(site)
     if not enabled(obj.defs, table):
         _fail(f"table {table} is not published: its policy needs `publish: iceberg` ({obj.defs.path})", 2)
-    pub = publish_table(obj.catalog(), obj.defs, table, list(sites) or None)
+    pub = publish(obj.catalog(), obj.defs, table, list(sites) or None)
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(pub), indent=2, sort_keys=True, default=str))
     else:

@@ -28,7 +28,8 @@ from segrep.core import faults, hlc
 from segrep.core.errors import ConflictError, NotFoundError, RefusedError, SegrepError
 from segrep.failover.assess import Assessment, assess, assess_view, read_view
 from segrep.failover.cut import CutReport, assess_cut, common_safe_time, cut_table
-from segrep.publish.publisher import Publication, publish_table
+from segrep.publish.publisher import Publication
+from segrep.replication.publication import publish
 from segrep.spark import launch
 from segrep.spark.launch import Submit
 from segrep.storage.probe import SiteUnusableError, check_sites
@@ -205,7 +206,7 @@ def failover(
                 continue
             assert move.failover_id is not None
             cuts.append(cut_table(catalog, defs, table, site, cut_us, move.failover_id, submit))
-    published = [] if dry_run else [publish_table(catalog, defs, table) for table in wanted]
+    published = [] if dry_run else [publish(catalog, defs, table) for table in wanted]
     return FailoverReport(kind, dry_run, cut, site, moves, cut_us, cuts, published)
 
 

@@ -25,8 +25,8 @@ from segrep.core import faults, hlc
 from segrep.core.errors import RefusedError, SegrepError
 from segrep.failover.assess import assess
 from segrep.failover.promote import Cut, FailoverReport, Move, MoveKind, promote_table
-from segrep.publish.publisher import publish_table
 from segrep.replication.orchestrator import run_round
+from segrep.replication.publication import publish
 from segrep.spark import launch
 from segrep.spark.launch import Submit
 
@@ -98,7 +98,7 @@ def switchover(
     except BaseException:
         _resume(catalog, wanted)
         raise
-    published = [publish_table(catalog, defs, table) for table in wanted]
+    published = [publish(catalog, defs, table) for table in wanted]
     return FailoverReport(MoveKind.SWITCHOVER, False, Cut.LATEST, to, moves, published=published), drained
 
 

@@ -31,8 +31,9 @@ from segrep.config.definitions import Definitions, Policy
 from segrep.core import hlc
 from segrep.core.chain import visible_segments
 from segrep.core.errors import NotFoundError, RefusedError
-from segrep.publish.publisher import Publication, publish_table
+from segrep.publish.publisher import Publication
 from segrep.replication.offers import pushes_from
+from segrep.replication.publication import publish
 from segrep.spark import launch
 from segrep.spark.items import round_item
 from segrep.spark.manifest import Manifest, MergeItem
@@ -212,5 +213,5 @@ def compact(
         name=f"segrep-compact-{table}",
     )
     result = commit_results(catalog, Path(plan.manifest), Path(plan.result))
-    published = publish_table(catalog, defs, table)
+    published = publish(catalog, defs, table)
     return CompactionReport(table, plan.candidates, plan.needs_bootstrap, result, published)

@@ -17,7 +17,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -65,6 +65,8 @@ from segrep.publish.site_catalog import SiteLocation, identifier, namespace, sit
 log = logging.getLogger(__name__)
 
 PUBLISH_ICEBERG = "iceberg"
+# the safe time of a site leading every partition it holds (replication.safetime.leader_safe_time)
+LeaderSafeTime = Callable[[Catalog, str, str], "int | None"]
 UNKNOWN_SAFE_TIME = 0  # the summary's safe time of a site the catalog has none for: no write is promised
 _PREFIX = "segrep."
 KEEP_SNAPSHOTS = 5  # older snapshots are expired: their files may be compacted away and collected
@@ -144,7 +146,7 @@ class _SiteState:
 
     info: q.TableInfo
     placements: list[PlacementFiles]
-    safe_time_us: int
+    safe_time_us: int | None  # None: a leader's, not computed here (the previous snapshot's is kept)
     round_id: int | None
     epoch: int
     structure: str  # the placements and their key ranges
@@ -162,16 +164,26 @@ def enabled(defs: Definitions, table: str) -> bool:
     return defs.policy(table).publish == PUBLISH_ICEBERG
 
 
-def publish_table(catalog: Catalog, defs: Definitions, table: str, sites: Sequence[str] | None = None) -> Publication:
+def publish_table(
+    catalog: Catalog,
+    defs: Definitions,
+    table: str,
+    sites: Sequence[str] | None = None,
+    *,
+    leader_safe_time: LeaderSafeTime | None = None,
+) -> Publication:
     """Publish every site of ``table`` (or those named) whose state moved; a table whose policy does not say
-    ``publish: iceberg`` is not published (an empty result)."""
+    ``publish: iceberg`` is not published (an empty result). ``leader_safe_time``: the safe time of a site
+    leading every partition it holds, as rounds bound a leader (``replication.safetime.leader_safe_time``;
+    ``replication.publication.publish`` passes it); without it such a site keeps its previous snapshot's safe
+    time (a write published at once claims no more than the last round did)."""
     if not enabled(defs, table):
         return Publication(table)
     with catalog.read() as s:
         info = q.table_info(s, table)
         names = sorted({r.name for r in _sites_of(s, info)})
     chosen = names if sites is None else [x for x in sites if x in names]
-    return Publication(table, tuple(publish_site(catalog, table, site) for site in chosen))
+    return Publication(table, tuple(publish_site(catalog, table, site, leader_safe_time) for site in chosen))
 
 
 def _sites_of(s: Any, info: q.TableInfo) -> list[m.Site]:
@@ -181,7 +193,9 @@ def _sites_of(s: Any, info: q.TableInfo) -> list[m.Site]:
     return [by_id[pl.site_id] for pl in placements]
 
 
-def publish_site(catalog: Catalog, table: str, site: str) -> SitePublication:
+def publish_site(
+    catalog: Catalog, table: str, site: str, leader_safe_time: LeaderSafeTime | None = None
+) -> SitePublication:
     """Publish ``site``'s copy of ``table`` if it moved; FAILED (with why) leaves the previous snapshot. The
     outcome is recorded for ``segrep status`` (``catalog.publications``), with a token of what the catalog
     said the site served: a publication that finds the same token returns UNCHANGED without reading a file."""
@@ -194,7 +208,7 @@ def publish_site(catalog: Catalog, table: str, site: str) -> SitePublication:
         recorded, snapshot_id, safe_time = recorded_token(s, *ids)
     if recorded == token:
         return SitePublication(site, PublishStatus.UNCHANGED, snapshot_id, safe_time)
-    out = replace(_attempt(catalog, table, site), seconds=round(time.perf_counter() - started, 3))
+    out = replace(_attempt(catalog, table, site, leader_safe_time), seconds=round(time.perf_counter() - started, 3))
     try:
         shows = out.status in (PublishStatus.PUBLISHED, PublishStatus.UNCHANGED)
         status = PublishStatus.PUBLISHED if shows else out.status
@@ -233,16 +247,16 @@ def _state_token(catalog: Catalog, table: str, site: str) -> tuple[tuple[int, in
     return (info.table_id, site_id), _digest(doc)
 
 
-def _attempt(catalog: Catalog, table: str, site: str) -> SitePublication:
+def _attempt(catalog: Catalog, table: str, site: str, leader_safe_time: LeaderSafeTime | None) -> SitePublication:
     try:
-        state = _site_state(catalog, table, site)
+        state = _site_state(catalog, table, site, leader_safe_time)
     except NotFoundError as exc:
         return SitePublication(site, PublishStatus.WAITING, detail=str(exc))
     try:
         try:
             return _publish(catalog, site, state)
         except CommitFailedException:  # another process published this site first: look again, once
-            return _publish(catalog, site, _site_state(catalog, table, site))
+            return _publish(catalog, site, _site_state(catalog, table, site, leader_safe_time))
     except (SegrepError, OSError, CommitFailedException) as exc:
         return SitePublication(site, PublishStatus.FAILED, detail=f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # a publication never fails the round, write or failover it follows
@@ -250,7 +264,7 @@ def _attempt(catalog: Catalog, table: str, site: str) -> SitePublication:
         return SitePublication(site, PublishStatus.FAILED, detail=f"{type(exc).__name__}: {exc}")
 
 
-def _site_state(catalog: Catalog, table: str, site: str) -> _SiteState:
+def _site_state(catalog: Catalog, table: str, site: str, leader_safe_time: LeaderSafeTime | None) -> _SiteState:
     info, placements = placement_files(catalog, table, site)
     with catalog.read() as s:
         site_row = q.site_by_name(s, site)
@@ -266,12 +280,12 @@ def _site_state(catalog: Catalog, table: str, site: str) -> _SiteState:
                 m.Round.table_id == info.table_id, m.Round.finished_us.is_not(None)
             )
         )
-    # a leader holds every committed write: its safe time is its clock's last version (it moves only with a
-    # write, so publishing an idle leader again changes nothing)
-    last = max((p.last_version for p in parts), default=0)
-    # a site the catalog has no safe time for (a replica no round reached yet, an old leader after a failover)
+    # a site leading every partition it holds: as rounds bound a leader (None: the previous snapshot's); a
+    # site the catalog has no safe time for (a replica no round reached yet, an old leader after a failover)
     # promises nothing: 0, "unknown" (never the leaders' clock, which would claim writes it does not hold)
-    safe_time = last if leads_all else (UNKNOWN_SAFE_TIME if safe is None else int(safe))
+    safe_time: int | None = UNKNOWN_SAFE_TIME if safe is None else int(safe)
+    if leads_all:
+        safe_time = None if leader_safe_time is None else leader_safe_time(catalog, table, site)
     structure = _digest([[pf.placement_id, pf.key_begin, pf.key_end] for pf in placements])
     fingerprint = _digest(
         [structure, info.row.schema_version, [[seg.relpath for seg in pf.segments] for pf in placements]]
@@ -299,6 +313,8 @@ def _publish(catalog: Catalog, site: str, state: _SiteState) -> SitePublication:
     snap = tbl.current_snapshot()
     summary = snap.summary if snap is not None and snap.summary is not None else None
     prev = dict(summary.additional_properties) if summary is not None else {}
+    if state.safe_time_us is None:
+        state = replace(state, safe_time_us=int(prev.get(_PREFIX + "safe-time-us") or UNKNOWN_SAFE_TIME))
     schema_same = types.same_columns(tbl.schema(), schema) and tbl.schema().schema_id == schema.schema_id
     if (
         prev.get(_PREFIX + "fingerprint") == state.fingerprint
@@ -465,14 +481,15 @@ def _carried_entries(io: Any, manifests: Sequence[ManifestFile], loc: SiteLocati
 def _summary(
     state: _SiteState, index_path: str, state_path: str, kind: SnapshotKind, added: int, hidden: int, site: str
 ) -> dict[str, str]:
+    us = UNKNOWN_SAFE_TIME if state.safe_time_us is None else state.safe_time_us
     safe = (
         "unknown"
-        if state.safe_time_us == UNKNOWN_SAFE_TIME
-        else datetime.fromtimestamp(state.safe_time_us / 1e6, UTC).isoformat(timespec="microseconds")
+        if us == UNKNOWN_SAFE_TIME
+        else datetime.fromtimestamp(us / 1e6, UTC).isoformat(timespec="microseconds")
     )
     out = {
         "site": site,
-        "safe-time-us": str(state.safe_time_us),
+        "safe-time-us": str(us),
         "safe-time": safe,
         "round-id": "" if state.round_id is None else str(state.round_id),
         "leader-epoch": str(state.epoch),

@@ -25,11 +25,11 @@ from segrep.config.definitions import Definitions
 from segrep.core import hlc
 from segrep.core.human import human_bytes
 from segrep.core.links import CopyPriority
-from segrep.publish.publisher import publish_table
 from segrep.replication.commit import recommit
 from segrep.replication.fast_forward import fast_forward_target
 from segrep.replication.heartbeat import heartbeat
 from segrep.replication.plan import plan_round
+from segrep.replication.publication import publish
 from segrep.replication.reports import RoundPlan, RoundReport, TargetReport, TargetStatus
 from segrep.replication.round import TargetHeldBack, TargetUnreachable, round_key
 from segrep.replication.run import run_merge, spark_copier
@@ -211,7 +211,7 @@ class RoundSteps:
         report = recommit(self.catalog, self.defs, self.table, planned.end_us, merge_ran=planned.manifest is not None)
         # each site whose copy moved publishes it (``policy: {publish: iceberg}``); a failure is in the report,
         # never the round's
-        report.published = list(publish_table(self.catalog, self.defs, self.table).sites)
+        report.published = list(publish(self.catalog, self.defs, self.table).sites)
         return report
 
     def report(self, report: RoundReport) -> RoundView:

@@ -14,7 +14,8 @@ from segrep.config.definitions import Definitions
 from segrep.core import faults
 from segrep.core.errors import SegrepError, SplitIncompleteError
 from segrep.core.states import SplitPhase, SplitState
-from segrep.publish.publisher import Publication, publish_table
+from segrep.publish.publisher import Publication
+from segrep.replication.publication import publish
 from segrep.replication.unload import FinishReport, finish
 from segrep.spark import launch
 from segrep.spark.launch import Submit
@@ -145,7 +146,7 @@ def run_split(
     if sp.find_split(catalog, table, partition_id).state == SplitState.UNLOAD:
         one_pass()
     finished = finish(catalog, defs, ref.split_id)
-    published = publish_table(catalog, defs, table)
+    published = publish(catalog, defs, table)
     return SplitRunReport(ref.split_id, table, ref.children, passes, finished, published)
 
 
