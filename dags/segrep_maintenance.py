@@ -87,12 +87,16 @@ def build_maintenance_dag(table: TableDef):  # type: ignore[no-untyped-def]
         def commit_compaction(p: dict[str, Any]) -> dict[str, Any]:
             from pathlib import Path
 
+            from segrep.replication.publication import publish
             from segrep.spark.results import CommitSummary, commit_results
 
             if not p["manifest"]:
                 return CommitSummary().to_dict()
-            with segrep_context() as (_defs, catalog):
-                return commit_results(catalog, Path(p["manifest"]), Path(p["result"])).to_dict()
+            with segrep_context() as (defs, catalog):
+                summary = commit_results(catalog, Path(p["manifest"]), Path(p["result"]))
+                for pub in publish(catalog, defs, name).sites:  # a major starts a clean snapshot
+                    print(pub.line())
+                return summary.to_dict()
 
         @task(trigger_rule="none_failed_min_one_success")
         def gc(dag_run: Any = None) -> dict[str, Any]:

@@ -128,13 +128,18 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
 
         @task
         def finalize(ref: dict[str, Any], copy: dict[str, Any]) -> str:
+            from segrep.replication.publication import publish
             from segrep.split.run import finalize_split
 
-            with segrep_context() as (_defs, catalog):
-                return str(finalize_split(catalog, ref["split_id"], copy).state)
+            with segrep_context() as (defs, catalog):
+                state = str(finalize_split(catalog, ref["split_id"], copy).state)
+                for pub in publish(catalog, defs, name).sites:  # the children serve now
+                    print(pub.line())
+                return state
 
         @task
         def finish(ref: dict[str, Any]) -> dict[str, Any]:
+            from segrep.replication.publication import publish
             from segrep.replication.unload import finish as run
             from segrep.split.progress import progress_text, split_progress
             from segrep.split.run import require_done
@@ -142,6 +147,8 @@ def build_split_dag(table: TableDef):  # type: ignore[no-untyped-def]
             with segrep_context() as (defs, catalog):
                 finished = run(catalog, defs, ref["split_id"])
                 progress = split_progress(catalog, name, include_done=True)
+                for pub in publish(catalog, defs, name).sites:  # the parent's rows are gone from reads
+                    print(pub.line())
             print(progress_text([r for r in progress if r.split_id == ref["split_id"]]))
             return require_done(finished, name).to_dict()
 

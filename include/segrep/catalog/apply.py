@@ -378,6 +378,7 @@ def _drop_table(s: Session, row: m.Table) -> None:
         (m.Split, m.Split.table_id == row.table_id),
         (m.Partition, m.Partition.table_id == row.table_id),
         (m.SafeTime, m.SafeTime.table_id == row.table_id),
+        (m.PublicationRow, m.PublicationRow.table_id == row.table_id),
         (m.Round, m.Round.table_id == row.table_id),
         (m.SchemaVersionRow, m.SchemaVersionRow.table_id == row.table_id),
     ):

@@ -238,6 +238,23 @@ class SafeTime(Base):
     updated_us: Mapped[int] = mapped_column(BigInteger)
 
 
+class PublicationRow(Base):
+    """The last Iceberg publication of a table's copy at a site (``segrep.publish``): its outcome, and the
+    snapshot and safe time the site's Iceberg table shows (kept when a later publication fails)."""
+
+    __tablename__ = "publications"
+
+    table_id: Mapped[int] = mapped_column(ForeignKey("tables.table_id"), primary_key=True)
+    site_id: Mapped[int] = mapped_column(ForeignKey("sites.site_id"), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))
+    snapshot_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    safe_time_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    detail: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # what the catalog said the site served when that snapshot was committed (``publish.publisher``)
+    state_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    updated_us: Mapped[int] = mapped_column(BigInteger)
+
+
 class Round(Base):
     __tablename__ = "rounds"
 

@@ -208,6 +208,13 @@ def apply(obj: Context, dry_run: bool, down: tuple[str, ...]) -> None:
         click.echo(f"{'link':<7} {link.summary()}")
     if not changes:
         click.echo(f"catalog matches {obj.defs.path}: nothing to change")
+    if not dry_run:  # a schema change is published at once (the tables' Iceberg schemas and name mappings)
+        from segrep.replication.publication import publish
+
+        for table in obj.defs.tables:
+            for pub in publish(obj.catalog(), obj.defs, table).sites:
+                if pub.status != "unchanged":
+                    click.echo(f"{table}: {pub.line()}", err=pub.status == "failed")
 
 
 @main.group("catalog")
@@ -406,6 +413,7 @@ def write(obj: Context, table: str, file: Path, fmt: str | None, delete: bool, s
     _PASSWORD); if that fails the write stays committed and a warning on stderr says why."""
     from segrep.catalog.schemas import schema_history
     from segrep.data.writer import write_batch
+    from segrep.replication.publication import publish
 
     catalog = obj.catalog()
     with catalog.read() as s:
@@ -432,6 +440,14 @@ def write(obj: Context, table: str, file: Path, fmt: str | None, delete: bool, s
         click.echo(f"  {result.event.detail}")
     elif result.event is not None:
         click.echo(f"segrep: warning: {result.event.detail}", err=True)
+    defs = obj.defs_if_any()
+    written = sorted({seg.site for seg in result.segments})
+    published = publish(catalog, defs, table, written).sites if defs is not None and written else ()
+    for pub in published:
+        failed = pub.status == "failed"
+        click.echo(
+            f"segrep: warning: the write is committed; {pub.line()}" if failed else f"  {pub.line()}", err=failed
+        )
 
 
 def _read_input(file: Path, fmt: str | None, types: dict[str, pa.DataType]) -> pa.Table:
@@ -910,6 +926,40 @@ def status(obj: Context, table: str | None, as_json: bool) -> None:
     from segrep.cli.views import status_output
 
     click.echo(status_output(obj.catalog(), obj.defs_if_any(), table, as_json=as_json))
+
+
+@main.command("publish")
+@click.argument("table")
+@click.option("--site", "sites", multiple=True, help="Only this site (repeatable). Default: every site of TABLE.")
+@click.option("--json", "as_json", is_flag=True, help="Print each site's publication as JSON.")
+@click.pass_obj
+@_user_errors
+def publish_(obj: Context, table: str, sites: tuple[str, ...], as_json: bool) -> None:
+    """Publish TABLE's copy at each site as an Iceberg table now, if it moved since its last snapshot (every
+    round, write, failover, compaction and split of a table with `policy: {publish: iceberg}` does it too).
+
+    Each site's table is `<site>.<table>` in the SQL catalog `segrep` in the catalog database (docs/open-tables.md
+    says how to point pyiceberg, Spark, Trino or DuckDB at it). Exits 1 if a site could not be published (its
+    previous snapshot stays current), 2 if the table does not publish."""
+    import dataclasses
+    import json
+
+    from segrep.publish.publisher import enabled
+    from segrep.replication.publication import publish
+
+    obj.defs.table(table)
+    for site in sites:
+        obj.defs.site(site)
+    if not enabled(obj.defs, table):
+        _fail(f"table {table} is not published: its policy needs `publish: iceberg` ({obj.defs.path})", 2)
+    pub = publish(obj.catalog(), obj.defs, table, list(sites) or None)
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(pub), indent=2, sort_keys=True, default=str))
+    else:
+        for x in pub.sites:
+            click.echo(f"{table}: {x.line()}")
+    if pub.failed:
+        _fail(f"{len(pub.failed)} site(s) not published: " + "; ".join(x.line() for x in pub.failed), 1)
 
 
 @main.command("airflow-pools")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import select
 
@@ -13,6 +14,7 @@ from segrep.catalog import link_slots as lk
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.leadership import leadership
+from segrep.catalog.publications import PublicationState, publication_states
 from segrep.catalog.schemas import SchemaHistoryEntry, schema_history
 from segrep.cli.format import (
     ACTIVITY_HEADER,
@@ -310,6 +312,8 @@ def status_output(
     table_sites = defs.tables[table].sites if defs is not None and table in defs.tables else None
     links = link_states(defs, now or datetime.now(UTC), table_sites)
     activity = link_activity(catalog, table_sites)
+    with catalog.read() as s:
+        published = publication_states(s, table)
     if as_json:
         replication = [{**r.to_dict(), "note": r.note(), "last_round": r.last_round_text()} for r in rows]
         doc = {
@@ -320,6 +324,7 @@ def status_output(
             "conflicts": [c.to_dict() for c in conflicts],
             "links": [x.to_dict() for x in links],
             "link_activity": [activity_doc(pair, st) for pair, st in activity],
+            "open_tables": [x.to_dict() for x in published],
         }
         return json.dumps(doc, indent=2, sort_keys=True)
     header = [*STATUS_HEADER[:4], "rpo", *STATUS_HEADER[4:]]
@@ -343,4 +348,18 @@ def status_output(
     if activity:
         lines += ["links in use (slots held now; rates measured each second, smoothed):"]
         lines.append(format_rows(ACTIVITY_HEADER, activity_table(activity)))
+    if published:
+        lines += ["open tables (Iceberg catalog `segrep` in the catalog database; <site>.<table>):"]
+        lines.append(format_rows(OPEN_TABLES_HEADER, [open_table_row(x) for x in published]))
     return "\n".join(lines)
+
+
+OPEN_TABLES_HEADER = ["table", "site", "last publication", "snapshot", "shows safe time", "detail"]
+
+
+def open_table_row(x: PublicationState) -> list[Any]:
+    """A failed or waiting publication says so; the snapshot readers still see is shown beside it."""
+    safe = "-" if x.safe_time_us is None else hlc.iso(x.safe_time_us)
+    when = hlc.iso(x.updated_us)
+    status = x.status.upper() if x.status != "published" else "published"
+    return [x.table, x.site, f"{status} at {when}", x.snapshot_id or "-", safe, x.detail or "-"]

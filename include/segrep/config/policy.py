@@ -58,6 +58,7 @@ WRITE_FALLBACK_FLOOR_S = 60
 ON_RETURN = ("rollback", "merge")
 # where merges run: "auto" by the in_process_merge_* thresholds, or always on one engine
 MERGE_ENGINES = ("auto", "spark", "in_process")
+PUBLISH_FORMATS = ("iceberg",)
 # durations that may be absent (null: off), by their key in the definitions file -> the Policy field
 _OPTIONAL_DURATIONS = {"rpo": "rpo_s", "feeder_fallback": "feeder_fallback_s"}
 # durations named without their unit in the file -> (the Policy field, lowest, highest seconds)
@@ -88,6 +89,9 @@ class Policy:
     in_process_merge_max_rows: int = 1_000_000
     in_process_merge_max_bytes: int = 64 * 1024 * 1024  # ~12 x the input in memory (bench/merge_crossover.py)
     merge_engine: str = "auto"
+    # "iceberg": each site's copy is published as an Iceberg table at its safe time (DESIGN section 18,
+    # ``segrep.publish``); None: not published
+    publish: str | None = None
     retries: int = 3
     retry_delay_s: int = 30
     compact_min_segments: int = 10
@@ -154,6 +158,12 @@ def parse_policy(body: dict[str, Any], where: str) -> Policy:
             allowed = ON_RETURN if key == "on_return" else MERGE_ENGINES
             if value not in allowed:
                 raise SegrepError(f"{where} {key}: expected one of {', '.join(allowed)}; got {value!r}")
+            values[key] = value
+        elif key == "publish":
+            if value is not None and value not in PUBLISH_FORMATS:
+                raise SegrepError(
+                    f"{where} publish: expected one of {', '.join(PUBLISH_FORMATS)} or null; got {value!r}"
+                )
             values[key] = value
         elif key in _OPTIONAL_DURATIONS:
             values[_OPTIONAL_DURATIONS[key]] = _optional_duration(value, f"{where} {key}")

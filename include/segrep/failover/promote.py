@@ -28,6 +28,8 @@ from segrep.core import faults, hlc
 from segrep.core.errors import ConflictError, NotFoundError, RefusedError, SegrepError
 from segrep.failover.assess import Assessment, assess, assess_view, read_view
 from segrep.failover.cut import CutReport, assess_cut, common_safe_time, cut_table
+from segrep.publish.publisher import Publication
+from segrep.replication.publication import publish
 from segrep.spark import launch
 from segrep.spark.launch import Submit
 from segrep.storage.probe import SiteUnusableError, check_sites
@@ -70,6 +72,8 @@ class FailoverReport:
     moves: list[Move]
     cut_us: int | None = None  # --at safe-time: the instant every listed table was cut at
     cuts: list[CutReport] = field(default_factory=list)  # --at safe-time: what each table's cut set aside (or would)
+    # each site's Iceberg publication after the move (tables whose policy says ``publish: iceberg``)
+    published: list[Publication] = field(default_factory=list)
 
     def __str__(self) -> str:
         """What a failover or switchover did (or, dry run, would do): per table the site chosen and why, every
@@ -95,6 +99,7 @@ class FailoverReport:
                     f"    partition {p.partition_id}: {p.rows:,} row(s) from {len(p.segment_ids)} segment(s)"
                     for p in cut.partitions
                 ]
+        lines += [f"{pub.table}: {x.line()}" for pub in self.published for x in pub.sites]
         return "\n".join(lines)
 
     def _move_lines(self, move: Move) -> list[str]:
@@ -201,7 +206,8 @@ def failover(
                 continue
             assert move.failover_id is not None
             cuts.append(cut_table(catalog, defs, table, site, cut_us, move.failover_id, submit))
-    return FailoverReport(kind, dry_run, cut, site, moves, cut_us, cuts)
+    published = [] if dry_run else [publish(catalog, defs, table) for table in wanted]
+    return FailoverReport(kind, dry_run, cut, site, moves, cut_us, cuts, published)
 
 
 def on_return_of(defs: Definitions, table: str, cut: Cut) -> str:

@@ -26,6 +26,7 @@ from segrep.core.errors import RefusedError, SegrepError
 from segrep.failover.assess import assess
 from segrep.failover.promote import Cut, FailoverReport, Move, MoveKind, promote_table
 from segrep.replication.orchestrator import run_round
+from segrep.replication.publication import publish
 from segrep.spark import launch
 from segrep.spark.launch import Submit
 
@@ -97,7 +98,8 @@ def switchover(
     except BaseException:
         _resume(catalog, wanted)
         raise
-    return FailoverReport(MoveKind.SWITCHOVER, False, Cut.LATEST, to, moves), drained
+    published = [publish(catalog, defs, table) for table in wanted]
+    return FailoverReport(MoveKind.SWITCHOVER, False, Cut.LATEST, to, moves, published=published), drained
 
 
 def _require_nothing_to_drain(catalog: Catalog, tables: Sequence[str], to: str) -> None:

@@ -31,7 +31,9 @@ from segrep.config.definitions import Definitions, Policy
 from segrep.core import hlc
 from segrep.core.chain import visible_segments
 from segrep.core.errors import NotFoundError, RefusedError
+from segrep.publish.publisher import Publication
 from segrep.replication.offers import pushes_from
+from segrep.replication.publication import publish
 from segrep.spark import launch
 from segrep.spark.items import round_item
 from segrep.spark.manifest import Manifest, MergeItem
@@ -66,6 +68,8 @@ class CompactionReport:
     candidates: list[Candidate]
     needs_bootstrap: list[str]
     commit: CommitSummary
+    # each site's Iceberg publication after the commit (a major starts a clean snapshot)
+    published: Publication | None = None
 
     @property
     def committed(self) -> int:
@@ -209,4 +213,5 @@ def compact(
         name=f"segrep-compact-{table}",
     )
     result = commit_results(catalog, Path(plan.manifest), Path(plan.result))
-    return CompactionReport(table, plan.candidates, plan.needs_bootstrap, result)
+    published = publish(catalog, defs, table)
+    return CompactionReport(table, plan.candidates, plan.needs_bootstrap, result, published)

@@ -29,6 +29,7 @@ from segrep.replication.commit import recommit
 from segrep.replication.fast_forward import fast_forward_target
 from segrep.replication.heartbeat import heartbeat
 from segrep.replication.plan import plan_round
+from segrep.replication.publication import publish
 from segrep.replication.reports import RoundPlan, RoundReport, TargetReport, TargetStatus
 from segrep.replication.round import TargetHeldBack, TargetUnreachable, round_key
 from segrep.replication.run import run_merge, spark_copier
@@ -204,9 +205,14 @@ class RoundSteps:
         return True
 
     def commit(self, planned: PlannedRound) -> RoundReport:
-        """Merge results, checkpoints, safe time, the report, the splits it finishes: idempotent, so a step
-        run again after a failure commits what the catalog holds now."""
-        return recommit(self.catalog, self.defs, self.table, planned.end_us, merge_ran=planned.manifest is not None)
+        """Merge results, checkpoints, safe time, the report, the splits it finishes, then the Iceberg
+        publication of every site whose copy moved: idempotent, so a step run again after a failure commits
+        (and publishes) what the catalog holds now."""
+        report = recommit(self.catalog, self.defs, self.table, planned.end_us, merge_ran=planned.manifest is not None)
+        # each site whose copy moved publishes it (``policy: {publish: iceberg}``); a failure is in the report,
+        # never the round's
+        report.published = list(publish(self.catalog, self.defs, self.table).sites)
+        return report
 
     def report(self, report: RoundReport) -> RoundView:
         """The report with each target's pending work, lag and objective (``segrep status``'s numbers)."""

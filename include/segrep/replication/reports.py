@@ -14,6 +14,7 @@ from typing import Any
 
 from segrep.core import hlc
 from segrep.core.states import Outcome
+from segrep.publish.publisher import SitePublication
 from segrep.spark.results import CommitSummary
 
 
@@ -242,6 +243,8 @@ class RoundReport:
     advanced: list[str] = field(default_factory=list)  # sites whose safe time this commit moved forward
     splits_retired: list[int] = field(default_factory=list)  # splits this commit finished (UNLOAD_FINAL)
     duration_s: float | None = None  # from the round's plan to this commit
+    # each site's Iceberg publication after this commit (a table whose policy says ``publish: iceberg``)
+    published: list[SitePublication] = field(default_factory=list)
 
     def __str__(self) -> str:
         return self.text()
@@ -260,6 +263,7 @@ class RoundReport:
         lines.append(f"  spark applications: {self.spark_apps}")
         for split_id in self.splits_retired:
             lines.append(f"  split {split_id} of {self.table}: every replica holds the children; parent retired")
+        lines += [f"  {x.line()}" for x in self.published]
         return "\n".join(lines)
 
     @property
@@ -307,6 +311,7 @@ class RoundReport:
             advanced=list(doc.get("advanced", [])),
             splits_retired=list(doc.get("splits_retired", [])),
             duration_s=doc.get("duration_s"),
+            published=[SitePublication.from_dict(x) for x in doc.get("published", [])],
         )
 
     def stored(self) -> dict[str, Any]:
@@ -314,7 +319,7 @@ class RoundReport:
         doc = self.to_dict()
         # the identity is in the row; advanced and duration_s are this commit's, not the round's (a repeated
         # commit moves nothing and must leave the row as it was)
-        for key in ("round_id", "table", "end_us", "status", "failed", "advanced", "duration_s"):
+        for key in ("round_id", "table", "end_us", "status", "failed", "advanced", "duration_s", "published"):
             doc.pop(key)
         if self.plan is None:
             doc.pop("plan")

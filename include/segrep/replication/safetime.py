@@ -82,6 +82,23 @@ def leader_vouches(part: PartitionSnapshot, down: frozenset[int] = frozenset()) 
     return safe
 
 
+def leader_safe_time(catalog: Catalog, table: str, site: str) -> int | None:
+    """The safe time of a site that leads every partition of ``table`` it holds, as rounds bound a leader
+    (:func:`leader_vouches`: the instant before the oldest write a follower holds that the leader has not
+    merged; a split parent's rows its children lack), else the leaders' newest version; None for a site that
+    follows some partition (its safe time is the one rounds record). What the published snapshots claim."""
+    with catalog.read() as s:
+        snap = snapshot(s, table, active_only=True)
+        led = [part for part in snap.partitions if snap.sites[part.leader.site_id].name == site]
+        if not led or any(snap.sites[r.site_id].name == site for part in snap.partitions for r in part.replicas):
+            return None
+        unloading = unload_safe_bound(s, snap.info.table_id)
+    safe = max(part.partition.last_version for part in led)
+    for part in led:
+        safe = min(safe, leader_vouches(part))
+    return safe if unloading is None else min(safe, unloading)
+
+
 @dataclass(frozen=True)
 class SafeTimes:
     """Each target site's safe time after a commit, and the sites whose safe time that commit moved forward

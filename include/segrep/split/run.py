@@ -14,6 +14,8 @@ from segrep.config.definitions import Definitions
 from segrep.core import faults
 from segrep.core.errors import SegrepError, SplitIncompleteError
 from segrep.core.states import SplitPhase, SplitState
+from segrep.publish.publisher import Publication
+from segrep.replication.publication import publish
 from segrep.replication.unload import FinishReport, finish
 from segrep.spark import launch
 from segrep.spark.launch import Submit
@@ -38,6 +40,8 @@ class SplitRunReport:
     children: list[int]
     passes: list[SplitPass]
     finish: FinishReport
+    # each site's Iceberg publication once the children serve
+    published: Publication | None = None
 
     @property
     def state(self) -> SplitState:
@@ -142,7 +146,8 @@ def run_split(
     if sp.find_split(catalog, table, partition_id).state == SplitState.UNLOAD:
         one_pass()
     finished = finish(catalog, defs, ref.split_id)
-    return SplitRunReport(ref.split_id, table, ref.children, passes, finished)
+    published = publish(catalog, defs, table)
+    return SplitRunReport(ref.split_id, table, ref.children, passes, finished, published)
 
 
 def resume_splits(

@@ -1,0 +1,340 @@
+"""bench/open_tables.py: what publishing each site's copy as an Iceberg table costs, and how fast engines read it
+(issue 37 item 5, DESIGN section 18).
+
+(publish) TPC-H orders at `primary`, replicated to `dr` (local directories, a SQLite or PostgreSQL catalog),
+policy `publish: iceberg`. After a history of writes, each measured round follows a write of changed and new
+orders (updates of existing keys, so old rows are hidden by position deletes): the round's time (plan to
+commit) and, inside it, the publication of both sites. Goal: publication <= 10 % of the round without it.
+
+(history) A table with --history-segments segment files at each site (many small interleaved writes), then one
+write and its round: the incremental publication of that round (it reads the new files only and carries the
+manifests), and the worst case, a consolidated one (forced). Goal: <= 1 s.
+
+(scan) The published `dr` table read whole through pyiceberg's own SQL catalog (`scan().to_arrow()`), against
+`segrep read --site dr` of the same copy (`read_table`), each the median of --repeats. Goal: pyiceberg's
+throughput >= 0.8 of segrep's.
+
+``--background-load N`` runs N CPU-bound processes for the whole run (figures under load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from benchkit import (
+    ORDERS_COLUMNS,
+    args_doc,
+    background_load,
+    load_footer,
+    log,
+    make_env,
+    pg_schema,
+    print_table,
+    quantile_splits,
+    timed,
+    verdict,
+    write_interleaved,
+)
+from pyiceberg.catalog import load_catalog
+from sqlalchemy import func, select
+
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.config.definitions import Definitions
+from segrep.data import demo as demo_data
+from segrep.data.reader import read_table
+from segrep.data.writer import write_batch
+from segrep.publish import publisher
+from segrep.publish.publisher import PublishStatus, SitePublication, publish_table
+from segrep.replication.orchestrator import run_round
+
+TABLE = "orders"
+KEY = "o_orderkey"
+Results = dict[str, Any]
+
+
+def no_spark(*args: Any, **kwargs: Any) -> None:
+    raise SystemExit(f"a round asked for Spark although nothing here needs a merge: {args}")
+
+
+def body(rows: pa.Table) -> dict[str, Any]:
+    return {
+        "columns": ORDERS_COLUMNS,
+        "primary_key": [KEY],
+        "split_points": quantile_splits(rows, KEY),
+        "policy": {"publish": "iceberg"},
+    }
+
+
+def changed(rows: pa.Table, n: int, seed: int) -> pa.Table:
+    """``n`` orders of ``rows`` with a new comment: updates, each hiding an older row at every site."""
+    pick = np.random.default_rng(seed).choice(rows.num_rows, size=n, replace=False)
+    out = rows.take(pa.array(np.sort(pick)))
+    comment = pc.binary_join_element_wise(out.column("o_comment"), pa.scalar(f" u{seed}"), "")
+    return out.set_column(out.schema.get_field_index("o_comment"), "o_comment", comment)
+
+
+def published_seconds(pubs: list[SitePublication]) -> float:
+    bad = [p.line() for p in pubs if p.status is PublishStatus.FAILED]
+    if bad:
+        raise SystemExit(f"publication failed: {bad}")
+    return sum(p.seconds for p in pubs)
+
+
+def measured_round(catalog: Catalog, defs: Definitions, batch: pa.Table) -> dict[str, Any]:
+    """One write of ``batch`` and the round after it: the round's time and, inside it, the publication's."""
+    write_batch(catalog, TABLE, batch)
+    report, seconds = timed(run_round, catalog, defs, TABLE, submit=no_spark)
+    pub = published_seconds(report.published)
+    kinds = sorted({str(p.kind) for p in report.published})
+    return {"round_s": seconds, "publish_s": pub, "rows": batch.num_rows, "kinds": kinds}
+
+
+def summarize(measured: list[dict[str, Any]]) -> Results:
+    round_s = statistics.median(m["round_s"] for m in measured)
+    pub_s = statistics.median(m["publish_s"] for m in measured)
+    return {"rounds": measured, "round_s": round_s, "publish_s": pub_s, "ratio": pub_s / (round_s - pub_s)}
+
+
+def bench_publish(rows: pa.Table, catalog: Catalog, defs: Definitions, args: argparse.Namespace) -> Results:
+    """New orders (the next keys, as an order stream brings them) and, apart, updates of existing orders."""
+    cut = int(rows.num_rows * 0.6)
+    write_interleaved(catalog, TABLE, rows.slice(0, cut), args.batches)
+    first = run_round(catalog, defs, TABLE, submit=no_spark)
+    first_s = published_seconds(first.published)
+    log(f"(publish) {cut:,} orders written and replicated; first publication {first_s:.2f} s")
+    appends, updates = [], []
+    for i in range(args.rounds):
+        appends.append(measured_round(catalog, defs, rows.slice(cut + i * args.update_rows, args.update_rows)))
+        log(f"(publish) new orders, round {i}: {appends[-1]}")
+    for i in range(args.rounds):
+        updates.append(measured_round(catalog, defs, changed(rows.slice(0, cut), args.update_rows, i)))
+        log(f"(publish) updated orders, round {i}: {updates[-1]}")
+    return {"appends": summarize(appends), "updates": summarize(updates)}
+
+
+def bench_history(work: Path, url: str, args: argparse.Namespace) -> Results:
+    """--history-segments files at each site, then one write: its round's incremental publication, and a
+    consolidated one."""
+    n = args.history_segments
+    parts = 16
+    writes = max(n // parts, 1)
+    keys = np.arange(writes * 64, dtype=np.int64)
+    rows = pa.table({"k": keys, "v": pa.array(np.full(keys.size, "x"))})
+    splits = [int(q) for q in np.quantile(keys, [i / parts for i in range(1, parts)])]
+    catalog, defs = make_env(
+        work,
+        url,
+        ["primary", "dr"],
+        "h",
+        {
+            "columns": {"k": "int64", "v": "string"},
+            "primary_key": ["k"],
+            "split_points": splits,
+            "policy": {"publish": "iceberg"},
+        },
+    )
+    try:
+        t0 = time.perf_counter()
+        write_interleaved(catalog, "h", rows, writes)
+        log(f"(history) {writes} writes of {parts} segments each in {time.perf_counter() - t0:.0f} s")
+        first, first_s = timed(run_round, catalog, defs, "h", submit=no_spark)
+        clean = {p.site: p.seconds for p in first.published}
+        log(f"(history) first round {first_s:.1f} s; clean publications {clean}")
+        upd = rows.take(pa.array(np.arange(0, rows.num_rows, max(rows.num_rows // 2000, 1))))
+        write_batch(catalog, "h", upd.set_column(1, "v", pa.array(np.full(upd.num_rows, "y"))))
+        report = run_round(catalog, defs, "h", submit=no_spark)
+        inc = {p.site: (p.seconds, str(p.kind), p.files_added) for p in report.published}
+        with catalog.read() as s:
+            segments = s.scalar(select(func.count()).select_from(m.Segment))
+        write_batch(catalog, "h", upd.set_column(1, "v", pa.array(np.full(upd.num_rows, "z"))))
+        saved = publisher.MAX_CARRIED_MANIFESTS
+        publisher.MAX_CARRIED_MANIFESTS = 0  # the next publication consolidates
+        try:
+            report2 = run_round(catalog, defs, "h", submit=no_spark)
+        finally:
+            publisher.MAX_CARRIED_MANIFESTS = saved
+        cons = {p.site: (p.seconds, str(p.kind)) for p in report2.published}
+        _, again_s = timed(publish_table, catalog, defs, "h")
+        log(f"(history) {segments} segment rows; incremental {inc}; consolidated {cons}; idle {again_s:.3f} s")
+    finally:
+        catalog.dispose()
+    return {
+        "segments_in_catalog": segments,
+        "clean_s": clean,
+        "incremental": {k: v[0] for k, v in inc.items()},
+        "incremental_kinds": {k: v[1] for k, v in inc.items()},
+        "consolidated": {k: v[0] for k, v in cons.items()},
+        "consolidated_kinds": {k: v[1] for k, v in cons.items()},
+        "unchanged_s": again_s,
+    }
+
+
+def bench_scan(catalog: Catalog, url: str, args: argparse.Namespace) -> Results:
+    ice = load_catalog("segrep", type="sql", uri=url)
+    try:
+        tbl = ice.load_table(("dr", TABLE))
+
+        def pyiceberg_scan() -> pa.Table:
+            return tbl.scan().to_arrow()
+
+        def segrep_read() -> pa.Table:
+            return read_table(catalog, TABLE, "dr")
+
+        got, want = pyiceberg_scan(), segrep_read()
+        if got.num_rows != want.num_rows or not got.sort_by(KEY).cast(want.schema).equals(want.sort_by(KEY)):
+            raise SystemExit(
+                f"(scan) the published table differs from segrep's read: {got.num_rows} vs {want.num_rows}"
+            )
+        times: dict[str, list[float]] = {"pyiceberg": [], "segrep": []}
+        for _ in range(args.repeats):
+            for name, fn in (("pyiceberg", pyiceberg_scan), ("segrep", segrep_read)):
+                times[name].append(timed(fn)[1])
+    finally:
+        ice.engine.dispose()
+    ice_s, seg_s = statistics.median(times["pyiceberg"]), statistics.median(times["segrep"])
+    log(f"(scan) {want.num_rows:,} rows: pyiceberg {ice_s:.3f} s, segrep read {seg_s:.3f} s")
+    return {
+        "rows": want.num_rows,
+        "pyiceberg_s": ice_s,
+        "segrep_s": seg_s,
+        "throughput_ratio": seg_s / ice_s,
+        "all": times,
+    }
+
+
+def table_rows(r: Results) -> list[tuple[str, ...]]:
+    out = []
+    if "publish" in r:
+        for key, what in (("appends", "new orders (the next keys)"), ("updates", "updates of existing orders")):
+            p = r["publish"][key]
+            goal = key == "appends"
+            out.append(
+                (
+                    f"(publish) round after a write of {p['rounds'][0]['rows']:,} {what}: publication of both sites "
+                    f"vs the rest of the round, s (median of {len(p['rounds'])})",
+                    f"{p['publish_s']:.3f}",
+                    f"{p['round_s'] - p['publish_s']:.3f}",
+                    f"{p['ratio']:.3f}",
+                    "<= 0.10" if goal else "-",
+                    verdict(p["ratio"] <= 0.10) if goal else "-",
+                )
+            )
+    if "history" in r:
+        h = r["history"]
+        worst_inc = max(h["incremental"].values())
+        worst_cons = max(h["consolidated"].values())
+        out.append(
+            (
+                f"(history) publication of one round with {h['segments_in_catalog']:,} segments of history: "
+                "incremental / consolidated, s (worst site)",
+                f"{worst_inc:.3f} / {worst_cons:.3f}",
+                f"clean (first) {max(h['clean_s'].values()):.2f}",
+                "-",
+                "<= 1 s",
+                verdict(max(worst_inc, worst_cons) <= 1.0),
+            )
+        )
+    if "scan" in r:
+        s = r["scan"]
+        out.append(
+            (
+                f"(scan) whole table at dr ({s['rows']:,} rows): pyiceberg scan vs segrep read, s (median of "
+                f"{len(s['all']['segrep'])}); ratio = segrep time / pyiceberg time",
+                f"{s['pyiceberg_s']:.3f}",
+                f"{s['segrep_s']:.3f}",
+                f"{s['throughput_ratio']:.2f}",
+                ">= 0.8",
+                verdict(s["throughput_ratio"] >= 0.8),
+            )
+        )
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", action="append", choices=["publish", "history", "scan"], help="default: all")
+    ap.add_argument("--scale", type=float, default=1.0, help="TPC-H scale of orders (1 = 1.5M rows)")
+    ap.add_argument("--batches", type=int, default=10, help="history writes before the measured rounds")
+    ap.add_argument("--rounds", type=int, default=5, help="(publish) measured rounds")
+    ap.add_argument("--update-rows", type=int, default=25_000, help="(publish) updated orders per round (as many new)")
+    ap.add_argument("--history-segments", type=int, default=10_000)
+    ap.add_argument("--repeats", type=int, default=5, help="(scan) reads of each kind")
+    ap.add_argument("--catalog", choices=["sqlite", "postgresql"], default="sqlite")
+    ap.add_argument("--background-load", type=int, default=0, metavar="N", help="N CPU-bound processes meanwhile")
+    ap.add_argument("--tpch-dir", type=Path, default=Path("data/tpch"))
+    ap.add_argument("--work-dir", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = ap.parse_args()
+    parts = args.part or ["publish", "history", "scan"]
+    results: Results = {"date": dt.date.today().isoformat(), "args": args_doc(args), "loadavg_start": os.getloadavg()}
+    started = time.perf_counter()
+    with (
+        tempfile.TemporaryDirectory(prefix="segrep-bench-open-", dir=args.work_dir) as tmp,
+        background_load(args.background_load),
+    ):
+        work = Path(tmp)
+        with catalog_url(args.catalog, work / "t") as url:
+            if "publish" in parts or "scan" in parts:
+                source = demo_data.generate_tpch("orders", args.scale, args.tpch_dir / f"sf{args.scale:g}")
+                rows = demo_data.normalized(pq.read_table(source)).sort_by(KEY)
+                catalog, defs = make_env(work / "t", url, ["primary", "dr"], TABLE, body(rows))
+                try:
+                    if "publish" in parts:
+                        results["publish"] = bench_publish(rows, catalog, defs, args)
+                    else:
+                        write_interleaved(catalog, TABLE, rows, args.batches)
+                        run_round(catalog, defs, TABLE, submit=no_spark)
+                    if "scan" in parts:
+                        results["scan"] = bench_scan(catalog, url, args)
+                finally:
+                    catalog.dispose()
+        if "history" in parts:
+            with catalog_url(args.catalog, work / "h") as url:
+                results["history"] = bench_history(work / "h", url, args)
+    results["loadavg_end"] = os.getloadavg()
+    print_table(table_rows(results))
+    print(
+        load_footer(
+            time.perf_counter() - started, args.background_load, results["loadavg_start"], results["loadavg_end"]
+        )
+    )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    return 0
+
+
+class catalog_url:
+    """A fresh catalog URL: a SQLite file under ``root``, or a scratch PostgreSQL schema."""
+
+    def __init__(self, kind: str, root: Path) -> None:
+        self.kind, self.root = kind, root
+        self._pg: Any = None
+
+    def __enter__(self) -> str:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self.kind == "sqlite":
+            return f"sqlite:///{self.root}/catalog.db"
+        self._pg = pg_schema("bench_open")
+        return self._pg.__enter__()[1]
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pg is not None:
+            self._pg.__exit__(*exc)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,629 @@
+"""Publishing a site's copy of a table as an Iceberg snapshot (DESIGN section 18).
+
+For each site: the files ``segrep read --site`` reads (``data.reader.placement_files``: each partition's
+visible segments, restricted to the placement's key range, with a split's unloading parent and an
+active-active site's own writes), the rows it hides (``hidden_rows``), and the site's safe time. A snapshot
+is committed when any of those changed since the site's current one: when only files were added, it carries
+the previous snapshot's manifests and adds one for the new files and one for the positions they hide (only
+the new files are read); otherwise (a compaction's major, a failover's cut, a split, a fork merged away) a
+clean snapshot lists every file afresh. The commit is the catalog's conditional update of the table's
+metadata location: a publication killed before it leaves the previous snapshot current.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog as IcebergCatalog
+from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, NoSuchTableError
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestFile
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.snapshots import Operation, Snapshot, Summary
+from pyiceberg.table.update import (
+    AddSchemaUpdate,
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    RemoveSnapshotsUpdate,
+    SetCurrentSchemaUpdate,
+    SetPropertiesUpdate,
+    SetSnapshotRefUpdate,
+    TableUpdate,
+)
+from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from segrep.catalog import Catalog
+from segrep.catalog import models as m
+from segrep.catalog import queries as q
+from segrep.catalog.publications import record, recorded_token
+from segrep.catalog.schemas import schema_versions
+from segrep.config.definitions import Definitions
+from segrep.core import faults, hlc, keys
+from segrep.core import schema as sch
+from segrep.core.errors import NotFoundError, SegrepError
+from segrep.data.reader import PlacementFiles, key_range, placement_files
+from segrep.publish import iceberg_files as files
+from segrep.publish import iceberg_types as types
+from segrep.publish.hidden_rows import FILE_COL, POS_COL, out_of_range, positions, resolve
+from segrep.publish.metadata_gc import collect_unreferenced
+from segrep.publish.site_catalog import SiteLocation, identifier, namespace, site_catalog, site_location
+
+log = logging.getLogger(__name__)
+
+PUBLISH_ICEBERG = "iceberg"
+# the safe time of a site leading every partition it holds (replication.safetime.leader_safe_time)
+LeaderSafeTime = Callable[[Catalog, str, str], "int | None"]
+UNKNOWN_SAFE_TIME = 0  # the summary's safe time of a site the catalog has none for: no write is promised
+_PREFIX = "segrep."
+KEEP_SNAPSHOTS = 5  # older snapshots are expired: their files may be compacted away and collected
+# an incremental snapshot carrying this many manifests is consolidated instead: one manifest of every data file
+# and one delete file of every hidden position, written from the metadata alone (no segment file is read)
+MAX_CARRIED_MANIFESTS = 16
+TABLE_PROPERTIES = {
+    "format-version": "2",
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "5",
+}
+
+
+class SnapshotKind(StrEnum):
+    INCREMENTAL = "incremental"  # the previous manifests carried, the new files' added
+    CONSOLIDATED = "consolidated"  # the previous manifests and delete files rewritten as one of each
+    CLEAN = "clean"  # every file listed and every hidden row found afresh (a major, a cut, a split...)
+
+
+class PublishStatus(StrEnum):
+    PUBLISHED = "published"  # a new snapshot is current
+    UNCHANGED = "unchanged"  # the current snapshot already shows this state
+    WAITING = "waiting"  # the site has no copy of some partition yet (joining): nothing published
+    FAILED = "failed"  # something could not be read or written: the previous snapshot stays current
+
+
+@dataclass(frozen=True)
+class SitePublication:
+    site: str
+    status: PublishStatus
+    snapshot_id: int | None = None
+    safe_time_us: int | None = None
+    kind: SnapshotKind | None = None
+    files_added: int = 0
+    rows_hidden: int = 0
+    files_collected: int = 0  # files of expired snapshots deleted
+    seconds: float = 0.0
+    detail: str = ""
+
+    def line(self) -> str:
+        """One line for a report: what the site's Iceberg table shows now, or why it was not published."""
+        head = f"iceberg at {self.site}: {self.status}"
+        if self.status in (PublishStatus.PUBLISHED, PublishStatus.UNCHANGED) and self.safe_time_us is not None:
+            kind = (
+                f" ({self.kind} snapshot)" if self.kind is not None and self.status is PublishStatus.PUBLISHED else ""
+            )
+            safe = "unknown" if self.safe_time_us == UNKNOWN_SAFE_TIME else hlc.iso(self.safe_time_us)
+            return f"{head}, snapshot {self.snapshot_id} at safe time {safe}{kind}"
+        return f"{head}: {self.detail}" if self.detail else head
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> SitePublication:
+        kind = doc.get("kind")
+        return cls(
+            **{**doc, "status": PublishStatus(doc["status"]), "kind": None if kind is None else SnapshotKind(kind)}
+        )
+
+    @property
+    def clean(self) -> bool:
+        return self.kind is SnapshotKind.CLEAN
+
+
+@dataclass(frozen=True)
+class Publication:
+    table: str
+    sites: tuple[SitePublication, ...] = field(default_factory=tuple)
+
+    @property
+    def failed(self) -> list[SitePublication]:
+        return [x for x in self.sites if x.status is PublishStatus.FAILED]
+
+
+@dataclass(frozen=True)
+class _SiteState:
+    """What the catalog says the site serves now. Files are named by their path under the site's root: a
+    split's children hold files of the same segment id in their own partition directories."""
+
+    info: q.TableInfo
+    placements: list[PlacementFiles]
+    safe_time_us: int | None  # None: a leader's, not computed here (the previous snapshot's is kept)
+    round_id: int | None
+    epoch: int
+    structure: str  # the placements and their key ranges
+    fingerprint: str  # the structure, every file and the schema version
+
+    def files(self) -> dict[str, tuple[PlacementFiles, m.Segment]]:
+        out: dict[str, tuple[PlacementFiles, m.Segment]] = {}
+        for pf in self.placements:
+            for seg in pf.segments:
+                out.setdefault(seg.relpath, (pf, seg))
+        return out
+
+
+def enabled(defs: Definitions, table: str) -> bool:
+    return defs.policy(table).publish == PUBLISH_ICEBERG
+
+
+def publish_table(
+    catalog: Catalog,
+    defs: Definitions,
+    table: str,
+    sites: Sequence[str] | None = None,
+    *,
+    leader_safe_time: LeaderSafeTime | None = None,
+) -> Publication:
+    """Publish every site of ``table`` (or those named) whose state moved; a table whose policy does not say
+    ``publish: iceberg`` is not published (an empty result). ``leader_safe_time``: the safe time of a site
+    leading every partition it holds, as rounds bound a leader (``replication.safetime.leader_safe_time``;
+    ``replication.publication.publish`` passes it); without it such a site keeps its previous snapshot's safe
+    time (a write published at once claims no more than the last round did)."""
+    if not enabled(defs, table):
+        return Publication(table)
+    with catalog.read() as s:
+        info = q.table_info(s, table)
+        names = sorted({r.name for r in _sites_of(s, info)})
+    chosen = names if sites is None else [x for x in sites if x in names]
+    return Publication(table, tuple(publish_site(catalog, table, site, leader_safe_time) for site in chosen))
+
+
+def _sites_of(s: Any, info: q.TableInfo) -> list[m.Site]:
+    parts = q.serving_partitions(s, info)
+    placements = q.active_placements(s, [p.partition_id for p in parts])
+    by_id = q.sites_by_id(s)
+    return [by_id[pl.site_id] for pl in placements]
+
+
+def publish_site(
+    catalog: Catalog, table: str, site: str, leader_safe_time: LeaderSafeTime | None = None
+) -> SitePublication:
+    """Publish ``site``'s copy of ``table`` if it moved; FAILED (with why) leaves the previous snapshot. The
+    outcome is recorded for ``segrep status`` (``catalog.publications``), with a token of what the catalog
+    said the site served: a publication that finds the same token returns UNCHANGED without reading a file."""
+    started = time.perf_counter()
+    try:
+        ids, token = _state_token(catalog, table, site)
+    except NotFoundError as exc:
+        return SitePublication(site, PublishStatus.WAITING, detail=str(exc))
+    with catalog.read() as s:
+        recorded, snapshot_id, safe_time = recorded_token(s, *ids)
+    if recorded == token:
+        return SitePublication(site, PublishStatus.UNCHANGED, snapshot_id, safe_time)
+    out = replace(_attempt(catalog, table, site, leader_safe_time), seconds=round(time.perf_counter() - started, 3))
+    try:
+        shows = out.status in (PublishStatus.PUBLISHED, PublishStatus.UNCHANGED)
+        status = PublishStatus.PUBLISHED if shows else out.status
+        snapshot, safe = (out.snapshot_id, out.safe_time_us) if shows else (None, None)
+        record(catalog, *ids, str(status), out.detail, snapshot_id=snapshot, safe_time_us=safe, state_token=token)
+    except (SegrepError, SQLAlchemyError) as exc:  # the catalog went away: status shows the last record
+        log.warning("publication of %s at %s not recorded: %s", table, site, exc)
+    return out
+
+
+def _state_token(catalog: Catalog, table: str, site: str) -> tuple[tuple[int, int], str]:
+    """(table id, site id) and a digest of what decides the site's copy: its placements of the table (key
+    ranges, roots, states), their segments (count and newest entry), the schema version, the safe time and the
+    leaders' epochs and clocks. Two light queries, whatever the history's length. It is read before the files
+    are: a token seen again may only make a publication that was needed look needed (never the reverse)."""
+    with catalog.read() as s:
+        info = q.table_info(s, table)
+        site_id = q.site_by_name(s, site).site_id
+        parts = q.partitions_of(s, info)
+        placements = [pl for pl in q.active_placements(s, [p.partition_id for p in parts]) if pl.site_id == site_id]
+        ids = [pl.placement_id for pl in placements]
+        count, newest = s.execute(
+            select(func.count(), func.max(m.Segment.entry_id)).where(m.Segment.placement_id.in_(ids))
+        ).one()
+        safe = s.scalar(
+            select(m.SafeTime.safe_time_us).where(m.SafeTime.table_id == info.table_id, m.SafeTime.site_id == site_id)
+        )
+    doc = [
+        info.row.schema_version,
+        safe,
+        count,
+        newest,
+        [[p.partition_id, p.state, p.epoch, p.last_version, p.leader_placement_id] for p in parts],
+        [[pl.placement_id, pl.state, pl.root_segment_id, pl.key_begin, pl.key_end] for pl in placements],
+    ]
+    return (info.table_id, site_id), _digest(doc)
+
+
+def _attempt(catalog: Catalog, table: str, site: str, leader_safe_time: LeaderSafeTime | None) -> SitePublication:
+    try:
+        state = _site_state(catalog, table, site, leader_safe_time)
+    except NotFoundError as exc:
+        return SitePublication(site, PublishStatus.WAITING, detail=str(exc))
+    try:
+        try:
+            return _publish(catalog, site, state)
+        except CommitFailedException:  # another process published this site first: look again, once
+            return _publish(catalog, site, _site_state(catalog, table, site, leader_safe_time))
+    except (SegrepError, OSError, CommitFailedException) as exc:
+        return SitePublication(site, PublishStatus.FAILED, detail=f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # a publication never fails the round, write or failover it follows
+        log.warning("publishing %s at %s failed", table, site, exc_info=True)
+        return SitePublication(site, PublishStatus.FAILED, detail=f"{type(exc).__name__}: {exc}")
+
+
+def _site_state(catalog: Catalog, table: str, site: str, leader_safe_time: LeaderSafeTime | None) -> _SiteState:
+    info, placements = placement_files(catalog, table, site)
+    with catalog.read() as s:
+        site_row = q.site_by_name(s, site)
+        parts = q.serving_partitions(s, info)
+        safe = s.scalar(
+            select(m.SafeTime.safe_time_us).where(
+                m.SafeTime.table_id == info.table_id, m.SafeTime.site_id == site_row.site_id
+            )
+        )
+        leads_all = all(pf.is_leader for pf in placements)
+        round_id = s.scalar(
+            select(func.max(m.Round.round_id)).where(
+                m.Round.table_id == info.table_id, m.Round.finished_us.is_not(None)
+            )
+        )
+    # a site leading every partition it holds: as rounds bound a leader (None: the previous snapshot's); a
+    # site the catalog has no safe time for (a replica no round reached yet, an old leader after a failover)
+    # promises nothing: 0, "unknown" (never the leaders' clock, which would claim writes it does not hold)
+    safe_time: int | None = UNKNOWN_SAFE_TIME if safe is None else int(safe)
+    if leads_all:
+        safe_time = None if leader_safe_time is None else leader_safe_time(catalog, table, site)
+    structure = _digest([[pf.placement_id, pf.key_begin, pf.key_end] for pf in placements])
+    fingerprint = _digest(
+        [structure, info.row.schema_version, [[seg.relpath for seg in pf.segments] for pf in placements]]
+    )
+    epoch = max((p.epoch for p in parts), default=0)
+    return _SiteState(info, placements, safe_time, round_id, epoch, structure, fingerprint)
+
+
+def _digest(doc: Any) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _publish(catalog: Catalog, site: str, state: _SiteState) -> SitePublication:
+    pf0 = state.placements[0] if state.placements else None
+    if pf0 is None:
+        return SitePublication(site, PublishStatus.WAITING, detail="no partition is served")
+    loc = site_location(pf0.site)
+    ice = site_catalog(catalog, site, pf0.site.uri)
+    with catalog.read() as s:
+        versions = schema_versions(s, state.info.table_id)
+    current_version = versions[state.info.row.schema_version]
+    tbl = _table(ice, site, state.info.name, loc)
+    schema = types.iceberg_schema(current_version, current_version.version)
+    mapping = types.name_mapping(versions.values(), current_version)
+    snap = tbl.current_snapshot()
+    summary = snap.summary if snap is not None and snap.summary is not None else None
+    prev = dict(summary.additional_properties) if summary is not None else {}
+    if state.safe_time_us is None:
+        state = replace(state, safe_time_us=int(prev.get(_PREFIX + "safe-time-us") or UNKNOWN_SAFE_TIME))
+    schema_same = types.same_columns(tbl.schema(), schema) and tbl.schema().schema_id == schema.schema_id
+    if (
+        prev.get(_PREFIX + "fingerprint") == state.fingerprint
+        and prev.get(_PREFIX + "safe-time-us") == str(state.safe_time_us)
+        and schema_same
+    ):
+        return SitePublication(site, PublishStatus.UNCHANGED, snap.snapshot_id if snap else None, state.safe_time_us)
+    return _commit(ice, tbl, loc, state, schema, mapping.model_dump_json(), schema_same, snap, prev)
+
+
+def _table(ice: IcebergCatalog, site: str, table: str, loc: SiteLocation) -> IcebergTable:
+    ident = identifier(site, table)
+    try:
+        return ice.load_table(ident)
+    except NoSuchTableError:
+        pass
+    with contextlib.suppress(NamespaceAlreadyExistsError):  # another site's first publication made it
+        ice.create_namespace(namespace(site))
+    return ice.create_table(ident, schema=Schema(), location=loc.table(table), properties=TABLE_PROPERTIES)
+
+
+def _commit(
+    ice: IcebergCatalog,
+    tbl: IcebergTable,
+    loc: SiteLocation,
+    state: _SiteState,
+    schema: Schema,
+    mapping_json: str,
+    schema_same: bool,
+    snap: Snapshot | None,
+    prev: dict[str, str],
+) -> SitePublication:
+    io, location = tbl.io, tbl.location()
+    meta = tbl.metadata
+    snapshot_id = meta.new_snapshot_id()
+    seq = meta.next_sequence_number()
+    current = state.files()
+    uris = {rel: loc.file(rel) for rel in current}
+    before = _read_state(io, prev)
+    published = None if before is None else before.files
+    incremental = (
+        snap is not None
+        and published is not None
+        and prev.get(_PREFIX + "structure") == state.structure
+        and published <= current.keys()
+    )
+    carried: list[ManifestFile] = list(snap.manifests(io)) if incremental and snap is not None else []
+    kind = SnapshotKind.CLEAN
+    if incremental:
+        kind = SnapshotKind.CONSOLIDATED if len(carried) >= MAX_CARRIED_MANIFESTS else SnapshotKind.INCREMENTAL
+    new_files = [rel for rel in current if not incremental or rel not in (published or set())]
+    if before is not None and incremental and _disjoint_appends(state, current, new_files):
+        # no key of a new file is anywhere else and none is a tombstone: nothing older is hidden, no index read
+        unrestricted = [rel for rel in new_files if not _restricted(current[rel][0])]
+        rows_out = _candidate_rows(state, [current[r] for r in new_files if r not in unrestricted], set(new_files))[1]
+        hidden, after = rows_out, PublishedState(before.index, before.indexed, (*before.unindexed, *new_files))
+    else:
+        # the new files and those appended without the index so far are resolved against the index's winners
+        fold = new_files + (list(before.unindexed) if incremental and before is not None else [])
+        rows, outside = _candidate_rows(state, [current[rel] for rel in fold], set(new_files))
+        previous_index = _read_index(io, before.index) if incremental and before is not None else None
+        res = resolve(previous_index, rows, state.info.primary_key)
+        hidden = pa.concat_tables([outside, res.hidden]) if outside.num_rows else res.hidden
+        index_path = files.new_name(location, "segrep", f"index-{snapshot_id}", "parquet")
+        files.write_parquet(io, index_path, res.index)
+        after = PublishedState(index_path, tuple(sorted(current)), ())
+    added = [files.data_file(uris[rel], current[rel][1].row_count, current[rel][1].byte_size) for rel in new_files]
+    listed, hiding = added, hidden
+    if kind is SnapshotKind.CONSOLIDATED:  # one data manifest, one delete file, from the metadata alone
+        old_data, old_hidden = _carried_entries(io, carried, loc)
+        listed, hiding, carried = old_data + added, pa.concat_tables([old_hidden, hidden]), []
+    delete_file = files.position_deletes(io, location, snapshot_id, hiding, uris)
+    new_manifests = [
+        x
+        for x in (
+            files.manifest(io, location, schema, snapshot_id, listed, deletes=False),
+            files.manifest(io, location, schema, snapshot_id, [delete_file] if delete_file else [], deletes=True),
+        )
+        if x is not None
+    ]
+    state_path = files.new_name(location, "segrep", f"state-{snapshot_id}", "json")
+    files.write_bytes(io, state_path, after.to_json())
+    ml = files.manifest_list(
+        io, location, snapshot_id, snap.snapshot_id if snap else None, seq, new_manifests + carried
+    )
+    summary = Summary(
+        Operation.APPEND if kind is SnapshotKind.INCREMENTAL else Operation.OVERWRITE,
+        **_summary(state, after.index, state_path, kind, len(added), hidden.num_rows, loc.site),
+    )
+    snapshot = Snapshot(
+        snapshot_id=snapshot_id,
+        parent_snapshot_id=snap.snapshot_id if snap else None,
+        sequence_number=seq,
+        manifest_list=ml,
+        summary=summary,
+        schema_id=schema.schema_id,
+    )
+    updates: list[TableUpdate] = []
+    if not schema_same:
+        if schema.schema_id not in {x.schema_id for x in meta.schemas}:
+            updates.append(AddSchemaUpdate(schema_=schema))
+        updates.append(SetCurrentSchemaUpdate(schema_id=schema.schema_id))
+    properties = {**TABLE_PROPERTIES, "schema.name-mapping.default": mapping_json}
+    if any(meta.properties.get(k) != v for k, v in properties.items()):
+        updates.append(SetPropertiesUpdate(updates=properties))
+    updates.append(AddSnapshotUpdate(snapshot=snapshot))
+    updates.append(
+        SetSnapshotRefUpdate(
+            snapshot_id=snapshot_id,
+            ref_name=MAIN_BRANCH,
+            type=SnapshotRefType.BRANCH,
+            max_ref_age_ms=None,
+            max_snapshot_age_ms=None,
+            min_snapshots_to_keep=None,
+        )
+    )
+    expired = [x.snapshot_id for x in sorted(meta.snapshots, key=lambda x: x.sequence_number or 0)][
+        : max(0, len(meta.snapshots) + 1 - KEEP_SNAPSHOTS)
+    ]
+    if expired:
+        updates.append(RemoveSnapshotsUpdate(snapshot_ids=expired))
+    requirement = AssertRefSnapshotId(snapshot_id=snap.snapshot_id if snap else None, ref=MAIN_BRANCH)
+    faults.point("publish_before_commit")
+    # the catalog's conditional update; pyiceberg then deletes metadata files past previous-versions-max
+    tbl._do_commit(tuple(updates), (requirement,))
+    # an incremental snapshot leaves behind only its expired predecessors' manifest lists and states: collected
+    # with the rest when a consolidated or clean one drops the carried manifests (every MAX_CARRIED_MANIFESTS)
+    collected = 0
+    if kind is not SnapshotKind.INCREMENTAL:
+        collected = collect_unreferenced(tbl, state.placements[0].site, state.info.name)
+    return SitePublication(
+        loc.site,
+        PublishStatus.PUBLISHED,
+        snapshot_id,
+        state.safe_time_us,
+        kind=kind,
+        files_added=len(added),
+        rows_hidden=hidden.num_rows,
+        files_collected=collected,
+    )
+
+
+def _carried_entries(io: Any, manifests: Sequence[ManifestFile], loc: SiteLocation) -> tuple[list[DataFile], pa.Table]:
+    """The data files and the hidden positions (``_file`` relative paths, ``_pos``) the carried manifests list."""
+    data: list[DataFile] = []
+    deletes: list[pa.Table] = []
+    prefix = loc.base + "/"
+    for mf in manifests:
+        for entry in mf.fetch_manifest_entry(io, discard_deleted=True):
+            if mf.content == ManifestContent.DATA:
+                data.append(entry.data_file)
+                continue
+            with io.new_input(entry.data_file.file_path).open() as f:
+                rows = pq.read_table(f, columns=["file_path", "pos"])
+            paths = rows.column("file_path").to_pylist()
+            if any(not p.startswith(prefix) for p in paths):
+                raise SegrepError(f"{entry.data_file.file_path}: a position delete names a file outside {loc.base}")
+            rels = pa.array([p[len(prefix) :] for p in paths], pa.string())
+            deletes.append(pa.table({FILE_COL: rels, POS_COL: rows.column("pos")}))
+    empty = pa.table({FILE_COL: pa.array([], pa.string()), POS_COL: pa.array([], pa.int64())})
+    return data, pa.concat_tables([empty, *deletes])
+
+
+def _summary(
+    state: _SiteState, index_path: str, state_path: str, kind: SnapshotKind, added: int, hidden: int, site: str
+) -> dict[str, str]:
+    us = UNKNOWN_SAFE_TIME if state.safe_time_us is None else state.safe_time_us
+    safe = (
+        "unknown"
+        if us == UNKNOWN_SAFE_TIME
+        else datetime.fromtimestamp(us / 1e6, UTC).isoformat(timespec="microseconds")
+    )
+    out = {
+        "site": site,
+        "safe-time-us": str(us),
+        "safe-time": safe,
+        "round-id": "" if state.round_id is None else str(state.round_id),
+        "leader-epoch": str(state.epoch),
+        "schema-version": str(state.info.row.schema_version),
+        "fingerprint": state.fingerprint,
+        "structure": state.structure,
+        "index": index_path,
+        "state": state_path,
+        "snapshot-kind": str(kind),
+        "files-added": str(added),
+        "rows-hidden": str(hidden),
+    }
+    return {_PREFIX + k: v for k, v in out.items()}
+
+
+@dataclass(frozen=True)
+class PublishedState:
+    """What a snapshot lists, for the next publication: the winners index and the files it covers, and the
+    files appended since without it (each one's keys in no other file, no tombstone: all its rows in range
+    are visible, so the index needs them only once a later file may share a key)."""
+
+    index: str
+    indexed: tuple[str, ...]
+    unindexed: tuple[str, ...]
+
+    @property
+    def files(self) -> set[str]:
+        return {*self.indexed, *self.unindexed}
+
+    def to_json(self) -> bytes:
+        doc = {"index": self.index, "indexed": list(self.indexed), "unindexed": list(self.unindexed)}
+        return json.dumps(doc).encode()
+
+
+def _read_state(io: Any, prev: dict[str, str]) -> PublishedState | None:
+    """The previous snapshot's state, or None (a first publication, or a state file that cannot be read: the
+    next snapshot is then a clean one)."""
+    path = prev.get(_PREFIX + "state")
+    if not path:
+        return None
+    try:
+        with io.new_input(path).open() as f:
+            doc = json.loads(f.read())
+        return PublishedState(str(doc["index"]), tuple(doc["indexed"]), tuple(doc["unindexed"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        log.warning("publication state %s unreadable: the next snapshot is a clean one", path)
+        return None
+
+
+def _read_index(io: Any, path: str) -> pa.Table:
+    with io.new_input(path).open() as f:
+        return pq.read_table(f)
+
+
+def _restricted(pf: PlacementFiles) -> bool:
+    return pf.key_begin is not None or pf.key_end is not None
+
+
+def _disjoint_appends(state: _SiteState, current: dict[str, tuple[PlacementFiles, m.Segment]], new: list[str]) -> bool:
+    """True if no new file holds a tombstone or a key range that meets another listed file's (the catalog's
+    key_min/key_max per segment, compared as the reader compares them): then no row anywhere is superseded."""
+    if any(current[rel][1].deleted_rows for rel in new):
+        return False
+    types = [state.info.schema.field(k).type for k in state.info.primary_key]
+
+    def decode(v: Any) -> tuple[Any, ...]:
+        return tuple(map(keys.decode, v, types))
+
+    spans = sorted(
+        (decode(seg.key_min), decode(seg.key_max), rel) for rel, (_pf, seg) in current.items() if seg.row_count
+    )
+    wanted = set(new)
+    highest: tuple[Any, ...] | None = None
+    for i, (lo, hi, rel) in enumerate(spans):
+        if rel in wanted:
+            if highest is not None and lo <= highest:
+                return False
+            if i + 1 < len(spans) and spans[i + 1][0] <= hi:
+                return False
+        highest = hi if highest is None or hi > highest else highest
+    return True
+
+
+def _candidate_rows(
+    state: _SiteState, chosen: Sequence[tuple[PlacementFiles, m.Segment]], fresh: set[str]
+) -> tuple[pa.Table, pa.Table]:
+    """The key rows of ``chosen`` files inside their placements' key ranges, and the positions outside them
+    of those in ``fresh`` (the others' were hidden when they were first listed). A file two placements read
+    (a split's unloading parent) counts once, inside either range."""
+    info = state.info
+    pk = list(info.primary_key)
+    ranges: dict[str, list[pc.Expression | None]] = {}
+    for pf in state.placements:
+        for seg in pf.segments:
+            ranges.setdefault(seg.relpath, []).append(
+                key_range(info.partition_key, info.key_type, pf.key_begin, pf.key_end)
+            )
+    inside: list[pa.Table] = []
+    outside: list[pa.Table] = []
+    for pf, seg in chosen:
+        rows = positions(seg.relpath, _key_rows(pf, seg, pk), pk)
+        exprs = ranges[seg.relpath]
+        keep = None if any(e is None for e in exprs) else _any(exprs)
+        kept, dropped = out_of_range(rows, keep)
+        inside.append(kept)
+        if seg.relpath in fresh:
+            outside.append(dropped)
+    schema = pa.schema([*[info.schema.field(k) for k in pk], *sch.INTERNAL_FIELDS])
+    empty = positions("", schema.empty_table(), pk)
+    rows_in = pa.concat_tables(inside, promote_options="permissive") if inside else empty
+    rows_out = pa.concat_tables(outside) if outside else empty.select(["_file", "_pos"])
+    return rows_in, rows_out
+
+
+def _any(exprs: list[pc.Expression | None]) -> pc.Expression:
+    out: pc.Expression | None = None
+    for e in exprs:
+        assert e is not None
+        out = e if out is None else out | e
+    assert out is not None
+    return out
+
+
+def _key_rows(pf: PlacementFiles, seg: m.Segment, pk: list[str]) -> pa.Table:
+    """A segment file's key and internal columns, in file order; SegrepError if missing or short."""
+    site = pf.site
+    site.ensure_identified()
+    path = site.path(seg.relpath)
+    try:
+        rows = pq.read_table(path, columns=[*pk, sch.VERSION_COL, sch.ORIGIN_COL, sch.DELETED_COL], filesystem=site.fs)
+    except FileNotFoundError:
+        raise SegrepError(f"site {site.name}: segment file {seg.relpath} is missing (run `segrep repair`)") from None
+    if rows.num_rows != seg.row_count:
+        raise SegrepError(
+            f"site {site.name}: segment file {seg.relpath} has {rows.num_rows} rows, the catalog says {seg.row_count}"
+        )
+    return rows

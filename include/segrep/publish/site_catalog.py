@@ -1,0 +1,86 @@
+"""The Iceberg catalog a site's published tables are registered in, and how to reach its files.
+
+By default pyiceberg's SQL catalog in segrep's own metadata database (its tables ``iceberg_tables`` and
+``iceberg_namespace_properties`` beside segrep's), catalog name ``segrep``, one namespace per site: the table
+``orders`` as published by site ``dr`` is ``dr.orders``. A site's file system properties (an S3 endpoint,
+region, credentials) are given to the catalog object in memory only, for the site whose files it reads and
+writes; the catalog database stores table names and metadata locations, never a credential.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyiceberg.catalog import Catalog as IcebergCatalog
+from pyiceberg.catalog import MetastoreCatalog
+from pyiceberg.catalog.sql import SqlCatalog
+from sqlalchemy.engine import Engine
+
+from segrep.catalog import Catalog
+from segrep.config import stores as config_stores
+from segrep.storage.site import Site
+from segrep.storage.stores import resolve_credentials
+
+CATALOG_NAME = "segrep"
+ICEBERG_DIR = "_iceberg"  # beside a table's partition directories: <root>/<table>/_iceberg/{metadata,deletes}
+
+
+@dataclass(frozen=True)
+class SiteLocation:
+    """Where a site's files are, as Iceberg names them (``file:///...`` or ``s3://bucket/...``)."""
+
+    site: str
+    base: str  # the site root's URI, no trailing slash
+
+    def file(self, relpath: str) -> str:
+        return f"{self.base}/{relpath}"
+
+    def table(self, table: str) -> str:
+        return f"{self.base}/{table}/{ICEBERG_DIR}"
+
+
+def site_location(site: Site) -> SiteLocation:
+    base = site.root.rstrip("/")
+    return SiteLocation(site.name, f"file://{base}" if site.local else f"s3://{base}")
+
+
+def file_io_properties(site: str, uri: str) -> dict[str, str]:
+    """pyiceberg FileIO properties for a site's store: empty for a local directory; for S3 its endpoint,
+    region, addressing and (resolved now, kept in memory) credentials."""
+    if not uri.lower().startswith("s3://"):
+        return {}
+    opts = config_stores.options_for(site, uri)
+    props = {"s3.force-virtual-addressing": "false" if opts.path_style else "true"}
+    if opts.endpoint is not None:
+        props["s3.endpoint"] = opts.endpoint
+    props["s3.region"] = opts.region or "us-east-1"
+    if opts.credentials is not None:
+        secrets = resolve_credentials(site, opts.credentials)
+        props["s3.access-key-id"] = secrets.access_key
+        props["s3.secret-access-key"] = secrets.secret_key
+        if secrets.session_token is not None:
+            props["s3.session-token"] = secrets.session_token
+    return props
+
+
+class _SegrepSqlCatalog(SqlCatalog):
+    """pyiceberg's SQL catalog on segrep's own engine: no second connection pool to the catalog database
+    (SQLite's lock waits and the PostgreSQL schema are segrep's), disposed with segrep's ``Catalog``."""
+
+    def __init__(self, engine: Engine, **properties: str) -> None:
+        MetastoreCatalog.__init__(self, CATALOG_NAME, **properties)
+        self.engine = engine
+        self._init_catalog()
+
+
+def site_catalog(catalog: Catalog, site: str, uri: str) -> IcebergCatalog:
+    """The Iceberg catalog through which ``site``'s tables are published, with that site's file system."""
+    return _SegrepSqlCatalog(catalog.engine, uri=catalog.safe_url, **file_io_properties(site, uri))
+
+
+def namespace(site: str) -> str:
+    return site
+
+
+def identifier(site: str, table: str) -> tuple[str, str]:
+    return (namespace(site), table)

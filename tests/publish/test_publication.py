@@ -1,0 +1,419 @@
+"""Open tables (issue 37, DESIGN section 18): each site's copy published as an Iceberg v2 table at its safe
+time, read back by pyiceberg's own SQL catalog (an engine's view, nothing of the publisher reused) and compared
+row for row with ``segrep read --site``; DuckDB and polars query it through pyiceberg."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyiceberg.table.snapshots import Operation
+from sqlalchemy import text
+
+from segrep import write_batch as public_write
+from segrep.catalog import queries as q
+from segrep.catalog.site_identity import open_site
+from segrep.core import faults
+from segrep.data.reader import read_table
+from segrep.data.writer import write_batch
+from segrep.failover.promote import failover
+from segrep.maintenance.compaction import compact
+from segrep.publish import publisher
+from segrep.publish.metadata_gc import ORPHAN_GRACE_S, collect_unreferenced
+from segrep.publish.publisher import PublishStatus, SnapshotKind, publish_table
+from segrep.replication.orchestrator import run_round
+from segrep.split.run import run_split
+from tests.support.badinput import assert_user_error
+from tests.support.cli import cli, cli_command
+from tests.support.env import ORDERS_YAML, Env, make_env
+from tests.support.iceberg import iceberg_catalog, loaded, scan
+from tests.support.rounds import no_spark
+from tests.support.s3 import S3Endpoint, secrets_of
+from tests.support.tables import batch
+
+TABLE = "events"
+KEYS = ("tenant", "seq")
+SITES = ("primary", "dr", "edge")
+_POLICY = "policy: {publish: iceberg, retry_delay_s: 0}"
+PUBLISHED_YAML = ORDERS_YAML.replace("    replicas: [dr, edge]\n", f"    replicas: [dr, edge]\n    {_POLICY}\n")
+
+
+@pytest.fixture
+def pub_env(catalog_url: str, tmp_path: Path) -> Env:
+    e = make_env(tmp_path, catalog_url, PUBLISHED_YAML)
+    yield e
+    e.catalog.dispose()
+
+
+def segrep_rows(env: Env, site: str) -> pa.Table:
+    return read_table(env.catalog, TABLE, site).sort_by([(k, "ascending") for k in KEYS])
+
+
+def assert_published_equal(env: Env, sites: tuple[str, ...] = SITES) -> None:
+    """Every site's Iceberg table holds exactly the rows segrep serves there (schema included)."""
+    for site in sites:
+        want = segrep_rows(env, site)
+        got = scan(env.url, site, TABLE, KEYS)
+        assert got.schema.names == want.schema.names, site
+        assert got.cast(want.schema).equals(want), f"{site}: {got.num_rows} rows published, {want.num_rows} served"
+
+
+def q_site(env: Env, name: str):  # type: ignore[no-untyped-def]
+    with env.catalog.read() as s:
+        row = q.site_by_name(s, name)
+        s.expunge(row)
+        return row
+
+
+def keys_only(keys: range) -> pa.Table:
+    return batch(keys, "x").select(list(KEYS))
+
+
+def test_each_site_publishes_what_it_serves_with_its_safe_time_and_hides_internal_columns(pub_env: Env) -> None:
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 40), "v1"))
+    write_batch(cat, TABLE, batch(range(10, 20), "v2"))  # supersedes rows of the first write
+    write_batch(cat, TABLE, keys_only(range(30, 35)), delete=True)  # tombstones
+    report = run_round(cat, defs, TABLE, submit=no_spark)
+    assert {x.site: x.status for x in report.published} == dict.fromkeys(SITES, PublishStatus.PUBLISHED)
+    assert_published_equal(pub_env)
+    assert segrep_rows(pub_env, "dr").num_rows == 35
+
+    tbl, summary = loaded(pub_env.url, "dr", TABLE)
+    assert tbl.format_version == 2
+    assert [f.name for f in tbl.schema().fields] == ["tenant", "seq", "payload", "at"]  # no _version, _deleted
+    assert summary["segrep.safe-time-us"] == str(report.safe_time_us["dr"])
+    assert summary["segrep.round-id"] == str(report.round_id)
+    assert summary["segrep.leader-epoch"] == "1"
+    # the data files are dr's own segment files: no path points at another site
+    files = tbl.inspect.files().column("file_path").to_pylist()
+    assert files and all(str(pub_env.site_dir("dr")) in f for f in files)
+
+    # the next round's publication reads only the new files and carries the rest (an incremental snapshot)
+    written = write_batch(cat, TABLE, batch(range(15, 25), "v3")).segments
+    written += write_batch(cat, TABLE, keys_only(range(0, 3)), delete=True).segments
+    report = run_round(cat, defs, TABLE, submit=no_spark)
+    pub = {x.site: x for x in report.published}
+    assert not pub["dr"].clean and pub["dr"].files_added == len(written)
+    assert_published_equal(pub_env)
+    _, summary = loaded(pub_env.url, "dr", TABLE)
+    assert summary["segrep.safe-time-us"] == str(report.safe_time_us["dr"])
+
+    # nothing moved: publishing again changes nothing (idempotent)
+    before = {site: loaded(pub_env.url, site, TABLE)[0].current_snapshot().snapshot_id for site in SITES}
+    again = publish_table(cat, defs, TABLE)
+    assert {x.status for x in again.sites} == {PublishStatus.UNCHANGED}
+    assert before == {site: loaded(pub_env.url, site, TABLE)[0].current_snapshot().snapshot_id for site in SITES}
+
+
+def test_duckdb_and_polars_query_a_replica(pub_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # polars plans the scan through pyiceberg (its own planner is a separate package, polars-iceberg)
+    monkeypatch.setenv("POLARS_ICEBERG_PLANNER", "pyiceberg")
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 30), "v1"))
+    write_batch(cat, TABLE, batch(range(0, 10), "v2"))
+    write_batch(cat, TABLE, keys_only(range(20, 25)), delete=True)
+    run_round(cat, defs, TABLE, submit=no_spark)
+    want = segrep_rows(pub_env, "edge")
+    with iceberg_catalog(pub_env.url) as ice:
+        tbl = ice.load_table(("edge", TABLE))
+        con = tbl.scan().to_duckdb(table_name="events")
+        rows = con.execute("SELECT count(*), count(DISTINCT seq), sum(seq) FROM events").fetchone()
+        assert rows == (want.num_rows, want.num_rows, sum(want.column("seq").to_pylist()))
+        v2 = con.execute("SELECT count(*) FROM events WHERE payload LIKE 'v2%'").fetchone()
+        assert v2 == (10,)
+        frame = tbl.to_polars().collect()
+        assert sorted(frame["seq"].to_list()) == sorted(want.column("seq").to_pylist())
+
+
+def test_compaction_starts_a_clean_snapshot(pub_env: Env) -> None:
+    cat, defs = pub_env.catalog, pub_env.defs
+    for i in range(4):
+        write_batch(cat, TABLE, batch(range(i * 5, i * 5 + 20), f"w{i}"))
+    write_batch(cat, TABLE, keys_only(range(0, 4)), delete=True)
+    run_round(cat, defs, TABLE, submit=no_spark)
+    report = compact(cat, defs, TABLE, force=True)
+    assert report.committed and report.published is not None
+    leader = {x.site: x for x in report.published.sites}["primary"]
+    assert leader.status == PublishStatus.PUBLISHED and leader.clean
+    tbl, _ = loaded(pub_env.url, "primary", TABLE)
+    assert tbl.current_snapshot().summary.operation == Operation.OVERWRITE
+    assert_published_equal(pub_env, ("primary",))
+    run_round(cat, defs, TABLE, submit=no_spark)  # the replicas take the majors: clean snapshots there too
+    assert_published_equal(pub_env)
+
+
+def test_a_publication_killed_before_its_commit_leaves_the_previous_snapshot(
+    pub_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 20), "v1"))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    before = scan(pub_env.url, "dr", TABLE, KEYS)
+    write_batch(cat, TABLE, batch(range(5, 15), "v2"))
+    monkeypatch.setenv(faults.FAULTS_ENV, "publish_before_commit")
+    report = run_round(cat, defs, TABLE, submit=no_spark)
+    failed = {x.site: x for x in report.published}
+    assert failed["dr"].status == PublishStatus.FAILED and "publish_before_commit" in failed["dr"].detail
+    assert "iceberg at dr: failed" in report.text()
+    assert scan(pub_env.url, "dr", TABLE, KEYS).equals(before)  # the previous snapshot, still readable
+    monkeypatch.delenv(faults.FAULTS_ENV)
+    again = publish_table(cat, defs, TABLE)
+    assert {x.site: x.status for x in again.sites}["dr"] == PublishStatus.PUBLISHED
+    assert_published_equal(pub_env)
+
+
+def test_after_a_failover_the_new_leader_is_registered_and_reads_its_writes(pub_env: Env) -> None:
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 20), "v1"))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    write_batch(cat, TABLE, batch(range(20, 30), "lost"))  # never replicated: given up by the failover
+    report = failover(cat, defs, [TABLE], to="dr", submit=no_spark)
+    assert {x.site for pub in report.published for x in pub.sites} == set(SITES)
+    assert_published_equal(pub_env, ("dr", "edge"))
+    public_write(cat, TABLE, batch(range(40, 45), "api"), defs=defs)  # at the new leader, published at once
+    got = scan(pub_env.url, "dr", TABLE, KEYS)
+    assert got.cast(segrep_rows(pub_env, "dr").schema).equals(segrep_rows(pub_env, "dr"))
+    assert "api40" in got.column("payload").to_pylist()
+    _, summary = loaded(pub_env.url, "dr", TABLE)
+    assert summary["segrep.leader-epoch"] == "2"
+
+
+def test_a_split_publishes_the_children_and_hides_the_parent_rows_outside_each_range(pub_env: Env) -> None:
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 60), "v1"))
+    write_batch(cat, TABLE, batch(range(0, 60, 3), "v2"))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    with cat.read() as s:
+        first = s.execute(
+            text("SELECT min(p.partition_id) FROM partitions p JOIN tables t USING (table_id) WHERE t.name = :t"),
+            {"t": TABLE},
+        ).scalar()
+    report = run_split(cat, defs, TABLE, int(first), ["b"], submit=no_spark)
+    assert report.published is not None
+    run_round(cat, defs, TABLE, submit=no_spark)
+    assert_published_equal(pub_env)
+
+
+def test_a_schema_change_is_published_with_every_old_file_read_under_it(catalog_url: str, tmp_path: Path) -> None:
+    columns = "    columns: {tenant: string, seq: int64, payload: string, at: timestamp}\n"
+    env = make_env(tmp_path, catalog_url, PUBLISHED_YAML)
+    try:
+        write_batch(env.catalog, TABLE, batch(range(0, 20), "v1"))
+        run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+        changed = (
+            "    columns:\n      tenant: string\n      seq: int64\n      body: {type: string, renamed_from: payload}\n"
+            "      at: timestamp\n      channel: {type: string, default: web}\n"
+        )
+        env.config.write_text(env.config.read_text().replace(columns, changed, 1))
+        code, out, err = cli(env, "apply")
+        assert code == 0, err
+        assert "events: iceberg at dr: published" in out
+        tbl, _ = loaded(env.url, "dr", TABLE)
+        assert [f.name for f in tbl.schema().fields] == ["tenant", "seq", "body", "at", "channel"]
+        assert_published_equal(env)  # old files: payload read as body, channel as its default
+        new = batch(range(10, 15), "v2").rename_columns(["tenant", "seq", "body", "at"])
+        write_batch(env.catalog, TABLE, new.append_column("channel", pa.array(["app"] * 5)))
+        run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+        assert_published_equal(env)
+        assert sorted(set(scan(env.url, "edge", TABLE, KEYS).column("channel").to_pylist())) == ["app", "web"]
+    finally:
+        env.catalog.dispose()
+
+
+def test_publish_command_and_bad_input(pub_env: Env, tmp_path: Path) -> None:
+    write_batch(pub_env.catalog, TABLE, batch(range(0, 10), "v1"))
+    code, out, err = cli(pub_env, "publish", TABLE, "--site", "primary", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [(x["site"], x["status"]) for x in doc["sites"]] == [("primary", "published")]
+    code, out, err = cli(pub_env, "publish", TABLE)
+    assert code == 0, err
+    assert out.splitlines() == [
+        f"{TABLE}: iceberg at dr: published, snapshot {_snapshot(pub_env, 'dr')} at safe time "
+        + out.splitlines()[0].split("at safe time ")[1],
+        *out.splitlines()[1:],
+    ]
+    assert "events: iceberg at primary: unchanged" in out
+    assert_user_error(*cli(pub_env, "publish", "orders"), "orders is not published", "publish: iceberg")
+    assert_user_error(*cli(pub_env, "publish", TABLE, "--site", "nowhere"), "unknown site 'nowhere'")
+    assert_user_error(*cli(pub_env, "publish", "nosuch"), "unknown table 'nosuch'")
+    pub_env.config.write_text(pub_env.config.read_text().replace("publish: iceberg", "publish: delta"))
+    assert_user_error(*cli(pub_env, "apply"), "publish: expected one of iceberg or null; got 'delta'")
+
+
+def _snapshot(env: Env, site: str) -> int:
+    snap = loaded(env.url, site, TABLE)[0].current_snapshot()
+    assert snap is not None
+    return snap.snapshot_id
+
+
+def test_an_s3_site_publishes_in_its_own_bucket_and_no_credential_is_stored(
+    s3_env: Env, s3_endpoints: tuple[S3Endpoint, S3Endpoint]
+) -> None:
+    """dr (S3 endpoint a) publishes in its own bucket; its keys reach neither the catalog rows nor the metadata,
+    and a reader given the site's endpoint and keys reads what segrep serves there."""
+    a, b = s3_endpoints
+    s3_env.config.write_text(s3_env.config.read_text().replace("policy: {retry_delay_s: 0}", _POLICY, 1))
+    cat, defs = s3_env.catalog, s3_env.defs
+    write_batch(cat, TABLE, batch(range(0, 30), "v1"))
+    write_batch(cat, TABLE, batch(range(0, 10), "v2"))
+    write_batch(cat, TABLE, keys_only(range(20, 25)), delete=True)
+    report = run_round(cat, defs, TABLE, submit=no_spark)
+    assert {x.site: x.status for x in report.published} == dict.fromkeys(SITES, PublishStatus.PUBLISHED), report
+    secrets = secrets_of(a, b)
+    with cat.read() as s:
+        rows = s.execute(text("SELECT * FROM iceberg_tables")).all()
+    assert len(rows) == 3 and not any(secret in str(row) for row in rows for secret in secrets)
+    for site, endpoint in (("dr", a), ("edge", b)):
+        props = {
+            "s3.endpoint": endpoint.url,
+            "s3.region": endpoint.region,
+            "s3.access-key-id": endpoint.access_key,
+            "s3.secret-access-key": endpoint.secret_key,
+        }
+        tbl, _ = loaded(s3_env.url, site, TABLE, **props)
+        assert tbl.metadata_location.startswith("s3://")
+        with tbl.io.new_input(tbl.metadata_location).open() as f:
+            metadata = f.read().decode()
+        assert not any(secret in metadata for secret in secrets)
+        got = scan(s3_env.url, site, TABLE, KEYS, **props)
+        want = segrep_rows(s3_env, site)
+        assert got.cast(want.schema).equals(want), site
+
+
+def test_many_rounds_consolidate_the_metadata_and_expired_files_are_collected(
+    sqlite_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Incremental snapshots carry their manifests until there are MAX_CARRIED_MANIFESTS; the next one is
+    consolidated (one data manifest, one delete file, read from the metadata). Snapshots past KEEP_SNAPSHOTS
+    expire, and their files (and a killed publication's) are deleted once past the grace, never a file a
+    retained snapshot needs."""
+    env = sqlite_env
+    env.config.write_text(PUBLISHED_YAML)
+    monkeypatch.setattr(publisher, "MAX_CARRIED_MANIFESTS", 4)
+    cat, defs = env.catalog, env.defs
+    kinds = []
+    for i in range(7):
+        write_batch(cat, TABLE, batch(range(i * 3, i * 3 + 10), f"r{i}"))
+        if i % 2:
+            write_batch(cat, TABLE, keys_only(range(i, i + 2)), delete=True)
+        report = run_round(cat, defs, TABLE, submit=no_spark)
+        kinds.append({x.site: x.kind for x in report.published}["dr"])
+        assert_published_equal(env, ("dr",))
+    assert kinds[0] == SnapshotKind.CLEAN and SnapshotKind.CONSOLIDATED in kinds, kinds
+    tbl, _ = loaded(env.url, "dr", TABLE)
+    assert len(tbl.current_snapshot().manifests(tbl.io)) <= 4 + 2
+    assert len(tbl.metadata.snapshots) == publisher.KEEP_SNAPSHOTS
+    iceberg_dir = env.site_dir("dr") / TABLE / "_iceberg"
+    before = {p for p in iceberg_dir.rglob("*") if p.is_file()}
+    stray = iceberg_dir / "metadata" / "killed-publication-m0.avro"  # what a killed publication leaves
+    stray.write_bytes(b"x")
+    site = open_site(cat, q_site(env, "dr"))
+    assert collect_unreferenced(tbl, site, TABLE) == 0  # everything is younger than the grace
+    collected = collect_unreferenced(tbl, site, TABLE, now=time.time() + ORPHAN_GRACE_S + 1)
+    after = {p for p in iceberg_dir.rglob("*") if p.is_file()}
+    assert stray not in after and collected == len(before | {stray}) - len(after)
+    assert collected > 1  # the expired snapshots' manifests, delete files and indexes
+    for snap in tbl.metadata.snapshots:  # every retained snapshot still reads
+        assert tbl.scan(snapshot_id=snap.snapshot_id).to_arrow().num_rows > 0
+    assert_published_equal(env, ("dr",))
+
+
+def test_status_shows_each_sites_publication_and_a_failure_with_the_snapshot_readers_still_see(
+    pub_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 20), "v1"))
+    report = run_round(cat, defs, TABLE, submit=no_spark)
+    snapshot = {x.site: x.snapshot_id for x in report.published}
+    code, out, err = cli(pub_env, "status", TABLE, "--json")
+    assert code == 0, err
+    rows = {r["site"]: r for r in json.loads(out)["open_tables"]}
+    assert {s: (r["status"], r["snapshot_id"]) for s, r in rows.items()} == {
+        s: ("published", snapshot[s]) for s in SITES
+    }
+    assert rows["dr"]["safe_time_us"] == report.safe_time_us["dr"]
+    write_batch(cat, TABLE, batch(range(5, 10), "v2"))
+    monkeypatch.setenv(faults.FAULTS_ENV, "publish_before_commit")
+    run_round(cat, defs, TABLE, submit=no_spark)
+    code, out, err = cli(pub_env, "status", TABLE)
+    assert code == 0, err
+    block = out.split("open tables (Iceberg catalog `segrep` in the catalog database; <site>.<table>):\n")[1]
+    line = next(x for x in block.splitlines() if x.startswith(f"{TABLE}") and " dr " in x)
+    assert "FAILED at" in line and str(snapshot["dr"]) in line and "InjectedFault: injected fault" in line
+
+
+def test_appended_keys_skip_the_index_until_a_later_write_shares_one(sqlite_env: Env) -> None:
+    """Files whose keys meet no other listed file's (and hold no tombstone) are published without reading or
+    writing the winners index; the first write that may share a key folds them in, and reads stay exact."""
+    env = sqlite_env
+    env.config.write_text(PUBLISHED_YAML)
+    cat, defs = env.catalog, env.defs
+
+    def state(site: str) -> dict[str, list[str]]:
+        tbl, summary = loaded(env.url, site, TABLE)
+        with tbl.io.new_input(summary["segrep.state"]).open() as f:
+            return json.loads(f.read())
+
+    write_batch(cat, TABLE, pa.table({"tenant": ["a", "x"], "seq": [1, 1], "payload": ["p", "p"], "at": [None, None]}))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    first = state("dr")
+    assert first["unindexed"] == [] and len(first["indexed"]) == 2
+    for i in range(2, 5):  # each write's keys sort after every earlier key of its partition
+        rows = {"tenant": ["b", "y"], "seq": [i, i], "payload": [f"p{i}"] * 2, "at": [None, None]}
+        write_batch(cat, TABLE, pa.table(rows, schema=segrep_rows(env, "dr").schema))
+        run_round(cat, defs, TABLE, submit=no_spark)
+        assert_published_equal(env)
+    appended = state("dr")
+    assert appended["index"] == first["index"] and len(appended["unindexed"]) == 6
+    write_batch(cat, TABLE, batch([3], "update"))  # tenant y, seq 3: a key of an appended file
+    write_batch(cat, TABLE, pa.table({"tenant": ["b"], "seq": [2]}), delete=True)
+    run_round(cat, defs, TABLE, submit=no_spark)
+    folded = state("dr")
+    assert folded["unindexed"] == [] and folded["index"] != first["index"]
+    assert_published_equal(env)
+
+
+def test_publications_racing_for_a_site_both_end_published(pub_env: Env) -> None:
+    """Two processes' publications of the same sites at once: the catalog's conditional update lets one
+    commit; the other looks again and finds it done (or commits after it), never a FAILED result."""
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 30), "v1"))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    write_batch(cat, TABLE, batch(range(10, 40), "v2"))
+    procs = [
+        subprocess.Popen(cli_command(pub_env, "publish", TABLE, "--json"), stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    statuses = [x["status"] for out in outs for x in json.loads(out)["sites"] if x["site"] == "primary"]
+    assert "failed" not in statuses and "published" in statuses, statuses
+    assert_published_equal(pub_env)
+
+
+def test_a_publication_killed_midway_leaves_a_readable_snapshot_and_the_next_one_completes(pub_env: Env) -> None:
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 30), "v1"))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    before = scan(pub_env.url, "primary", TABLE, KEYS)
+    write_batch(cat, TABLE, batch(range(5, 15), "v2"))
+    env = {**os.environ, faults.FAULTS_ENV: "publish_before_commit:hang"}
+    proc = subprocess.Popen(
+        cli_command(pub_env, "publish", TABLE, "--site", "primary"), stderr=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert faults.HANG_MARK in line, line
+    proc.kill()  # kill -9 with its files written and the catalog not yet updated
+    proc.wait()
+    assert scan(pub_env.url, "primary", TABLE, KEYS).equals(before)
+    again = publish_table(cat, defs, TABLE, ["primary"])
+    assert [x.status for x in again.sites] == [PublishStatus.PUBLISHED]
+    assert_published_equal(pub_env, ("primary",))
