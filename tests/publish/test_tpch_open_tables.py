@@ -113,10 +113,17 @@ class Story:
 
     # -- writes, replayed into the model ------------------------------------------------------------------------
 
-    def write(self, batch: demo_data.Batch, *, public: bool = False) -> None:
+    def write(self, batch: demo_data.Batch, *, public: bool = False, command: bool = False) -> None:
+        """Write (``public``: through ``segrep.write_batch``; ``command``: through ``segrep write``, both
+        publish the written sites' tables at once) and replay into the model."""
         rows = batch.rows
-        if public:  # the public write: the written sites' tables are published at once
+        if public:
             public_write(self.env.catalog, TABLE, rows, delete=batch.delete, defs=self.env.defs)
+        elif command:
+            path = self.env.root / f"batch-{uuid.uuid4().hex[:8]}.parquet"
+            pq.write_table(rows, path)
+            code, _out, err = cli(self.env, "write", TABLE, str(path), *(["--delete"] if batch.delete else []))
+            assert code == 0, err
         else:
             write_batch(self.env.catalog, TABLE, rows, delete=batch.delete)
         for row in rows.to_pylist():
@@ -155,14 +162,17 @@ class Story:
         want = self.served(site)
         safe = safe_time(self.env, site)
         assert safe is not None or not safe_times, f"{step}: {site} has no safe time"
-        got = scan(self.env.url, site, TABLE, [KEY], **self.props[site])
+        with iceberg_catalog(self.env.url, **self.props[site]) as ice:
+            tbl = ice.load_table((site, TABLE))
+            got = tbl.scan().to_arrow().sort_by(KEY)
+            snap = tbl.current_snapshot()
         assert got.schema.names == want.schema.names, (step, site)
         assert got.cast(want.schema).equals(want), (
             f"{step}: {site} publishes {got.num_rows} rows, serves {want.num_rows}"
         )
         if safe_times:
-            _, summary = loaded(self.env.url, site, TABLE, **self.props[site])
-            assert summary["segrep.safe-time-us"] == str(safe), (step, site)
+            assert snap is not None and snap.summary is not None, (step, site)
+            assert snap.summary["segrep.safe-time-us"] == str(safe), (step, site)
         return want
 
     def check_published(self, step: str, *, safe_times: bool = True) -> None:
@@ -329,8 +339,9 @@ def test_every_site_publishes_what_it_serves_through_forks_splits_compaction_fai
     story.write(batches[0], public=True)
     story.check_site("primary", "first write")
     assert story.served("primary").num_rows == len(story.rows)
-    for n in (1, 2):
-        story.write(batches[n])
+    story.write(batches[1])
+    story.write(batches[2], command=True)  # deletes through `segrep write --delete`: published at once too
+    story.check_site("primary", "deletes written")
     story.rounds()
     story.check("load")
 
