@@ -21,7 +21,7 @@ _EXPORTS = {
     "load_definitions": "segrep.config.definitions",
     "apply_definitions": "segrep.catalog.apply",
     "upgrade": "segrep.catalog.migrate",
-    "write_batch": "segrep.publish.writes",  # the write, then the Iceberg publication (if the policy asks)
+    "write_batch": "segrep.replication.publication",  # the write, then the Iceberg publication (if the policy asks)
     "read_table": "segrep.data.reader",
     "run_round": "segrep.replication.orchestrator",
     "RoundReport": "segrep.replication.reports",
@@ -64,8 +64,8 @@ if TYPE_CHECKING:
     from segrep.maintenance.bootstrap import bootstrap
     from segrep.maintenance.compaction import compact
     from segrep.maintenance.gc import collect
-    from segrep.publish.writes import write_batch
     from segrep.replication.orchestrator import run_round
+    from segrep.replication.publication import write_batch
     from segrep.replication.reports import RoundReport
     from segrep.replication.status import TargetState, status_rows
     from segrep.split.run import run_split

@@ -220,29 +220,37 @@ def publish_site(
 
 
 def _state_token(catalog: Catalog, table: str, site: str) -> tuple[tuple[int, int], str]:
-    """(table id, site id) and a digest of what decides the site's copy: its placements of the table (key
-    ranges, roots, states), their segments (count and newest entry), the schema version, the safe time and the
-    leaders' epochs and clocks. Two light queries, whatever the history's length. It is read before the files
-    are: a token seen again may only make a publication that was needed look needed (never the reverse)."""
+    """(table id, site id) and a digest of what decides the site's copy and its safe time: the table's
+    placements (key ranges, roots, states; the site's own and the others', whose forks bound a leader), the
+    segments and acks of them all (count, newest), the schema version, the site's recorded safe time and the
+    leaders' epochs and clocks. A few aggregate queries, whatever the history's length. It is read before
+    the files are: a token seen again may only make a publication that was needed look needed (never the
+    reverse)."""
     with catalog.read() as s:
         info = q.table_info(s, table)
         site_id = q.site_by_name(s, site).site_id
         parts = q.partitions_of(s, info)
-        placements = [pl for pl in q.active_placements(s, [p.partition_id for p in parts]) if pl.site_id == site_id]
+        placements = q.active_placements(s, [p.partition_id for p in parts])
         ids = [pl.placement_id for pl in placements]
-        count, newest = s.execute(
-            select(func.count(), func.max(m.Segment.entry_id)).where(m.Segment.placement_id.in_(ids))
-        ).one()
+        segments = s.execute(
+            select(m.Segment.placement_id, func.count(), func.max(m.Segment.entry_id))
+            .where(m.Segment.placement_id.in_(ids))
+            .group_by(m.Segment.placement_id)
+            .order_by(m.Segment.placement_id)
+        ).all()
+        acks = s.execute(select(func.count(), func.max(m.Ack.acked_us)).where(m.Ack.holder_placement_id.in_(ids))).one()
         safe = s.scalar(
             select(m.SafeTime.safe_time_us).where(m.SafeTime.table_id == info.table_id, m.SafeTime.site_id == site_id)
         )
+    if not any(pl.site_id == site_id for pl in placements):
+        raise NotFoundError(f"site {site} holds no partition of {table}")
     doc = [
         info.row.schema_version,
         safe,
-        count,
-        newest,
+        [list(row) for row in segments],
+        list(acks),
         [[p.partition_id, p.state, p.epoch, p.last_version, p.leader_placement_id] for p in parts],
-        [[pl.placement_id, pl.state, pl.root_segment_id, pl.key_begin, pl.key_end] for pl in placements],
+        [[pl.placement_id, pl.site_id, pl.state, pl.root_segment_id, pl.key_begin, pl.key_end] for pl in placements],
     ]
     return (info.table_id, site_id), _digest(doc)
 

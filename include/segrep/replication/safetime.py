@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
+from segrep.catalog import queries as q
 from segrep.catalog.snapshot import PartitionSnapshot, snapshot
 from segrep.catalog.splits import unload_safe_bound
 from segrep.catalog.sql import ignoring_insert, insert_ignore
@@ -83,19 +84,26 @@ def leader_vouches(part: PartitionSnapshot, down: frozenset[int] = frozenset()) 
 
 
 def leader_safe_time(catalog: Catalog, table: str, site: str) -> int | None:
-    """The safe time of a site that leads every partition of ``table`` it holds, as rounds bound a leader
-    (:func:`leader_vouches`: the instant before the oldest write a follower holds that the leader has not
-    merged; a split parent's rows its children lack), else the leaders' newest version; None for a site that
-    follows some partition (its safe time is the one rounds record). What the published snapshots claim."""
+    """The safe time of a site that leads every serving partition of ``table`` it holds, as rounds bound a
+    leader (:func:`leader_vouches`: the instant before the oldest write a follower holds that the leader has
+    not merged; a split parent's rows its children lack), else the newest version it leads; None for a site
+    that follows some partition (its safe time is the one rounds record) or holds none. What the published
+    snapshots claim. Only partitions with unsettled entries can hold an unmerged fork (``active_only``)."""
     with catalog.read() as s:
-        snap = snapshot(s, table, active_only=True)
-        led = [part for part in snap.partitions if snap.sites[part.leader.site_id].name == site]
-        if not led or any(snap.sites[r.site_id].name == site for part in snap.partitions for r in part.replicas):
+        info = q.table_info(s, table)
+        site_id = q.site_by_name(s, site).site_id
+        parts = q.serving_partitions(s, info)
+        leaders = {p.leader_placement_id for p in parts}
+        mine = [pl for pl in q.active_placements(s, [p.partition_id for p in parts]) if pl.site_id == site_id]
+        if not mine or any(pl.placement_id not in leaders for pl in mine):
             return None
-        unloading = unload_safe_bound(s, snap.info.table_id)
-    safe = max(part.partition.last_version for part in led)
-    for part in led:
-        safe = min(safe, leader_vouches(part))
+        led = {pl.partition_id for pl in mine}
+        snap = snapshot(s, table, active_only=True)
+        unloading = unload_safe_bound(s, info.table_id)
+    safe = max(p.last_version for p in parts if p.partition_id in led)
+    for part in snap.partitions:
+        if part.partition.partition_id in led:
+            safe = min(safe, leader_vouches(part))
     return safe if unloading is None else min(safe, unloading)
 
 
