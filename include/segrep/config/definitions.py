@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from segrep.config import locations, stores
 from segrep.config.entries import expect_mapping, no_unknown_keys
+from segrep.config.iceberg_catalog import IcebergCatalogDef, parse_iceberg_catalog
 from segrep.config.links import LinkDef, parse_links
 from segrep.config.policy import POLICY_KEYS, Policy, parse_policy
 from segrep.config.schedule import parse_schedule
@@ -49,7 +50,7 @@ __all__ = [
 
 CONFIG_ENV = "SEGREP_CONFIG"
 DEFAULT_CONFIG = Path("include/segrep.yaml")
-_TOP_LEVEL = {"data_dir", "catalog_url", "sites", "tables", "links"}
+_TOP_LEVEL = {"data_dir", "catalog_url", "sites", "tables", "links", "iceberg_catalog"}
 WRITES_LEADER = "leader"
 WRITES_ANY_SITE = "any_site"
 WRITES = (WRITES_LEADER, WRITES_ANY_SITE)
@@ -111,6 +112,7 @@ class Definitions:
     # with isolate_tables=True: each table left out because its own definition is invalid -> its one-line error
     table_errors: dict[str, str] = field(default_factory=dict)
     links: tuple[LinkDef, ...] = ()  # at most one per direction (checked when the file is read)
+    iceberg_catalog: IcebergCatalogDef = field(default_factory=IcebergCatalogDef)  # where open tables register
 
     def link(self, source: str, target: str) -> LinkDef | None:
         """The link copies from ``source`` to ``target`` cross, or None when no entry names that direction."""
@@ -172,6 +174,7 @@ def _parse(doc: Any, p: Path, isolate_tables: bool) -> Definitions:
     sites = _parse_sites(doc.get("sites"), data_dir)
     stores.remember((sdef.name, sdef.uri, sdef.store) for sdef in sites.values())
     links = parse_links(doc.get("links"), sites)
+    iceberg_catalog = parse_iceberg_catalog(doc.get("iceberg_catalog"))
     tables: dict[str, TableDef] = {}
     table_errors: dict[str, str] = {}
     for name, body in expect_mapping(_given(doc, "tables", {}), "tables").items():
@@ -189,6 +192,7 @@ def _parse(doc: Any, p: Path, isolate_tables: bool) -> Definitions:
         tables=tables,
         table_errors=table_errors,
         links=links,
+        iceberg_catalog=iceberg_catalog,
     )
 
 

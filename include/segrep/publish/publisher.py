@@ -52,6 +52,7 @@ from segrep.catalog import queries as q
 from segrep.catalog.publications import record, recorded_token
 from segrep.catalog.schemas import schema_versions
 from segrep.config.definitions import Definitions
+from segrep.config.iceberg_catalog import IcebergCatalogDef
 from segrep.core import faults, hlc, keys
 from segrep.core import schema as sch
 from segrep.core.errors import NotFoundError, SegrepError
@@ -183,7 +184,8 @@ def publish_table(
         info = q.table_info(s, table)
         names = sorted({r.name for r in _sites_of(s, info)})
     chosen = names if sites is None else [x for x in sites if x in names]
-    return Publication(table, tuple(publish_site(catalog, table, site, leader_safe_time) for site in chosen))
+    choice = defs.iceberg_catalog
+    return Publication(table, tuple(publish_site(catalog, table, site, leader_safe_time, choice) for site in chosen))
 
 
 def _sites_of(s: Any, info: q.TableInfo) -> list[m.Site]:
@@ -194,7 +196,11 @@ def _sites_of(s: Any, info: q.TableInfo) -> list[m.Site]:
 
 
 def publish_site(
-    catalog: Catalog, table: str, site: str, leader_safe_time: LeaderSafeTime | None = None
+    catalog: Catalog,
+    table: str,
+    site: str,
+    leader_safe_time: LeaderSafeTime | None = None,
+    choice: IcebergCatalogDef | None = None,
 ) -> SitePublication:
     """Publish ``site``'s copy of ``table`` if it moved; FAILED (with why) leaves the previous snapshot. The
     outcome is recorded for ``segrep status`` (``catalog.publications``), with a token of what the catalog
@@ -208,7 +214,8 @@ def publish_site(
         recorded, snapshot_id, safe_time = recorded_token(s, *ids)
     if recorded == token:
         return SitePublication(site, PublishStatus.UNCHANGED, snapshot_id, safe_time)
-    out = replace(_attempt(catalog, table, site, leader_safe_time), seconds=round(time.perf_counter() - started, 3))
+    attempt = _attempt(catalog, table, site, leader_safe_time, choice)
+    out = replace(attempt, seconds=round(time.perf_counter() - started, 3))
     try:
         shows = out.status in (PublishStatus.PUBLISHED, PublishStatus.UNCHANGED)
         status = PublishStatus.PUBLISHED if shows else out.status
@@ -255,16 +262,18 @@ def _state_token(catalog: Catalog, table: str, site: str) -> tuple[tuple[int, in
     return (info.table_id, site_id), _digest(doc)
 
 
-def _attempt(catalog: Catalog, table: str, site: str, leader_safe_time: LeaderSafeTime | None) -> SitePublication:
+def _attempt(
+    catalog: Catalog, table: str, site: str, leader_safe_time: LeaderSafeTime | None, choice: IcebergCatalogDef | None
+) -> SitePublication:
     try:
         state = _site_state(catalog, table, site, leader_safe_time)
     except NotFoundError as exc:
         return SitePublication(site, PublishStatus.WAITING, detail=str(exc))
     try:
         try:
-            return _publish(catalog, site, state)
+            return _publish(catalog, site, state, choice)
         except CommitFailedException:  # another process published this site first: look again, once
-            return _publish(catalog, site, _site_state(catalog, table, site, leader_safe_time))
+            return _publish(catalog, site, _site_state(catalog, table, site, leader_safe_time), choice)
     except (SegrepError, OSError, CommitFailedException) as exc:
         return SitePublication(site, PublishStatus.FAILED, detail=f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # a publication never fails the round, write or failover it follows
@@ -306,12 +315,12 @@ def _digest(doc: Any) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def _publish(catalog: Catalog, site: str, state: _SiteState) -> SitePublication:
+def _publish(catalog: Catalog, site: str, state: _SiteState, choice: IcebergCatalogDef | None) -> SitePublication:
     pf0 = state.placements[0] if state.placements else None
     if pf0 is None:
         return SitePublication(site, PublishStatus.WAITING, detail="no partition is served")
     loc = site_location(pf0.site)
-    ice = site_catalog(catalog, site, pf0.site.uri)
+    ice = site_catalog(catalog, site, pf0.site.uri, choice)
     with catalog.read() as s:
         versions = schema_versions(s, state.info.table_id)
     current_version = versions[state.info.row.schema_version]

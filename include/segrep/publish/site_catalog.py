@@ -1,6 +1,7 @@
 """The Iceberg catalog a site's published tables are registered in, and how to reach its files.
 
-By default pyiceberg's SQL catalog in segrep's own metadata database (its tables ``iceberg_tables`` and
+By default (``iceberg_catalog`` absent in the definitions) pyiceberg's SQL catalog in segrep's own metadata
+database (its tables ``iceberg_tables`` and
 ``iceberg_namespace_properties`` beside segrep's), catalog name ``segrep``, one namespace per site: the table
 ``orders`` as published by site ``dr`` is ``dr.orders``. A site's file system properties (an S3 endpoint,
 region, credentials) are given to the catalog object in memory only, for the site whose files it reads and
@@ -9,15 +10,19 @@ writes; the catalog database stores table names and metadata locations, never a 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog as IcebergCatalog
 from pyiceberg.catalog import MetastoreCatalog
+from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import SqlCatalog
 from sqlalchemy.engine import Engine
 
 from segrep.catalog import Catalog
 from segrep.config import stores as config_stores
+from segrep.config.iceberg_catalog import IcebergCatalogDef
+from segrep.core.errors import SegrepError
 from segrep.storage.site import Site
 from segrep.storage.stores import resolve_credentials
 
@@ -73,9 +78,20 @@ class _SegrepSqlCatalog(SqlCatalog):
         self._init_catalog()
 
 
-def site_catalog(catalog: Catalog, site: str, uri: str) -> IcebergCatalog:
-    """The Iceberg catalog through which ``site``'s tables are published, with that site's file system."""
-    return _SegrepSqlCatalog(catalog.engine, uri=catalog.safe_url, **file_io_properties(site, uri))
+def site_catalog(catalog: Catalog, site: str, uri: str, choice: IcebergCatalogDef | None = None) -> IcebergCatalog:
+    """The Iceberg catalog through which ``site``'s tables are published, with that site's file system: the
+    SQL catalog in segrep's database, or the REST service ``choice`` names (its token from the environment)."""
+    props = file_io_properties(site, uri)
+    if choice is None or not choice.is_rest:
+        return _SegrepSqlCatalog(catalog.engine, uri=catalog.safe_url, **props)
+    assert choice.uri is not None
+    rest = {"uri": choice.uri, **({"warehouse": choice.warehouse} if choice.warehouse else {})}
+    if choice.token_env is not None:
+        token = os.environ.get(choice.token_env)
+        if not token:
+            raise SegrepError(f"iceberg_catalog token_env: the environment variable {choice.token_env} is not set")
+        rest["token"] = token
+    return RestCatalog(CATALOG_NAME, **rest, **props)
 
 
 def namespace(site: str) -> str:
