@@ -33,6 +33,7 @@ POINTS = (
     "failover_between_tables",  # one table of a multi-table failover committed; the next has not started
     "switchover_before_promote",  # writes paused and the new leader drained; nothing promoted yet
     "write_between_batches",  # a one-commit write of several batches (table rewrite) wrote a batch's files
+    "in_spark_write",  # a Spark writer's task wrote a segment file (final name); nothing is committed
 )
 
 
