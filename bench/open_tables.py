@@ -6,7 +6,7 @@ NOT MET, and with ``--json PATH`` writes the figures there. Each part is one fun
 ``writer``: the Spark writer (``segrep.spark.write_dataframe``) against Spark's own ``df.write.parquet`` of the same
 DataFrame on the same standalone cluster (``tests.support.spark_cluster``: a master and one worker with
 ``--cores`` and ``--memory``, on loopback; this process is the driver). The DataFrame is TPC-H ``lineitem`` at
-``--scale`` (``tpchgen-cli``, cached in ``--tpch-dir``) read from its Parquet file; the table has
+``--scale`` (``tpchgen-cli``, cached in ``--tpch-dir``/sf<scale>) read from its Parquet file; the table has
 ``--partitions`` key ranges of about equal size on ``l_orderkey``. After an unmeasured run of each, the two
 writes alternate ``--repeats`` times; each segrep write goes to a fresh catalog and sites (SQLite), each plain
 write to a fresh directory, removed after it. Target: segrep's throughput at least 0.8 of plain Parquet's
@@ -74,7 +74,7 @@ def _lineitem_table(root: Path, source: Path, splits: list[int]) -> Catalog:
 
 def part_writer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """``write_dataframe`` vs ``df.write.parquet`` of TPC-H lineitem on one standalone cluster."""
-    source = generate_tpch("lineitem", args.scale, args.tpch_dir or work / "tpch")
+    source = generate_tpch("lineitem", args.scale, (args.tpch_dir or work / "tpch") / f"sf{args.scale:g}")
     rows = pq.ParquetFile(source).metadata.num_rows
     splits = quantile_splits(pq.read_table(source, columns=["l_orderkey"]), "l_orderkey", args.partitions)
     mib = source.stat().st_size / 2**20

@@ -9,8 +9,10 @@ writer's own: ``write_targets`` (leaders, or a site's placements of an active-ac
 1. Checks, before any job: the mode, the table, the DataFrame's columns against the table's schema versions
    (``conform_to_current`` on its Arrow schema: a missing key column or an unknown column is refused here),
    every target site's identity marker (the executors open sites without it).
-2. Planning pass: the key columns only (a Parquet source reads nothing else), conformed on the executors
-   (a null or NaN key is refused here, still before any file), counted per (Spark task, partition): the cells.
+2. Planning pass, in Spark SQL (no Python worker): the key columns only (a Parquet source reads nothing
+   else), rows counted per (Spark task, partition) by comparing the partition key with the bounds: the cells;
+   a null or NaN key is refused here, still before any file. (A key value its column's type cannot hold, an
+   int64 beyond an int32 key, is refused by the writing pass: the job fails and commits nothing.)
 3. The driver plans one segment per cell, chained in task order within each partition: task i's segment for
    a partition is based on the one of the task before it that touched the partition, and stamped with the next
    clock value. So a later row of the DataFrame beats an earlier one with the same key, as in ``write_batch``
@@ -39,7 +41,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 
 from segrep.catalog import Catalog
@@ -51,7 +52,7 @@ from segrep.config.stores import StoreOptions, options_for
 from segrep.core import faults
 from segrep.core import schema as sch
 from segrep.core.batch_versions import conform_to_current
-from segrep.core.errors import ConflictError, SegrepError
+from segrep.core.errors import ConflictError, SchemaMismatchError, SegrepError
 from segrep.core.schema_versions import SchemaVersion
 from segrep.data.write_events import announce
 from segrep.data.writer import (
@@ -61,7 +62,6 @@ from segrep.data.writer import (
     WriteResult,
     WriteTarget,
     WrittenFile,
-    bucket_rows,
     commit_segments,
     partition_bounds,
     route_rows,
@@ -112,9 +112,6 @@ class RowsSpec:
     def key_columns(self) -> list[str]:
         return list(self.layout.primary_key)
 
-    def keys_schema(self) -> pa.Schema:
-        return pa.schema([self.layout.schema.field(c) for c in self.layout.primary_key])
-
     def conform(self, rows: pa.Table) -> pa.Table:
         return conform_to_current(
             rows, self.layout.version, self.history, self.layout.primary_key, keys_only=self.delete
@@ -137,7 +134,6 @@ class WritePlan:
     counts: dict[Cell, int]
 
 
-_CELL_FIELDS = [("task", pa.int32()), ("part", pa.int32()), ("rows", pa.int64())]
 _FILE_FIELDS = [
     ("task", pa.int32()),
     ("part", pa.int32()),
@@ -227,39 +223,38 @@ def _arrow_schema(df: DataFrame) -> pa.Schema:
 
 
 def plan_cells(df: DataFrame, spec: RowsSpec) -> dict[Cell, int]:
-    """The planning pass: per (Spark task, partition) the number of rows, from the key columns only; a key
-    that cannot be one (null, NaN, a value the key's type cannot hold) is refused here, before any file."""
-    from pyspark.sql.pandas.types import from_arrow_schema
+    """The planning pass, in Spark's own SQL (no Python worker): per (Spark task, partition) the number of
+    rows, the partition found by comparing the partition key with the bounds as the writer's ``route_rows``
+    does; a null or NaN key is refused here, before any file (SchemaMismatchError, as ``conform_batch`` says
+    it). A key value its column's type cannot hold is refused by the writing pass, before that task writes."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DoubleType, FloatType
 
-    found = _collect(df.select(*spec.key_columns).mapInArrow(count_cells(spec), from_arrow_schema(_cells_schema())))
-    return {
-        (int(t), int(p)): int(n)
-        for t, p, n in zip(*(found.column(c).to_pylist() for c in ("task", "part", "rows")), strict=True)
-    }
-
-
-def count_cells(spec: RowsSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The planning pass's ``mapInArrow`` function: this task's row count per partition."""
-
-    def count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        task = _task()
-        totals: dict[int, int] = {}
-        for batch in batches:
-            keys = sch.conform_batch(
-                pa.Table.from_batches([batch]), spec.keys_schema(), spec.key_columns, keys_only=True
+    key = F.col(spec.partition_key)
+    part = F.lit(0)
+    for bound in spec.bounds:
+        part = part + F.when(key >= F.lit(bound), 1).otherwise(0)
+    types = {f.name: f.dataType for f in df.schema.fields}
+    flags = {f"null {c}": F.col(c).isNull() for c in spec.key_columns}
+    flags |= {f"nan {c}": F.isnan(F.col(c)) for c in spec.key_columns if isinstance(types[c], DoubleType | FloatType)}
+    cells = (
+        df.select(F.spark_partition_id().alias("task"), part.alias("part"), *[f.alias(n) for n, f in flags.items()])
+        .groupBy("task", "part")
+        .agg(F.count(F.lit(1)).alias("rows"), *[F.sum(F.col(f"`{n}`").cast("long")).alias(n) for n in flags])
+    )
+    found = _collect(cells)
+    for name in flags:
+        bad = int(sum(v or 0 for v in found.column(name).to_pylist()))
+        if bad:
+            kind, column = name.split(" ", 1)
+            what = (
+                "null value(s); a key cannot be null"
+                if kind == "null"
+                else "NaN value(s); NaN equals nothing, so it cannot be a key"
             )
-            buckets = bucket_rows(keys, spec.partition_key, spec.key_type, list(spec.bounds))
-            for part, n in enumerate(np.bincount(buckets, minlength=len(spec.bounds) + 1).tolist()):
-                if n:
-                    totals[part] = totals.get(part, 0) + n
-        if totals:
-            parts = sorted(totals)
-            yield pa.RecordBatch.from_pydict(
-                {"task": [task] * len(parts), "part": parts, "rows": [totals[p] for p in parts]},
-                schema=_cells_schema(),
-            )
-
-    return count
+            raise SchemaMismatchError(f"key column {column} has {bad} {what}")
+    columns = (found.column(c).to_pylist() for c in ("task", "part", "rows"))
+    return {(int(t), int(p)): int(n) for t, p, n in zip(*columns, strict=True)}
 
 
 def _attempt(
@@ -426,10 +421,6 @@ def _collect(df: DataFrame) -> pa.Table:
         if user is None:
             raise
         raise SegrepError(user.group(2).strip()) from None
-
-
-def _cells_schema() -> pa.Schema:
-    return pa.schema(_CELL_FIELDS)
 
 
 def _files_schema() -> pa.Schema:
