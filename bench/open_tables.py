@@ -48,7 +48,7 @@ from tests.support.spark_cluster import start_spark_cluster
 WRITER_TARGET = 0.8  # segrep's throughput / plain Parquet's
 
 
-def _session(master: str, memory: str, arrow_batch_rows: int) -> Any:
+def _session(master: str, memory: str, arrow_batch_rows: int, split_mb: int) -> Any:
     """This process as the cluster's driver, with the jobs' own conf (``launch.SPARK_CONF``)."""
     from pyspark.sql import SparkSession
 
@@ -58,6 +58,8 @@ def _session(master: str, memory: str, arrow_batch_rows: int) -> Any:
     conf["spark.ui.showConsoleProgress"] = "false"  # the bench's own lines only
     if arrow_batch_rows:  # rows per Arrow batch into the writer's Python tasks (Spark's default: 10,000)
         conf["spark.sql.execution.arrow.maxRecordsPerBatch"] = str(arrow_batch_rows)
+    if split_mb:  # the input's Spark partitions (Spark's default: up to 128 MB, at least a core's share)
+        conf["spark.sql.files.maxPartitionBytes"] = str(split_mb * 2**20)
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
@@ -85,7 +87,7 @@ def part_writer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     details: list[dict[str, Any]] = []
     cluster_cm = contextlib.contextmanager(start_spark_cluster)(work / "cluster", cores=args.cores, memory=args.memory)
     with cluster_cm as cluster:
-        spark = _session(cluster.master_url, args.executor_memory, args.arrow_batch_rows)
+        spark = _session(cluster.master_url, args.executor_memory, args.arrow_batch_rows, args.split_mb)
         df = spark.read.parquet(str(source))
         log(f"{df.rdd.getNumPartitions()} Spark partitions of the input; cluster {cluster.master_url}")
         counter = iter(range(10**6))
@@ -166,6 +168,7 @@ def main() -> int:
     ap.add_argument("--memory", default="4g", help="memory of the cluster's worker (writer)")
     ap.add_argument("--executor-memory", default="3g", help="heap of the executor (writer)")
     ap.add_argument("--arrow-batch-rows", type=int, default=0, help="rows per Arrow batch (0: Spark's default)")
+    ap.add_argument("--split-mb", type=int, default=0, help="most MB of input per Spark partition (0: Spark's)")
     ap.add_argument("--tpch-dir", type=Path, default=None, help="TPC-H cache (default: in the scratch directory)")
     ap.add_argument("--work-dir", type=Path, default=None, help="parent of the scratch directory (default: /tmp)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
