@@ -14,6 +14,8 @@ manifests), and the worst case, a consolidated one (forced). Goal: <= 1 s.
 `segrep read --site dr` of the same copy (`read_table`), each the median of --repeats. Goal: pyiceberg's
 throughput >= 0.8 of segrep's.
 
+(writer) The Spark writer against ``df.write.parquet`` on one standalone cluster: bench/open_tables_writer.py.
+
 ``--background-load N`` runs N CPU-bound processes for the whole run (figures under load).
 """
 
@@ -47,6 +49,7 @@ from benchkit import (
     verdict,
     write_interleaved,
 )
+from open_tables_writer import part_writer
 from pyiceberg.catalog import load_catalog
 from sqlalchemy import func, select
 
@@ -226,6 +229,8 @@ def table_rows(r: Results) -> list[tuple[str, ...]]:
                 verdict(worst <= 1.0),
             )
         )
+    if "writer" in r:
+        out += [tuple(row) for row in r["writer"]["table"]]
     if "scan" in r:
         s = r["scan"]
         out.append(
@@ -244,7 +249,7 @@ def table_rows(r: Results) -> list[tuple[str, ...]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", action="append", choices=["publish", "history", "scan"], help="default: all")
+    ap.add_argument("--part", action="append", choices=["publish", "history", "scan", "writer"], help="default: all")
     ap.add_argument("--scale", type=float, default=1.0, help="TPC-H scale of orders (1 = 1.5M rows)")
     ap.add_argument("--batches", type=int, default=10, help="history writes before the measured rounds")
     ap.add_argument("--rounds", type=int, default=5, help="(publish) measured rounds")
@@ -252,12 +257,19 @@ def main() -> int:
     ap.add_argument("--history-segments", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=5, help="(scan) reads of each kind")
     ap.add_argument("--catalog", choices=["sqlite", "postgresql"], default="sqlite")
+    ap.add_argument("--partitions", type=int, default=4, help="(writer) key ranges of the table")
+    ap.add_argument("--writer-repeats", type=int, default=3, help="(writer) measured runs of each side (medians)")
+    ap.add_argument("--cores", type=int, default=2, help="(writer) cores of the cluster's worker")
+    ap.add_argument("--memory", default="4g", help="(writer) memory of the cluster's worker")
+    ap.add_argument("--executor-memory", default="3g", help="(writer) heap of the executor")
+    ap.add_argument("--arrow-batch-rows", type=int, default=0, help="(writer) rows per Arrow batch (0: Spark's)")
+    ap.add_argument("--split-mb", type=int, default=0, help="(writer) most MB of input per Spark partition")
     ap.add_argument("--background-load", type=int, default=0, metavar="N", help="N CPU-bound processes meanwhile")
     ap.add_argument("--tpch-dir", type=Path, default=Path("data/tpch"))
     ap.add_argument("--work-dir", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args()
-    parts = args.part or ["publish", "history", "scan"]
+    parts = args.part or ["publish", "history", "scan", "writer"]
     results: Results = {"date": dt.date.today().isoformat(), "args": args_doc(args), "loadavg_start": os.getloadavg()}
     started = time.perf_counter()
     with (
@@ -283,6 +295,9 @@ def main() -> int:
         if "history" in parts:
             with catalog_url(args.catalog, work / "h") as url:
                 results["history"] = bench_history(work / "h", url, args)
+        if "writer" in parts:
+            (work / "w").mkdir()
+            results["writer"] = part_writer(args, work / "w")
     results["loadavg_end"] = os.getloadavg()
     print_table(table_rows(results))
     print(

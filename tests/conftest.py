@@ -26,6 +26,7 @@ from segrep.storage.stores import set_connection_resolver
 from tests.support.env import ORDERS_YAML, OUTAGE_YAML, Env, env_fixture, make_env, pg_schema_url, sqlite_url
 from tests.support.jvm_start import JvmArchive, speed_up_jvm_start
 from tests.support.s3 import S3Endpoint, s3_events_yaml, start_s3_endpoints, use_site_keys
+from tests.support.spark_cluster import SparkCluster, start_spark_cluster
 
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -35,7 +36,7 @@ PG_URL = os.environ.get("SEGREP_TEST_PG_URL", "postgresql+psycopg://postgres@127
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 # A test asking for one of these fixtures needs that infrastructure: it gets the marker.
-MARKER_OF_FIXTURE = {"pg_server": "postgres", "spark": "spark"}
+MARKER_OF_FIXTURE = {"pg_server": "postgres", "spark": "spark", "spark_cluster": "spark"}
 JVM_ARCHIVE = pytest.StashKey[JvmArchive | None]()
 
 
@@ -183,6 +184,13 @@ def spark() -> Iterator[Any]:
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    """A standalone master and one worker (tests/support/spark_cluster.py) for the module that asks for it,
+    stopped (process groups killed) after it."""
+    yield from start_spark_cluster(tmp_path_factory.mktemp("spark-cluster"))
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ the end and prints its table, so a change to the catalog or an API cannot leave 
 next time someone measures (a join made ambiguous by a new foreign key, a failover refused by a new rule,
 both happened). The Spark-heavy ones (maintenance, the merge of rounds, the Spark side of merge_crossover; the
 ring of topologies merges in process at this size) and the long ones
-(chaos, airflow_lag: its short version is ``tests/replication/test_chaos.py``) are not run here.
+(chaos, airflow_lag: its short version is ``tests/replication/test_chaos.py``) are not run here. open_tables'
+writer part starts a standalone Spark cluster: at a tiny scale it runs here, marked ``spark``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ SCRIPTS = {
     "merge_crossover": ["--sizes", "10,1000", "--repeats", "1", "--skip-spark"],
     "topologies": ["--scale", "0.01", "--batches", "2", "--ring-batches", "2"],
     "links": ["--mb", "4", "--cap", "4", "--s3-cap", "4", "--repeats", "1", "--window", "3", "--round-every", "0.5"],
+    "open_tables": [
+        *("--scale", "0.01", "--rounds", "2", "--update-rows", "200", "--history-segments", "64", "--repeats", "1"),
+        *("--writer-repeats", "1", "--cores", "1", "--memory", "1g", "--executor-memory", "768m"),
+    ],
     "rounds": [
         *("--scale", "0.01", "--batches", "2", "--repeats", "1", "--noop-repeats", "1", "--skip-merge"),
         *("--batched-sample", "200", "--row-sample", "100", "--batch-rows", "50", "--plan-partitions", "20"),
@@ -58,10 +63,13 @@ OPTIONS = {
     "topologies": ("--tpch-dir",),
     "rounds": ("--tpch-dir", "--work-dir", "--results-dir"),
     "links": ("--work-dir",),
+    "open_tables": ("--tpch-dir", "--work-dir"),
 }
+# scripts that need more than the machine (marked as the tests that need it are)
+MARKS = {"open_tables": pytest.mark.spark}
 
 
-@pytest.mark.parametrize("script", sorted(SCRIPTS))
+@pytest.mark.parametrize("script", [pytest.param(s, marks=MARKS.get(s, ())) for s in sorted(SCRIPTS)])
 def test_the_benchmark_runs_to_the_end(script: str, pg_server: str, tmp_path: Path) -> None:
     args = list(SCRIPTS[script])
     for option in OPTIONS[script]:

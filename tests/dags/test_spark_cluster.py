@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from tests.support.airflow import (
     set_leader,
     ti_states,
 )
-from tests.support.spark_cluster import SparkCluster, build_segrep_zip, python_without_segrep, start_spark_cluster
+from tests.support.spark_cluster import SparkCluster, build_segrep_zip, python_without_segrep
 
 pytestmark = pytest.mark.spark
 
@@ -40,12 +39,6 @@ pytestmark = pytest.mark.spark
 # merge fails the run at once (with spark-submit's log in the task's).
 POLICY = {"schedule": "5m", "start_date": "2026-11-01", "retries": 0, "retry_delay_s": 0, "merge_engine": "spark"}
 PYTHON_ENV = "SEGREP_SPARK_PYTHON"  # launch.python(): the interpreter of Spark's driver and executors
-
-
-@pytest.fixture(scope="module")
-def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    """A standalone master and one worker for this module, stopped (process groups killed) after it."""
-    yield from start_spark_cluster(tmp_path_factory.mktemp("spark-cluster"))
 
 
 def _sha256(path: Path) -> str:

@@ -113,7 +113,7 @@ def test_a_writer_of_the_old_epoch_cannot_commit_and_retries_at_the_new_leader(
     model = Model()
     model.upsert(env, range(0, 20), "a")
     run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    info_targets = writer._targets
+    info_targets = writer.write_targets
     with env.catalog.read() as s:
         stale = info_targets(env.catalog, q.table_info(s, TABLE))  # what a writer read before the failover
     failover(env.catalog, env.defs, [TABLE], to="edge")
@@ -123,7 +123,7 @@ def test_a_writer_of_the_old_epoch_cannot_commit_and_retries_at_the_new_leader(
         calls.append(1)
         return stale if len(calls) == 1 else info_targets(catalog, info, site)
 
-    monkeypatch.setattr(writer, "_targets", zombie_then_fresh)
+    monkeypatch.setattr(writer, "write_targets", zombie_then_fresh)
     before = primary_entries(env)
     result = write_batch(env.catalog, TABLE, batch(list(range(50, 60)), "z"))
     assert result.attempts == 2 and {seg.site for seg in result.segments} == {"edge"}

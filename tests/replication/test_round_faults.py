@@ -41,9 +41,10 @@ def test_the_points_exist() -> None:
     moves = {x for x in faults.POINTS if x.startswith(("failover_", "switchover_"))}  # tests/failover/
     # in_merge_job: see test_round_merge; disk_full: test_storage and bench/chaos.py (an injected ENOSPC);
     # mid_upload: tests/storage/test_s3_uploads.py; write_between_batches: tests/cli/test_table_rewrite.py;
-    # publish_before_commit: tests/publish/test_publication.py
+    # publish_before_commit: tests/publish/test_publication.py; in_spark_write: tests/spark/test_write_dataframe.py
     left = set(faults.POINTS) - set(NON_SPARK_POINTS) - split_points - moves
-    assert left == {"in_merge_job", "disk_full", "mid_upload", "write_between_batches", "publish_before_commit"}
+    points = {"in_merge_job", "disk_full", "mid_upload", "write_between_batches", "publish_before_commit"}
+    assert left == points | {"in_spark_write"}
 
 
 def _leader_acks_to(env: Env, site: str) -> set[str]:

@@ -617,7 +617,7 @@ class FailbackMachine(RoundsMachine):
         """A writer that read the leaders before a failover and commits after it: the conditional commit fails
         at the old epoch, and it writes again at the new leader (nothing of the zombie is committed)."""
         with self.env.catalog.read() as s:
-            stale = writer._targets(self.env.catalog, q.table_info(s, TABLE))
+            stale = writer.write_targets(self.env.catalog, q.table_info(s, TABLE))
         before = self.leaders()
         try:
             report = failover(self.env.catalog, self.env.defs, [TABLE], to=site, submit=self.submit)
@@ -627,7 +627,7 @@ class FailbackMachine(RoundsMachine):
         self.after_move(report, before, site)
         if not self.writable():
             return
-        fresh = writer._targets
+        fresh = writer.write_targets
         calls: list[int] = []
 
         def zombie_then_fresh(catalog: Any, info: Any, site: str | None = None) -> Any:
@@ -636,7 +636,7 @@ class FailbackMachine(RoundsMachine):
 
         self.counter += 1
         rows = pa.table({"k": pa.array(keys, pa.int64()), "v": [f"w{self.counter}k{k}" for k in keys]})
-        with mock.patch.object(writer, "_targets", zombie_then_fresh):
+        with mock.patch.object(writer, "write_targets", zombie_then_fresh):
             result = write_batch(self.env.catalog, TABLE, rows)
         assert result.attempts >= 2 and {seg.site for seg in result.segments} == {site}, result
         self.stats["zombie writer refused, then written at the new leader"] += 1

@@ -1,7 +1,7 @@
 """A real Spark standalone cluster for tests: one master and one worker from the installed pyspark, on loopback.
 
 ``start_spark_cluster(root)`` (the body of a fixture) starts ``$SPARK_HOME/bin/spark-class ...Master`` and
-``...Worker`` (1 core, 1 GiB) on free ports, each in its own process group and with a parent-death signal,
+``...Worker`` (1 core, 1 GiB unless told) on free ports, each in its own process group and with a parent-death signal,
 waits until the master's JSON (``http://127.0.0.1:<webui>/json/``) lists the worker ALIVE, and at teardown
 kills both process groups (the worker's executors and their Python workers are in the worker's group). The
 worker's ``--work-dir`` holds one directory per application and executor (``<app id>/<executor id>/``): its
@@ -149,9 +149,10 @@ def _wait_for(
     raise RuntimeError(f"Spark {what} not ready within {START_TIMEOUT_S:.0f} s (last: {last})\n{cluster.log_tails()}")
 
 
-def start_spark_cluster(root: Path) -> Iterator[SparkCluster]:
-    """Start a master and one worker on loopback, yield the cluster once the worker has registered, and stop
-    both (process groups killed) however the block ends."""
+def start_spark_cluster(root: Path, *, cores: int = 1, memory: str = "1g") -> Iterator[SparkCluster]:
+    """Start a master and one worker (``cores``, ``memory``: 1 and 1 GiB for tests; a bench gives it more) on
+    loopback, yield the cluster once the worker has registered, and stop both (process groups killed) however the
+    block ends."""
     root.mkdir(parents=True, exist_ok=True)
     logs, work = root / "logs", root / "work"
     for d in (logs, work, root / "local"):
@@ -168,7 +169,8 @@ def start_spark_cluster(root: Path) -> Iterator[SparkCluster]:
         if state.get("url") != cluster.master_url:  # the port was taken meanwhile and Spark moved to another
             raise RuntimeError(f"the master listens at {state.get('url')}, not {cluster.master_url}")
         worker = [spark_class, "org.apache.spark.deploy.worker.Worker", cluster.master_url, "--host", host]
-        worker += ["--cores", "1", "--memory", "1g", "--webui-port", str(worker_webui), "--work-dir", str(work)]
+        worker += ["--cores", str(cores), "--memory", memory, "--webui-port", str(worker_webui)]
+        worker += ["--work-dir", str(work)]
         procs["worker"] = _spawn(worker, logs / "worker.log", env)
         _wait_for(cluster, procs, lambda s: [w["state"] for w in s.get("workers", [])] == ["ALIVE"], "worker")
         yield cluster

@@ -34,6 +34,7 @@ POINTS = (
     "switchover_before_promote",  # writes paused and the new leader drained; nothing promoted yet
     "write_between_batches",  # a one-commit write of several batches (table rewrite) wrote a batch's files
     "publish_before_commit",  # an Iceberg publication wrote its files; the catalog still names the old snapshot
+    "in_spark_write",  # a Spark writer's task wrote a segment file (final name); nothing is committed
 )
 
 

@@ -86,7 +86,7 @@ class WriteResult:
 
 
 @dataclass(frozen=True)
-class _Target:
+class WriteTarget:
     """A writable partition and the placement written to, as read at the start of an attempt: the leader's,
     or (``local``) another site's placement of an active-active table, beside its chain."""
 
@@ -154,19 +154,19 @@ def _attempt(
     site: str | None,
 ) -> list[WrittenSegment]:
     started = time.perf_counter()
-    targets = _targets(catalog, info, site)
-    chains = {t.partition.partition_id: _Chain(t) for t in targets}
-    written: list[_Written] = []
+    targets = write_targets(catalog, info, site)
+    chains = {t.partition.partition_id: PartitionChain(t) for t in targets}
+    written: list[WrittenFile] = []
     try:
         _write_files(catalog, info, schema, rows, delete, chains, written)
         timing.files_s = time.perf_counter() - started
         started = time.perf_counter()
-        timing.committed_us = _commit(catalog, chains, written)
+        timing.committed_us = commit_segments(catalog, chains, written)
     except BaseException:
-        _remove(written)
+        remove_files(written)
         raise
     timing.commit_s = time.perf_counter() - started
-    return [_written_segment(w) for w in written]
+    return [written_segment(w) for w in written]
 
 
 def write_batches(catalog: Catalog, table: str, batches: Iterable[pa.Table]) -> WriteResult:
@@ -184,8 +184,8 @@ def write_batches(catalog: Catalog, table: str, batches: Iterable[pa.Table]) -> 
         history = list(schema_versions(s, info.table_id).values())
     result = WriteResult(table=table, rows_in=0, rows_written=0, deleted=False, stored_version=schema.version)
     started = time.perf_counter()
-    chains = {t.partition.partition_id: _Chain(t) for t in _targets(catalog, info)}
-    written: list[_Written] = []
+    chains = {t.partition.partition_id: PartitionChain(t) for t in write_targets(catalog, info)}
+    written: list[WrittenFile] = []
     try:
         for batch in batches:
             rows = sch.dedupe_last(
@@ -198,22 +198,56 @@ def write_batches(catalog: Catalog, table: str, batches: Iterable[pa.Table]) -> 
             faults.point("write_between_batches")
         result.files_s = time.perf_counter() - started
         started = time.perf_counter()
-        result.committed_us = _commit(catalog, chains, written) if written else None
+        result.committed_us = commit_segments(catalog, chains, written) if written else None
     except BaseException:
-        _remove(written)
+        remove_files(written)
         raise
     result.commit_s = time.perf_counter() - started
     result.attempts = 1
-    result.segments = [_written_segment(w) for w in written]
+    result.segments = [written_segment(w) for w in written]
     return result
 
 
-@dataclass
-class _Chain:
-    """A partition's chain as this write extends it: the partition and placement as read at the start, and the
-    version and root the write's next segment there follows (several with ``write_batches``)."""
+@dataclass(frozen=True)
+class TableLayout:
+    """What writing a table's segment file needs besides its rows, free of catalog objects: a Spark writer
+    ships it to the executors (``spark.dataframe_writer``), the in-process writer builds it per write."""
 
-    target: _Target
+    name: str
+    schema: pa.Schema  # the table's columns (current version)
+    primary_key: tuple[str, ...]
+    schema_fingerprint: str
+    version: SchemaVersion  # the current schema version: the file's field ids and version metadata
+
+    @classmethod
+    def of(cls, info: q.TableInfo, version: SchemaVersion) -> TableLayout:
+        return cls(info.name, info.schema, info.primary_key, info.row.schema_fingerprint, version)
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """One segment file to write, as the writer planned it: its place on the partition's chain (id, base,
+    major flag), the version its rows are stamped with, the origin and epoch, and its path at the site.
+    Decided where the catalog was read; the file may be written elsewhere (a Spark executor)."""
+
+    partition_id: int
+    segment_id: str
+    base_segment_id: str | None
+    is_major: bool
+    version: int
+    origin_site_id: int
+    epoch: int
+    partition_begin: Any
+    partition_end: Any
+    relpath: str
+
+
+@dataclass
+class PartitionChain:
+    """A partition's chain as this write extends it: the partition and placement as read at the start, and the
+    version and root the write's next segment there follows (several with ``write_batches`` or a Spark write)."""
+
+    target: WriteTarget
     last_version: int = 0
     root: str | None = None
     extended: bool = False
@@ -222,15 +256,43 @@ class _Chain:
         self.last_version = self.target.partition.last_version
         self.root = self.target.placement.root_segment_id
 
+    def plan_segment(self, table: str) -> SegmentPlan:
+        """The next segment of this chain: a new id on top of the current root, stamped with the partition's
+        next clock value; the chain moves on to it (a local write sits beside the chain: its root stays)."""
+        target = self.target
+        part = target.partition
+        version = hlc.next_version(self.last_version)
+        base = self.root
+        self.last_version, self.extended = version, True
+        segment_id = new_segment_id()
+        if not target.local:
+            self.root = segment_id
+        return SegmentPlan(
+            partition_id=part.partition_id,
+            segment_id=segment_id,
+            base_segment_id=base,
+            # the first segment of a chain is major (EventQL 3); a local write is never on a chain
+            is_major=base is None and not target.local,
+            version=version,
+            origin_site_id=target.site.site_id,
+            epoch=part.epoch,
+            partition_begin=part.begin_key,
+            partition_end=part.end_key,
+            relpath=segment_relpath(table, part.partition_id, segment_id),
+        )
+
 
 @dataclass(frozen=True)
-class _Written:
-    chain: _Chain
+class WrittenFile:
+    """A written segment file, not yet registered: the chain it extends, its entry, path, facts and site, and
+    the root it continues (its conditional move expects it)."""
+
+    chain: PartitionChain
     entry: SegmentEntry
     relpath: str
     facts: FileFacts
     site: Site
-    base: str | None  # the root the segment continues: its conditional move expects it
+    base: str | None
 
 
 def _write_files(
@@ -239,21 +301,23 @@ def _write_files(
     schema: SchemaVersion,
     rows: pa.Table,
     delete: bool,
-    chains: dict[int, _Chain],
-    written: list[_Written],
+    chains: dict[int, PartitionChain],
+    written: list[WrittenFile],
 ) -> None:
     """Route ``rows`` and write one file per partition they touch, each continuing its partition's chain as
     this write extends it; append to ``written`` (also the files of a partition that succeeded when another
     failed, so the caller can remove them)."""
     ordered = list(chains.values())
-    groups = _route(rows, info, [c.target.partition for c in ordered])
+    parts = [c.target.partition for c in ordered]
+    groups = route_rows(rows, info.partition_key, info.key_type, partition_bounds(info, parts))
     work = [(c, rows_) for c, rows_ in zip(ordered, groups, strict=True) if rows_ is not None]
+    layout = TableLayout.of(info, schema)
     if len(work) == 1:  # one partition (a key-sorted batch often is): no pool to start and join
-        written.append(_write_file(catalog, info, schema, *work[0], delete))
+        written.append(_write_file(catalog, layout, *work[0], delete))
     else:
         # Parquet encoding, hashing and fsync release the GIL: partitions are written side by side.
         with ThreadPoolExecutor(max_workers=min(len(work), WRITE_THREADS)) as pool:
-            futures = [pool.submit(_write_file, catalog, info, schema, c, rows_, delete) for c, rows_ in work]
+            futures = [pool.submit(_write_file, catalog, layout, c, rows_, delete) for c, rows_ in work]
         failure: BaseException | None = None
         for future in futures:
             try:
@@ -264,10 +328,11 @@ def _write_files(
             raise failure
 
 
-def _commit(catalog: Catalog, chains: dict[int, _Chain], written: list[_Written]) -> int:
+def commit_segments(catalog: Catalog, chains: dict[int, PartitionChain], written: list[WrittenFile]) -> int:
     """One catalog transaction: each touched partition's clock moved from the version read at the start to its
-    newest segment's (a conditional update), each segment registered on top of the one before it. Returns the
-    commit time; ConflictError if another writer got there first (the transaction rolls back)."""
+    newest segment's (a conditional update), each segment registered on top of the one before it (``written``
+    in chain order). Returns the commit time; ConflictError if another writer got there first (the transaction
+    rolls back). The in-process writers and the Spark writer (``spark.dataframe_writer``) both commit here."""
     committed_us = hlc.now_us()
     with catalog.write() as s:
         for chain in chains.values():
@@ -303,12 +368,12 @@ def _commit(catalog: Catalog, chains: dict[int, _Chain], written: list[_Written]
     return committed_us
 
 
-def _remove(written: list[_Written]) -> None:
+def remove_files(written: list[WrittenFile]) -> None:
     for w in written:
         w.site.delete(w.relpath)  # never referenced: safe to remove
 
 
-def _written_segment(w: _Written) -> WrittenSegment:
+def written_segment(w: WrittenFile) -> WrittenSegment:
     e = w.entry
     return WrittenSegment(
         e.partition_id, w.chain.target.site.name, e.segment_id, e.row_count, w.facts.byte_size, e.max_version
@@ -334,7 +399,9 @@ def write_event_extra(result: WriteResult) -> dict[str, Any]:
     }
 
 
-def _targets(catalog: Catalog, info: q.TableInfo, site: str | None = None) -> list[_Target]:
+def write_targets(catalog: Catalog, info: q.TableInfo, site: str | None = None) -> list[WriteTarget]:
+    """Where a write of ``info`` goes, read now: each serving partition's leader placement, or ``site``'s own
+    placement of an active-active table; WritesPausedError while a switchover pauses writes."""
     with catalog.read() as s:
         parts = q.serving_partitions(s, info)
         if not parts:
@@ -354,7 +421,7 @@ def _targets(catalog: Catalog, info: q.TableInfo, site: str | None = None) -> li
         if leader is None:
             raise SegrepError(f"partition {part.partition_id} of {info.name} has no leader placement")
         if at is None or leader.site_id == at.site_id:
-            out.append(_Target(part, leader, sites[leader.site_id]))
+            out.append(WriteTarget(part, leader, sites[leader.site_id]))
             continue
         if info.row.writes != "any_site":
             raise SegrepError(
@@ -371,29 +438,41 @@ def _targets(catalog: Catalog, info: q.TableInfo, site: str | None = None) -> li
                 f"site {at.name} holds no live replica of {info.name} partition {part.partition_id}; "
                 "it cannot take writes there"
             )
-        out.append(_Target(part, local, at, local=True))
+        out.append(WriteTarget(part, local, at, local=True))
     return out
 
 
-def _route(rows: pa.Table, info: q.TableInfo, parts: list[m.Partition]) -> list[pa.Table | None]:
-    """Split rows by partition key range; partitions are in key order and tile the key space."""
-    if len(parts) == 1:
+def partition_bounds(info: q.TableInfo, parts: list[m.Partition]) -> list[Any]:
+    """The decoded begin keys of every partition but the first: what ``route_rows`` splits by."""
+    return [info.decode_key(p.begin_key) for p in parts[1:]]
+
+
+def route_rows(rows: pa.Table, partition_key: str, key_type: pa.DataType, bounds: list[Any]) -> list[pa.Table | None]:
+    """Split rows by partition key range (``bounds``: ``partition_bounds``); one entry per partition, in key
+    order (the partitions tile the key space), None where no row falls."""
+    if not bounds:
         return [rows]
-    bounds = [info.decode_key(p.begin_key) for p in parts[1:]]
-    col = rows.column(info.partition_key)
-    bucket = _bucketize(col, bounds, info.key_type)
+    count = len(bounds) + 1
+    bucket = bucket_rows(rows, partition_key, key_type, bounds)
     out: list[pa.Table | None] = []
     if bool(np.all(bucket[1:] >= bucket[:-1])):  # sorted by partition key: zero-copy slices
-        edges = np.searchsorted(bucket, np.arange(len(parts) + 1), "left")
-        for i in range(len(parts)):
+        edges = np.searchsorted(bucket, np.arange(count + 1), "left")
+        for i in range(count):
             lo, hi = int(edges[i]), int(edges[i + 1])
             out.append(None if hi == lo else rows.slice(lo, hi - lo))
         return out
-    for i in range(len(parts)):
+    for i in range(count):
         mask = bucket == i
         n = int(mask.sum())
         out.append(None if n == 0 else rows if n == rows.num_rows else rows.filter(pa.array(mask)))
     return out
+
+
+def bucket_rows(rows: pa.Table, partition_key: str, key_type: pa.DataType, bounds: list[Any]) -> np.ndarray:
+    """Each row's partition, as its index in key order."""
+    if not bounds:
+        return np.zeros(rows.num_rows, np.int64)
+    return _bucketize(rows.column(partition_key), bounds, key_type)
 
 
 def _bucketize(col: pa.ChunkedArray, bounds: list[object], dtype: pa.DataType) -> np.ndarray:
@@ -406,41 +485,41 @@ def _bucketize(col: pa.ChunkedArray, bounds: list[object], dtype: pa.DataType) -
     return np.fromiter((bisect.bisect_right(bounds, v) for v in values), np.int64, len(values))
 
 
-def _write_file(
-    catalog: Catalog, info: q.TableInfo, schema: SchemaVersion, chain: _Chain, part_rows: pa.Table, delete: bool
-) -> _Written:
-    target = chain.target
-    part = target.partition
-    version = hlc.next_version(chain.last_version)
-    base = chain.root
-    chain.last_version, chain.extended = version, True
-    segment_id = new_segment_id()
-    if not target.local:  # a local write sits beside the chain: the next one continues the same root
-        chain.root = segment_id
+def write_segment_file(
+    site: Site, layout: TableLayout, plan: SegmentPlan, rows: pa.Table, delete: bool
+) -> tuple[SegmentEntry, FileFacts]:
+    """Stamp ``rows`` (conformed, de-duplicated, all in ``plan``'s partition) as ``plan`` says and write them
+    atomically at ``site``: the file's entry and facts (size, sha256, CRC-64/NVME). Where the write runs does
+    not matter: in this process, or on a Spark executor with a ``Site`` built from the shipped options."""
     stamped = stamp_rows(
-        part_rows,
-        info.schema,
-        version=version,
+        rows,
+        layout.schema,
+        version=plan.version,
         deleted=delete,
-        origin=target.site.site_id,
-        layout=schema.segment_arrow(),
+        origin=plan.origin_site_id,
+        layout=layout.version.segment_arrow(),
     )
     entry = SegmentEntry(
-        segment_id=segment_id,
-        table=info.name,
-        partition_id=part.partition_id,
-        base_segment_id=base,
-        # the first segment of a chain is major (EventQL 3); a local write is never on a chain
-        is_major=base is None and not target.local,
-        origin_site_id=target.site.site_id,
-        epoch=part.epoch,
-        schema_fingerprint=info.row.schema_fingerprint,
-        partition_begin=part.begin_key,
-        partition_end=part.end_key,
-        schema_version=schema.version,
-        **entry_stats(stamped, info.primary_key),
+        segment_id=plan.segment_id,
+        table=layout.name,
+        partition_id=plan.partition_id,
+        base_segment_id=plan.base_segment_id,
+        is_major=plan.is_major,
+        origin_site_id=plan.origin_site_id,
+        epoch=plan.epoch,
+        schema_fingerprint=layout.schema_fingerprint,
+        partition_begin=plan.partition_begin,
+        partition_end=plan.partition_end,
+        schema_version=layout.version.version,
+        **entry_stats(stamped, layout.primary_key),
     )
-    site = open_site(catalog, target.site)  # checks the site's identity marker before writing
-    relpath = segment_relpath(info.name, part.partition_id, entry.segment_id)
-    facts = site.write_segment(relpath, stamped, entry.to_meta())
-    return _Written(chain, entry, relpath, facts, site, base)
+    return entry, site.write_segment(plan.relpath, stamped, entry.to_meta())
+
+
+def _write_file(
+    catalog: Catalog, layout: TableLayout, chain: PartitionChain, part_rows: pa.Table, delete: bool
+) -> WrittenFile:
+    plan = chain.plan_segment(layout.name)
+    site = open_site(catalog, chain.target.site)  # checks the site's identity marker before writing
+    entry, facts = write_segment_file(site, layout, plan, part_rows, delete)
+    return WrittenFile(chain, entry, plan.relpath, facts, site, plan.base_segment_id)
