@@ -42,7 +42,7 @@ tables:
 
 # Every test here proves it changed nothing (`unchanged`): one environment per backend and module.
 @pytest.fixture(scope="module", params=BACKENDS)
-def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def shared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     yield from shared_env(request, tmp_path_factory, ORDERS_YAML)
 
 
@@ -65,9 +65,9 @@ def readings(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         ("five", "PARTITION"),
     ],
 )
-def test_split_refuses_a_partition_id_out_of_range(env: Env, partition: str, named: str) -> None:
-    with unchanged(env):
-        assert_user_error(*cli(env, "split", "events", partition, "--at", "b"), named)
+def test_split_refuses_a_partition_id_out_of_range(shared: Env, partition: str, named: str) -> None:
+    with unchanged(shared):
+        assert_user_error(*cli(shared, "split", "events", partition, "--at", "b"), named)
 
 
 @pytest.mark.parametrize(
@@ -84,14 +84,14 @@ def test_split_refuses_a_partition_id_out_of_range(env: Env, partition: str, nam
         ("orders", "", "''"),
     ],
 )
-def test_split_refuses_a_key_that_is_not_exactly_an_int64(env: Env, table: str, key: str, named: str) -> None:
-    with unchanged(env):
-        assert_user_error(*cli(env, "split", table, "1", f"--at={key}"), "split key", "o_orderkey", named)
+def test_split_refuses_a_key_that_is_not_exactly_an_int64(shared: Env, table: str, key: str, named: str) -> None:
+    with unchanged(shared):
+        assert_user_error(*cli(shared, "split", table, "1", f"--at={key}"), "split key", "o_orderkey", named)
 
 
-def test_split_refuses_duplicate_keys(env: Env) -> None:
-    with unchanged(env):
-        assert_user_error(*cli(env, "split", "events", "5", "--at", "b", "--at", "b"), "distinct")
+def test_split_refuses_duplicate_keys(shared: Env) -> None:
+    with unchanged(shared):
+        assert_user_error(*cli(shared, "split", "events", "5", "--at", "b", "--at", "b"), "distinct")
 
 
 @pytest.mark.parametrize("key", ["nan", "NaN", "inf", "-inf", "ten", ""])
@@ -105,11 +105,11 @@ def test_split_refuses_nan_and_infinity_for_a_float_key(readings: Env, key: str)
 
 
 @pytest.mark.parametrize("partition", [0, -1, 2**31, 2**63, 2**70, True, 5.0, "5", None])
-def test_begin_split_refuses_a_partition_id_before_the_catalog_sees_it(env: Env, partition: Any) -> None:
-    with unchanged(env), pytest.raises(SegrepError, match=f"partition id {partition!r}|partition id {partition}"):
-        begin_split(env.catalog, "events", partition, ["b"])
-    with unchanged(env), pytest.raises(SegrepError, match="partition id"):
-        begin_split(env.catalog, "events", partition)  # resuming: the same check
+def test_begin_split_refuses_a_partition_id_before_the_catalog_sees_it(shared: Env, partition: Any) -> None:
+    with unchanged(shared), pytest.raises(SegrepError, match=f"partition id {partition!r}|partition id {partition}"):
+        begin_split(shared.catalog, "events", partition, ["b"])
+    with unchanged(shared), pytest.raises(SegrepError, match="partition id"):
+        begin_split(shared.catalog, "events", partition)  # resuming: the same check
 
 
 @FUNCTION_SCOPED
@@ -131,9 +131,9 @@ def test_begin_split_refuses_every_integer_out_of_range(sqlite_env: Env, partiti
         ([5], "[5]"),
     ],
 )
-def test_begin_split_refuses_a_key_that_is_not_exactly_an_int64(env: Env, key: Any, named: str) -> None:
-    with unchanged(env), pytest.raises(SegrepError) as raised:
-        begin_split(env.catalog, "orders", 1, [key])
+def test_begin_split_refuses_a_key_that_is_not_exactly_an_int64(shared: Env, key: Any, named: str) -> None:
+    with unchanged(shared), pytest.raises(SegrepError) as raised:
+        begin_split(shared.catalog, "orders", 1, [key])
     assert "o_orderkey" in str(raised.value) and named in str(raised.value), raised.value
 
 
@@ -156,6 +156,6 @@ def test_begin_split_refuses_nan_and_infinity_for_a_float_key(readings: Env, key
 
 
 @pytest.mark.parametrize("split_keys", ["b", b"b", 5, {"b": 1}])
-def test_begin_split_refuses_split_keys_that_are_not_a_list(env: Env, split_keys: Any) -> None:
-    with unchanged(env), pytest.raises(SegrepError, match="split keys must be a list"):
-        begin_split(env.catalog, "events", 5, split_keys)
+def test_begin_split_refuses_split_keys_that_are_not_a_list(shared: Env, split_keys: Any) -> None:
+    with unchanged(shared), pytest.raises(SegrepError, match="split keys must be a list"):
+        begin_split(shared.catalog, "events", 5, split_keys)
