@@ -136,12 +136,18 @@ def write_batch(
         except ConflictError as exc:
             log.info("write to %s conflicted (attempt %d): %s", table, attempt, exc)
             continue
-        policy = defs.policy(table) if defs is not None else None
-        if policy is not None and policy.on_write:
-            result.event = announce(table, write_event_extra(result), policy.write_fallback_s)
-            log.info("%s", result.event.detail)
+        announce_write(defs, table, result)
         return result
     raise SegrepError(f"write to {table} gave up after {MAX_ATTEMPTS} conflicting attempts; retry later")
+
+
+def announce_write(defs: Definitions | None, table: str, result: WriteResult) -> None:
+    """After a committed write to a table with ``schedule: on_write``: its Airflow asset event (best effort,
+    ``result.event`` says how it went); nothing without the definitions."""
+    policy = defs.policy(table) if defs is not None else None
+    if policy is not None and policy.on_write:
+        result.event = announce(table, write_event_extra(result), policy.write_fallback_s)
+        log.info("%s", result.event.detail)
 
 
 def _attempt(

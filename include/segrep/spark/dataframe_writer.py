@@ -54,7 +54,6 @@ from segrep.core import schema as sch
 from segrep.core.batch_versions import conform_to_current
 from segrep.core.errors import ConflictError, SchemaMismatchError, SegrepError
 from segrep.core.schema_versions import SchemaVersion
-from segrep.data.write_events import announce
 from segrep.data.writer import (
     PartitionChain,
     SegmentPlan,
@@ -62,10 +61,10 @@ from segrep.data.writer import (
     WriteResult,
     WriteTarget,
     WrittenFile,
+    announce_write,
     commit_segments,
     partition_bounds,
     route_rows,
-    write_event_extra,
     write_segment_file,
     write_targets,
     written_segment,
@@ -203,10 +202,7 @@ def write_dataframe(
         except ConflictError as exc:
             log.info("Spark write to %s conflicted (attempt %d): %s", table, attempt, exc)
             continue
-        policy = defs.policy(table) if defs is not None else None
-        if policy is not None and policy.on_write:
-            result.event = announce(table, write_event_extra(result), policy.write_fallback_s)
-            log.info("%s", result.event.detail)
+        announce_write(defs, table, result)
         return result
     raise SegrepError(f"write to {table} gave up after {MAX_ATTEMPTS} conflicting attempts; retry later")
 
