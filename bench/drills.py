@@ -459,10 +459,13 @@ class PrivatePostgres:
     def ctl(self, *args: str) -> None:
         opts = f"-p {PG_PORT} -k {self.where} -c listen_addresses=127.0.0.1 -c fsync=off"
         log = str(self.where / "log")
-        _check([*self.as_user, str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", opts, "-w", "-l", log, *args])
+        # run from its own directory: the postgres user cannot enter the caller's (a test's is root's, mode 700)
+        cmd = [*self.as_user, str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", opts, "-w", "-l", log, *args]
+        _check(cmd, cwd=self.where)
 
     def __enter__(self) -> PrivatePostgres:
-        _check([*self.as_user, str(self.bindir / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres"])
+        initdb = [*self.as_user, str(self.bindir / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres"]
+        _check(initdb, cwd=self.where)
         self.ctl("start")
         return self
 
@@ -473,8 +476,8 @@ class PrivatePostgres:
             shutil.rmtree(self.where, ignore_errors=True)
 
 
-def _check(cmd: list[str]) -> None:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+def _check(cmd: list[str], cwd: Path | None = None) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, cwd=cwd)
     if done.returncode != 0:
         raise DrillFailed(
             f"{Path(cmd[cmd.index('--') + 1 if '--' in cmd else 0]).name}: exit {done.returncode}: "
