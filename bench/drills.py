@@ -58,6 +58,7 @@ from segrep.config.definitions import load_definitions
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.replication.rollback import list_rollbacks
+from segrep.replication.round import lease_ttl_us
 from segrep.replication.status import status_rows
 
 PG_PORT = 55432
@@ -493,6 +494,13 @@ def pg_restart(d: Drill, pg: PrivatePostgres) -> None:
     pg.ctl("restart", "-m", "fast")
     proc.wait()
     d.outcome.notes.append(f"the round the restart hit exited {proc.returncode}")
+    if proc.returncode != 0:
+        # the round died with its leases held (the catalog went away under it): like a killed round's, they
+        # block the next rounds until they lapse, which healing waits out (README: "a crashed round does not
+        # stall replication")
+        wait_s = lease_ttl_us() / 1_000_000 + 1
+        d.outcome.notes.append(f"waited {wait_s:.0f} s for the failed round's leases to lapse")
+        time.sleep(wait_s)
     d.writes(1)
     d.heal_and_check("PostgreSQL restarted during a round")
 
