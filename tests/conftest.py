@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from segrep.spark.merge_runner import ENGINE_ENV
+from segrep.storage import throttle
 from segrep.storage.stores import set_connection_resolver
 from tests.support.env import ORDERS_YAML, OUTAGE_YAML, Env, env_fixture, make_env, pg_schema_url, sqlite_url
 from tests.support.jvm_start import JvmArchive, speed_up_jvm_start
@@ -83,6 +84,14 @@ def outside_airflow() -> Iterator[None]:
     sites' ``airflow_conn_id`` credentials through Airflow, as a task process does, and that stays set."""
     yield
     set_connection_resolver(None)
+
+
+@pytest.fixture(autouse=True)
+def own_request_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's sites get their own request buckets (``storage.throttle``): the paced limits an earlier test
+    made in this process belong to another deployment's sites of the same names, which a CLI command's request
+    sharing would otherwise join in this test's catalog (a process serves one deployment)."""
+    monkeypatch.setattr(throttle, "_limits", {})
 
 
 def _pg_reachable() -> str | None:
