@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
@@ -63,6 +64,15 @@ class TableInfo:
 
     def decode_key(self, value: Any) -> Any:
         return keys.decode(value, self.key_type)
+
+    @cached_property
+    def primary_key_types(self) -> tuple[pa.DataType, ...]:
+        return tuple(self.schema.field(k).type for k in self.primary_key)
+
+    def decode_primary_key(self, value: Any) -> tuple[Any, ...]:
+        """A segment's ``key_min`` or ``key_max`` (JSON, one value per primary-key column) as comparable values
+        (what a reader and a publication compare every segment's key range by)."""
+        return tuple(map(keys.decode, value, self.primary_key_types))
 
 
 # built once (catalog.sql says why): a round's every offer reads these

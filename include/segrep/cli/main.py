@@ -413,7 +413,7 @@ def write(obj: Context, table: str, file: Path, fmt: str | None, delete: bool, s
     _PASSWORD); if that fails the write stays committed and a warning on stderr says why."""
     from segrep.catalog.schemas import schema_history
     from segrep.data.writer import write_batch
-    from segrep.replication.publication import publish
+    from segrep.replication.publication import publish_written
 
     catalog = obj.catalog()
     with catalog.read() as s:
@@ -440,10 +440,7 @@ def write(obj: Context, table: str, file: Path, fmt: str | None, delete: bool, s
         click.echo(f"  {result.event.detail}")
     elif result.event is not None:
         click.echo(f"segrep: warning: {result.event.detail}", err=True)
-    defs = obj.defs_if_any()
-    written = sorted({seg.site for seg in result.segments})
-    published = publish(catalog, defs, table, written).sites if defs is not None and written else ()
-    for pub in published:
+    for pub in publish_written(catalog, obj.defs_if_any(), result).sites:
         failed = pub.status == "failed"
         click.echo(
             f"segrep: warning: the write is committed; {pub.line()}" if failed else f"  {pub.line()}", err=failed

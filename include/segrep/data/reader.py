@@ -97,7 +97,6 @@ def placement_files(catalog: Catalog, table: str, site: str | None = None) -> tu
             chosen.append(candidates[0])
         unloading = _unloading_parents(s, info, parts, chosen)
         seg_lists = q.segments_of(s, [pl.placement_id for pl in (*chosen, *unloading.values())])
-    key_types = [info.schema.field(k).type for k in info.primary_key]
     by_partition = {p.partition_id: p for p in parts}
     out = []
     for pl in chosen:
@@ -105,7 +104,7 @@ def placement_files(catalog: Catalog, table: str, site: str | None = None) -> tu
         if info.row.writes == "any_site" and pl.placement_id != by_partition[pl.partition_id].leader_placement_id:
             visible = (*visible, *_local_writes(pl, seg_lists))  # read-your-writes before the merge
         begin, end = pl.key_begin, pl.key_end
-        disjoint = segments_disjoint(visible, lambda v: tuple(map(keys.decode, v, key_types)))
+        disjoint = segments_disjoint(visible, info.decode_primary_key)
         parent_pl = unloading.get(pl.placement_id)
         if parent_pl is not None:  # the parent's rows in this child's range, until UNLOAD_FINAL
             part = by_partition[pl.partition_id]

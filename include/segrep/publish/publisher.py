@@ -53,7 +53,7 @@ from segrep.catalog.publications import record, recorded_token
 from segrep.catalog.schemas import schema_versions
 from segrep.config.definitions import Definitions
 from segrep.config.iceberg_catalog import IcebergCatalogDef
-from segrep.core import faults, hlc, keys
+from segrep.core import faults, hlc
 from segrep.core import schema as sch
 from segrep.core.errors import NotFoundError, SegrepError
 from segrep.data.reader import PlacementFiles, key_range, placement_files
@@ -570,11 +570,7 @@ def _disjoint_appends(state: _SiteState, current: dict[str, tuple[PlacementFiles
     key_min/key_max per segment, compared as the reader compares them): then no row anywhere is superseded."""
     if any(current[rel][1].deleted_rows for rel in new):
         return False
-    types = [state.info.schema.field(k).type for k in state.info.primary_key]
-
-    def decode(v: Any) -> tuple[Any, ...]:
-        return tuple(map(keys.decode, v, types))
-
+    decode = state.info.decode_primary_key
     spans = sorted(
         (decode(seg.key_min), decode(seg.key_max), rel) for rel, (_pf, seg) in current.items() if seg.row_count
     )

@@ -42,9 +42,15 @@ def write_batch(
     an engine reading a leader's Iceberg table sees it at once. A publication that fails is logged and leaves
     the write committed; the next round publishes again."""
     result = write_only(catalog, table, batch, delete=delete, site=site, defs=defs)
-    written = sorted({seg.site for seg in result.segments})
-    if defs is not None and written:
-        for x in publish(catalog, defs, table, written).sites:
-            if x.status is PublishStatus.FAILED:
-                log.warning("write to %s committed; %s", table, x.line())
+    for x in publish_written(catalog, defs, result).sites:
+        if x.status is PublishStatus.FAILED:
+            log.warning("write to %s committed; %s", table, x.line())
     return result
+
+
+def publish_written(catalog: Catalog, defs: Definitions | None, result: WriteResult) -> Publication:
+    """The publication of the sites a committed write wrote segments at (nothing without the definitions)."""
+    written = sorted({seg.site for seg in result.segments})
+    if defs is None or not written:
+        return Publication(result.table)
+    return publish(catalog, defs, result.table, written)
