@@ -100,9 +100,12 @@ def version_of_file(schema: pa.Schema) -> SchemaVersion | None:
     if raw is None:
         return None
     try:
-        return SchemaVersion.from_json(raw)
-    except (ValueError, KeyError, TypeError) as exc:
+        version = SchemaVersion.from_json(raw)
+        for column in version.columns:
+            column.arrow_type  # noqa: B018 - a type name that does not parse is malformed metadata too
+    except (ValueError, KeyError, TypeError, SegrepError) as exc:
         raise SegrepError(f"segment schema metadata is malformed: {exc}") from None
+    return version
 
 
 def _field(column: Column) -> pa.Field:
