@@ -28,7 +28,7 @@ from segrep.publish.metadata_gc import ORPHAN_GRACE_S, collect_unreferenced
 from segrep.publish.publisher import PublishStatus, SnapshotKind, publish_table
 from segrep.replication.orchestrator import run_round
 from segrep.split.run import run_split
-from tests.support.badinput import assert_user_error
+from tests.support.badinput import assert_user_error, unchanged
 from tests.support.cli import cli, cli_command
 from tests.support.env import ORDERS_YAML, Env, make_env
 from tests.support.iceberg import iceberg_catalog, loaded, scan
@@ -240,11 +240,14 @@ def test_publish_command_and_bad_input(pub_env: Env, tmp_path: Path) -> None:
         *out.splitlines()[1:],
     ]
     assert "events: iceberg at primary: unchanged" in out
-    assert_user_error(*cli(pub_env, "publish", "orders"), "orders is not published", "publish: iceberg")
-    assert_user_error(*cli(pub_env, "publish", TABLE, "--site", "nowhere"), "unknown site 'nowhere'")
-    assert_user_error(*cli(pub_env, "publish", "nosuch"), "unknown table 'nosuch'")
+    write_batch(pub_env.catalog, TABLE, batch(range(10, 20), "v2"))  # something a publication would publish
+    with unchanged(pub_env):
+        assert_user_error(*cli(pub_env, "publish", "orders"), "orders is not published", "publish: iceberg")
+        assert_user_error(*cli(pub_env, "publish", TABLE, "--site", "nowhere"), "unknown site 'nowhere'")
+        assert_user_error(*cli(pub_env, "publish", "nosuch"), "unknown table 'nosuch'")
     pub_env.config.write_text(pub_env.config.read_text().replace("publish: iceberg", "publish: delta"))
-    assert_user_error(*cli(pub_env, "apply"), "publish: expected one of iceberg or null; got 'delta'")
+    with unchanged(pub_env):
+        assert_user_error(*cli(pub_env, "apply"), "publish: expected one of iceberg or null; got 'delta'")
 
 
 def _snapshot(env: Env, site: str) -> int:
