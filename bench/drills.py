@@ -33,10 +33,12 @@ Exit 1 if any drill missed its goal, with the reason.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -61,7 +63,6 @@ from segrep.replication.rollback import list_rollbacks
 from segrep.replication.round import lease_ttl_us
 from segrep.replication.status import status_rows
 
-PG_PORT = 55432
 SPARK_DRILLS = ("return_merge", "kill_split")
 MAX_ROUNDS = 2  # the goal: converged within this many rounds after healing
 # Fault points (segrep.core.faults) a kill drill hangs a command at, every other kill (the others: a random
@@ -444,31 +445,77 @@ def pg_bin() -> Path | None:
     return found[-1].parent if found else None
 
 
+def quiet_port(rng: random.Random) -> int:
+    """A free loopback port below the kernel's ephemeral range: a fixed port (or one the kernel handed out) can be
+    taken by any test's outgoing connection meanwhile (CI's pg_restart once failed to bind 55432)."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(100):
+        port = rng.randrange(max(1025, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise DrillFailed(f"no free loopback port below {low} for the drill's PostgreSQL")
+
+
 class PrivatePostgres:
-    """A PostgreSQL cluster of the drill's own (trust auth, port PG_PORT, socket in its directory); run as the
+    """A PostgreSQL cluster of the drill's own (trust auth, a quiet port, socket in its directory); run as the
     ``postgres`` user when the drill runs as root (initdb refuses root)."""
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, rng: random.Random) -> None:
         self.bindir = bindir
+        self.rng = rng
         self.where = Path(tempfile.mkdtemp(prefix="segrep-drills-pg-"))  # its own: the postgres user must enter it
         self.data = self.where / "pgdata"
         self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         if self.as_user:
             shutil.chown(self.where, "postgres")
-        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{PG_PORT}/postgres"
+        self.port = quiet_port(rng)
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
 
     def ctl(self, *args: str) -> None:
-        opts = f"-p {PG_PORT} -k {self.where} -c listen_addresses=127.0.0.1 -c fsync=off"
-        log = str(self.where / "log")
+        opts = f"-p {self.port} -k {self.where} -c listen_addresses=127.0.0.1 -c fsync=off"
+        log = self.where / "log"
         # run from its own directory: the postgres user cannot enter the caller's (a test's is root's, mode 700)
-        cmd = [*self.as_user, str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", opts, "-w", "-l", log, *args]
-        _check(cmd, cwd=self.where)
+        cmd = [
+            *self.as_user,
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            opts,
+            "-w",
+            "-l",
+            str(log),
+            *args,
+        ]
+        try:
+            _check(cmd, cwd=self.where)
+        except DrillFailed as e:
+            tail = log.read_text(errors="replace").strip()[-600:] if log.exists() else "(no server log)"
+            raise DrillFailed(f"{e}; server log: {tail}") from None
 
     def __enter__(self) -> PrivatePostgres:
         initdb = [*self.as_user, str(self.bindir / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres"]
         _check(initdb, cwd=self.where)
-        self.ctl("start")
-        return self
+        failed: DrillFailed | None = None
+        for attempt in range(3):
+            if attempt:
+                self.port = quiet_port(self.rng)  # the port was taken between the check and the server's bind
+            try:
+                self.ctl("start")
+                return self
+            except DrillFailed as e:
+                failed = e
+        assert failed is not None
+        raise failed
 
     def __exit__(self, *exc: object) -> None:
         try:
@@ -521,7 +568,7 @@ def run_drill(name: str, seed: int, kills: int, work: Path, *, short: bool = Fal
             if bindir is None:
                 outcome.skipped = "no PostgreSQL binaries under /usr/lib/postgresql/*/bin"
                 return outcome
-            with PrivatePostgres(bindir) as pg:
+            with PrivatePostgres(bindir, random.Random(f"{seed}:port")) as pg:
                 pg_restart(Drill(root, pg.url, rng, outcome, on_return, short=short), pg)
         else:
             url = f"sqlite:///{root / 'data' / 'catalog.db'}"
