@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from pyiceberg.manifest import ManifestContent
 from pyiceberg.table.snapshots import Operation
 from sqlalchemy import text
 
@@ -294,14 +295,16 @@ def test_many_rounds_consolidate_the_metadata_and_expired_files_are_collected(
     sqlite_env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Incremental snapshots carry their manifests until there are MAX_CARRIED_MANIFESTS; the next one is
-    consolidated (one data manifest, one delete file, read from the metadata). Snapshots past KEEP_SNAPSHOTS
+    consolidated from the metadata: the largest data manifest carried as it is, the
+    others merged into one, every delete file into one whose deletes still apply to the carried manifest's
+    files (the scans equal segrep's reads). Snapshots past KEEP_SNAPSHOTS
     expire, and their files (and a killed publication's) are deleted once past the grace, never a file a
     retained snapshot needs."""
     env = sqlite_env
     env.config.write_text(PUBLISHED_YAML)
     monkeypatch.setattr(publisher, "MAX_CARRIED_MANIFESTS", 4)
     cat, defs = env.catalog, env.defs
-    kinds = []
+    kinds, data_manifests = [], []
     for i in range(7):
         write_batch(cat, TABLE, batch(range(i * 3, i * 3 + 10), f"r{i}"))
         if i % 2:
@@ -309,7 +312,13 @@ def test_many_rounds_consolidate_the_metadata_and_expired_files_are_collected(
         report = run_round(cat, defs, TABLE, submit=no_spark)
         kinds.append({x.site: x.kind for x in report.published}["dr"])
         assert_published_equal(env, ("dr",))
+        tbl, _ = loaded(env.url, "dr", TABLE)
+        mfs = tbl.current_snapshot().manifests(tbl.io)
+        data_manifests.append({mf.manifest_path for mf in mfs if mf.content == ManifestContent.DATA})
     assert kinds[0] == SnapshotKind.CLEAN and SnapshotKind.CONSOLIDATED in kinds, kinds
+    at = kinds.index(SnapshotKind.CONSOLIDATED)
+    # one data manifest carried as it was (the largest), one merged from the others and the new files
+    assert len(data_manifests[at]) == 2 and len(data_manifests[at] & data_manifests[at - 1]) == 1
     tbl, _ = loaded(env.url, "dr", TABLE)
     assert len(tbl.current_snapshot().manifests(tbl.io)) <= 4 + 2
     assert len(tbl.metadata.snapshots) == publisher.KEEP_SNAPSHOTS

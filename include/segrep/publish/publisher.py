@@ -71,8 +71,9 @@ LeaderSafeTime = Callable[[Catalog, str, str], "int | None"]
 UNKNOWN_SAFE_TIME = 0  # the summary's safe time of a site the catalog has none for: no write is promised
 _PREFIX = "segrep."
 KEEP_SNAPSHOTS = 5  # older snapshots are expired: their files may be compacted away and collected
-# an incremental snapshot carrying this many manifests is consolidated instead: one manifest of every data file
-# and one delete file of every hidden position, written from the metadata alone (no segment file is read)
+# an incremental snapshot carrying this many manifests is consolidated instead: the largest data manifest kept,
+# one manifest of the other data files and one delete file of every hidden position, written from the metadata
+# alone (no segment file is read)
 MAX_CARRIED_MANIFESTS = 16
 TABLE_PROPERTIES = {
     "format-version": "2",
@@ -83,7 +84,7 @@ TABLE_PROPERTIES = {
 
 class SnapshotKind(StrEnum):
     INCREMENTAL = "incremental"  # the previous manifests carried, the new files' added
-    CONSOLIDATED = "consolidated"  # the previous manifests and delete files rewritten as one of each
+    CONSOLIDATED = "consolidated"  # the largest data manifest kept; the others and the delete files merged
     CLEAN = "clean"  # every file listed and every hidden row found afresh (a major, a cut, a split...)
 
 
@@ -400,9 +401,10 @@ def _commit(
         after = PublishedState(index_path, tuple(sorted(current)), ())
     added = [files.data_file(uris[rel], current[rel][1].row_count, current[rel][1].byte_size) for rel in new_files]
     listed, hiding = added, hidden
-    if kind is SnapshotKind.CONSOLIDATED:  # one data manifest, one delete file, from the metadata alone
-        old_data, old_hidden = _carried_entries(io, carried, loc)
-        listed, hiding, carried = old_data + added, pa.concat_tables([old_hidden, hidden]), []
+    if kind is SnapshotKind.CONSOLIDATED:  # from the metadata alone: see _consolidated
+        kept, merged = _consolidated(carried)
+        old_data, old_hidden = _carried_entries(io, merged, loc)
+        listed, hiding, carried = old_data + added, pa.concat_tables([old_hidden, hidden]), kept
     delete_file = files.position_deletes(io, location, snapshot_id, hiding, uris)
     new_manifests = [
         x
@@ -472,6 +474,22 @@ def _commit(
         rows_hidden=hidden.num_rows,
         files_collected=collected,
     )
+
+
+def _consolidated(carried: Sequence[ManifestFile]) -> tuple[list[ManifestFile], list[ManifestFile]]:
+    """The carried manifests a consolidated snapshot keeps as they are, and those it merges: the largest data
+    manifest (most often a clean snapshot's, listing most of the history) is kept, so consolidating costs the manifests
+    added since rather than every file ever listed; every delete manifest is merged. The merged position deletes
+    take the new snapshot's sequence number, at or above every data file's (the kept one's are older), so
+    each still applies."""
+    data = [mf for mf in carried if mf.content == ManifestContent.DATA]
+    largest = max(data, key=lambda mf: (_listed(mf), -mf.sequence_number), default=None)  # ties: the oldest
+    kept = [] if largest is None else [largest]
+    return kept, [mf for mf in carried if mf is not largest]
+
+
+def _listed(mf: ManifestFile) -> int:
+    return (mf.added_files_count or 0) + (mf.existing_files_count or 0)
 
 
 def _carried_entries(io: Any, manifests: Sequence[ManifestFile], loc: SiteLocation) -> tuple[list[DataFile], pa.Table]:

@@ -94,15 +94,19 @@ def leader_safe_time(catalog: Catalog, table: str, site: str) -> int | None:
         site_id = q.site_by_name(s, site).site_id
         parts = q.serving_partitions(s, info)
         leaders = {p.leader_placement_id for p in parts}
-        mine = [pl for pl in q.active_placements(s, [p.partition_id for p in parts]) if pl.site_id == site_id]
+        placements = q.active_placements(s, [p.partition_id for p in parts])
+        mine = [pl for pl in placements if pl.site_id == site_id]
         if not mine or any(pl.placement_id not in leaders for pl in mine):
             return None
         led = {pl.partition_id for pl in mine}
-        snap = snapshot(s, table, active_only=True)
+        # only a partition with a follower can hold a fork (leader_vouches reads the followers' lists): a site
+        # that alone holds what it leads reads no segment list here
+        followed = {pl.partition_id for pl in placements if pl.partition_id in led and pl.site_id != site_id}
+        snap = snapshot(s, table, active_only=True).partitions if followed else ()
         unloading = unload_safe_bound(s, info.table_id)
     safe = max(p.last_version for p in parts if p.partition_id in led)
-    for part in snap.partitions:
-        if part.partition.partition_id in led:
+    for part in snap:
+        if part.partition.partition_id in followed:
             safe = min(safe, leader_vouches(part))
     return safe if unloading is None else min(safe, unloading)
 
