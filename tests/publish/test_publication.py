@@ -24,7 +24,7 @@ from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.failover.promote import failover
 from segrep.maintenance.compaction import compact
-from segrep.publish import publisher
+from segrep.publish import publisher, winners_index
 from segrep.publish.metadata_gc import ORPHAN_GRACE_S, collect_unreferenced
 from segrep.publish.publisher import PublishStatus, SnapshotKind, publish_table
 from segrep.replication.orchestrator import run_round
@@ -389,6 +389,52 @@ def test_appended_keys_skip_the_index_until_a_later_write_shares_one(sqlite_env:
     run_round(cat, defs, TABLE, submit=no_spark)
     folded = state("dr")
     assert folded["unindexed"] == [] and folded["index"] != first["index"]
+    assert_published_equal(env)
+
+
+def test_folds_write_index_deltas_until_their_bound_then_a_new_base_and_gc_keeps_them(
+    sqlite_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fold writes the touched keys' new winners as a delta (the base is not rewritten); the previous winner
+    of a key is the newest among the deltas and the base: updates of keys in the base and in a delta, a delete
+    and a re-insert of the same key read exactly. Past MAX_DELTAS the fold writes a new base; the GC keeps
+    every delta a retained snapshot's index needs."""
+    env = sqlite_env
+    env.config.write_text(PUBLISHED_YAML)
+    cat, defs = env.catalog, env.defs
+    monkeypatch.setattr(winners_index, "MAX_DELTAS", 3)
+    monkeypatch.setattr(winners_index, "DELTA_FRACTION", 10.0)
+
+    def index_doc() -> dict[str, object]:
+        tbl, summary = loaded(env.url, "dr", TABLE)
+        with tbl.io.new_input(summary["segrep.state"]).open() as f:
+            return json.loads(f.read())
+
+    write_batch(cat, TABLE, batch(range(0, 60), "v0"))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    docs = [index_doc()]
+    steps = [
+        (batch(range(0, 10), "v1"), False),  # keys of the base
+        (batch(range(5, 15), "v2"), False),  # keys of the first delta and of the base
+        (keys_only(range(8, 12)), True),  # tombstones of keys whose winner is in a delta
+        (batch(range(9, 11), "v3"), False),  # re-inserted after the tombstones; past MAX_DELTAS: a new base
+        (batch(range(50, 55), "v4"), False),  # a delta over the new base
+    ]
+    for rows, delete in steps:
+        write_batch(cat, TABLE, rows, delete=delete)
+        run_round(cat, defs, TABLE, submit=no_spark)
+        assert_published_equal(env)
+        docs.append(index_doc())
+    assert [len(d["deltas"]) for d in docs] == [0, 1, 2, 3, 0, 1]  # type: ignore[arg-type]
+    assert len({d["index"] for d in docs[:4]}) == 1 and docs[4]["index"] != docs[0]["index"]
+    assert docs[4]["index_rows"] == 60 and docs[3]["delta_rows"] == 10 + 10 + 4
+    tbl, _ = loaded(env.url, "dr", TABLE)
+    site = open_site(cat, q_site(env, "dr"))
+    collect_unreferenced(tbl, site, TABLE, now=time.time() + ORPHAN_GRACE_S + 1)
+    for path in docs[-1]["deltas"]:  # type: ignore[attr-defined]
+        assert Path(str(path).removeprefix("file://")).exists(), path
+    write_batch(cat, TABLE, batch(range(52, 58), "v5"))  # folds against the base and the kept delta
+    run_round(cat, defs, TABLE, submit=no_spark)
     assert_published_equal(env)
 
 

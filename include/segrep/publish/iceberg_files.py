@@ -11,7 +11,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.avro.codecs import AvroCompressionCodec
 from pyiceberg.io import FileIO
@@ -82,9 +84,16 @@ def position_deletes(
     path and position as the spec asks; None when nothing is hidden."""
     if hidden.num_rows == 0:
         return None
-    paths = pa.array([uris[rel] for rel in hidden.column(FILE_COL).to_pylist()], pa.string())
-    rows = pa.table([paths, hidden.column(POS_COL).cast(pa.int64())], schema=_DELETE_SCHEMA)
-    rows = rows.sort_by([("file_path", "ascending"), ("pos", "ascending")])
+    # the paths through their dictionary (a few files, many rows), sorted by each path's rank, not as strings
+    rels = hidden.column(FILE_COL).combine_chunks().dictionary_encode()
+    names = pa.array([uris[rel] for rel in rels.dictionary.to_pylist()], pa.string())
+    rank = pa.array(np.argsort(np.argsort(names.to_numpy(zero_copy_only=False))), pa.int32())
+    pos = hidden.column(POS_COL).combine_chunks().cast(pa.int64())
+    order = pc.sort_indices(
+        pa.table({"r": pc.take(rank, rels.indices), "p": pos}), sort_keys=[("r", "ascending"), ("p", "ascending")]
+    )
+    paths = pa.DictionaryArray.from_arrays(rels.indices, names).cast(pa.string())
+    rows = pa.table([paths, pos], schema=_DELETE_SCHEMA).take(order)
     path = new_name(location, "deletes", str(snapshot_id), "parquet")
     size = write_parquet(io, path, rows)
     first, last = rows.column("file_path")[0].as_py(), rows.column("file_path")[-1].as_py()

@@ -10,6 +10,7 @@ outside the ``_iceberg`` directory and belong to segrep's own GC.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pyarrow.fs as pafs
@@ -22,6 +23,7 @@ from segrep.storage.site import Site
 ORPHAN_GRACE_S = 600
 _COLLECTED_DIRS = ("metadata", "deletes", "segrep")
 _KEPT_KEYS = ("segrep.index", "segrep.state")  # summary entries naming files of the snapshot
+_DELTAS_KEY = "segrep.index-deltas"  # a JSON list of the index's delta files (winners_index)
 
 
 def referenced(tbl: IcebergTable) -> set[str]:
@@ -34,6 +36,8 @@ def referenced(tbl: IcebergTable) -> set[str]:
         for key in _KEPT_KEYS:
             if snap.summary is not None and snap.summary.get(key):
                 out.add(str(snap.summary.get(key)))
+        if snap.summary is not None and snap.summary.get(_DELTAS_KEY):
+            out.update(json.loads(str(snap.summary.get(_DELTAS_KEY))))
         for mf in snap.manifests(io):
             out.add(mf.manifest_path)
             if mf.content != ManifestContent.DELETES or mf.manifest_path in seen:

@@ -59,9 +59,11 @@ from segrep.core.errors import NotFoundError, SegrepError
 from segrep.data.reader import PlacementFiles, key_range, placement_files
 from segrep.publish import iceberg_files as files
 from segrep.publish import iceberg_types as types
+from segrep.publish import winners_index
 from segrep.publish.hidden_rows import FILE_COL, POS_COL, out_of_range, positions, resolve
 from segrep.publish.metadata_gc import collect_unreferenced
 from segrep.publish.site_catalog import SiteLocation, identifier, namespace, site_catalog, site_location
+from segrep.publish.winners_index import IndexFiles
 
 log = logging.getLogger(__name__)
 
@@ -388,17 +390,18 @@ def _commit(
         # no key of a new file is anywhere else and none is a tombstone: nothing older is hidden, no index read
         unrestricted = [rel for rel in new_files if not _restricted(current[rel][0])]
         rows_out = _candidate_rows(state, [current[r] for r in new_files if r not in unrestricted], set(new_files))[1]
-        hidden, after = rows_out, PublishedState(before.index, before.indexed, (*before.unindexed, *new_files))
+        hidden, after = rows_out, replace(before, unindexed=(*before.unindexed, *new_files))
     else:
         # the new files and those appended without the index so far are resolved against the index's winners
         fold = new_files + (list(before.unindexed) if incremental and before is not None else [])
         rows, outside = _candidate_rows(state, [current[rel] for rel in fold], set(new_files))
-        previous_index = _read_index(io, before.index) if incremental and before is not None else None
-        res = resolve(previous_index, rows, state.info.primary_key)
+        pk = state.info.primary_key
+        index = before.index if incremental and before is not None else None
+        previous = None if index is None else winners_index.read_previous(io, index, rows, pk)
+        res = resolve(None if previous is None else previous.winners, rows, pk)
         hidden = pa.concat_tables([outside, res.hidden]) if outside.num_rows else res.hidden
-        index_path = files.new_name(location, "segrep", f"index-{snapshot_id}", "parquet")
-        files.write_parquet(io, index_path, res.index)
-        after = PublishedState(index_path, tuple(sorted(current)), ())
+        stored = winners_index.store(io, location, snapshot_id, index, previous, res.index, pk)
+        after = PublishedState(stored, tuple(sorted(current)), ())
     added = [files.data_file(uris[rel], current[rel][1].row_count, current[rel][1].byte_size) for rel in new_files]
     listed, hiding = added, hidden
     if kind is SnapshotKind.CONSOLIDATED:  # from the metadata alone: see _consolidated
@@ -514,7 +517,7 @@ def _carried_entries(io: Any, manifests: Sequence[ManifestFile], loc: SiteLocati
 
 
 def _summary(
-    state: _SiteState, index_path: str, state_path: str, kind: SnapshotKind, added: int, hidden: int, site: str
+    state: _SiteState, index: IndexFiles, state_path: str, kind: SnapshotKind, added: int, hidden: int, site: str
 ) -> dict[str, str]:
     us = UNKNOWN_SAFE_TIME if state.safe_time_us is None else state.safe_time_us
     safe = (
@@ -531,7 +534,8 @@ def _summary(
         "schema-version": str(state.info.row.schema_version),
         "fingerprint": state.fingerprint,
         "structure": state.structure,
-        "index": index_path,
+        "index": index.base,
+        "index-deltas": json.dumps(list(index.deltas)),
         "state": state_path,
         "snapshot-kind": str(kind),
         "files-added": str(added),
@@ -546,7 +550,7 @@ class PublishedState:
     files appended since without it (each one's keys in no other file, no tombstone: all its rows in range
     are visible, so the index needs them only once a later file may share a key)."""
 
-    index: str
+    index: IndexFiles
     indexed: tuple[str, ...]
     unindexed: tuple[str, ...]
 
@@ -555,7 +559,7 @@ class PublishedState:
         return {*self.indexed, *self.unindexed}
 
     def to_json(self) -> bytes:
-        doc = {"index": self.index, "indexed": list(self.indexed), "unindexed": list(self.unindexed)}
+        doc = {**self.index.to_doc(), "indexed": list(self.indexed), "unindexed": list(self.unindexed)}
         return json.dumps(doc).encode()
 
 
@@ -568,15 +572,10 @@ def _read_state(io: Any, prev: dict[str, str]) -> PublishedState | None:
     try:
         with io.new_input(path).open() as f:
             doc = json.loads(f.read())
-        return PublishedState(str(doc["index"]), tuple(doc["indexed"]), tuple(doc["unindexed"]))
+        return PublishedState(IndexFiles.from_doc(doc), tuple(doc["indexed"]), tuple(doc["unindexed"]))
     except (OSError, ValueError, KeyError, TypeError):
         log.warning("publication state %s unreadable: the next snapshot is a clean one", path)
         return None
-
-
-def _read_index(io: Any, path: str) -> pa.Table:
-    with io.new_input(path).open() as f:
-        return pq.read_table(f)
 
 
 def _restricted(pf: PlacementFiles) -> bool:
