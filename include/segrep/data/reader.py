@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -46,6 +46,7 @@ from segrep.storage.site import Site
 # Files read at once by one read: enough to keep both the disk (or the store) and the decoding busy; each
 # holds one file's bytes in memory while it is decoded.
 _READ_THREADS = max(4, os.cpu_count() or 1)
+_Item = TypeVar("_Item")
 
 
 @dataclass(frozen=True)
@@ -263,11 +264,18 @@ def checked_reads(
         with restore_advice(pf):
             return checked_read(info, pf.site, seg, columns, versions)
 
-    if len(files) <= 1:
-        return [read(item) for item in files]
-    pool = ThreadPoolExecutor(min(len(files), _READ_THREADS), thread_name_prefix="segrep-read")
+    return read_in_threads(read, files)
+
+
+def read_in_threads(read: Callable[[_Item], pa.Table], items: Sequence[_Item]) -> list[pa.Table]:
+    """``read`` of each item, in order, a few at once (file reads and Parquet decoding release the GIL; on an
+    object store each read waits mostly on the network). The first failure in order raises; items not
+    started yet are then not read."""
+    if len(items) <= 1:
+        return [read(item) for item in items]
+    pool = ThreadPoolExecutor(min(len(items), _READ_THREADS), thread_name_prefix="segrep-read")
     try:
-        return list(pool.map(read, files))
+        return list(pool.map(read, items))
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 

@@ -56,7 +56,7 @@ from segrep.config.iceberg_catalog import IcebergCatalogDef
 from segrep.core import faults, hlc
 from segrep.core import schema as sch
 from segrep.core.errors import NotFoundError, SegrepError
-from segrep.data.reader import PlacementFiles, key_range, placement_files
+from segrep.data.reader import PlacementFiles, key_range, placement_files, read_in_threads
 from segrep.publish import iceberg_files as files
 from segrep.publish import iceberg_types as types
 from segrep.publish import winners_index
@@ -619,8 +619,9 @@ def _candidate_rows(
             )
     inside: list[pa.Table] = []
     outside: list[pa.Table] = []
-    for pf, seg in chosen:
-        rows = positions(seg.relpath, _key_rows(pf, seg, pk), pk)
+    read = read_in_threads(lambda item: _key_rows(item[0], item[1], pk), chosen)
+    for (_pf, seg), key_rows in zip(chosen, read, strict=True):
+        rows = positions(seg.relpath, key_rows, pk)
         exprs = ranges[seg.relpath]
         keep = None if any(e is None for e in exprs) else _any(exprs)
         kept, dropped = out_of_range(rows, keep)
