@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyiceberg.manifest import ManifestContent
 from pyiceberg.table.snapshots import Operation
@@ -436,6 +437,32 @@ def test_folds_write_index_deltas_until_their_bound_then_a_new_base_and_gc_keeps
     write_batch(cat, TABLE, batch(range(52, 58), "v5"))  # folds against the base and the kept delta
     run_round(cat, defs, TABLE, submit=no_spark)
     assert_published_equal(env)
+
+
+@pytest.mark.parametrize("damage", ["missing", "no _version column"])
+def test_a_file_the_publication_cannot_read_fails_it_naming_the_file_and_publishes_nothing(
+    sqlite_env: Env, damage: str
+) -> None:
+    """A site's first publication reads every file's keys: a segment file gone, or one without segrep's
+    columns, fails the publication (FAILED, naming the file and what is wrong), and no snapshot is made."""
+    env = sqlite_env
+    cat = env.catalog
+    write_batch(cat, TABLE, batch(range(0, 20), "v1"))
+    write_batch(cat, TABLE, batch(range(10, 30), "v2"))
+    run_round(cat, env.defs, TABLE, submit=no_spark)  # not published yet: the policy says nothing
+    env.config.write_text(PUBLISHED_YAML)
+    victim = sorted(p for p in (env.site_dir("dr") / TABLE).rglob("*.parquet"))[0]
+    rel = victim.relative_to(env.site_dir("dr")).as_posix()
+    if damage == "missing":
+        victim.unlink()
+    else:
+        pq.write_table(pq.read_table(victim).drop_columns(["_version"]), victim)
+    out = publish_table(cat, env.defs, TABLE, ["dr"]).sites[0]
+    assert out.status is PublishStatus.FAILED and out.snapshot_id is None, out
+    want = "is missing (run `segrep repair`)" if damage == "missing" else "has no column _version"
+    assert f"segment file {rel} {want}" in out.detail, out.detail
+    with iceberg_catalog(env.url) as ice:  # registered by the attempt, with no snapshot: nothing to read
+        assert ice.load_table(("dr", TABLE)).current_snapshot() is None
 
 
 def test_publications_racing_for_a_site_both_end_published(pub_env: Env) -> None:

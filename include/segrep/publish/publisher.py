@@ -613,10 +613,9 @@ def _candidate_rows(
     pk = list(info.primary_key)
     ranges: dict[str, list[pc.Expression | None]] = {}
     for pf in state.placements:
+        expr = key_range(info.partition_key, info.key_type, pf.key_begin, pf.key_end)
         for seg in pf.segments:
-            ranges.setdefault(seg.relpath, []).append(
-                key_range(info.partition_key, info.key_type, pf.key_begin, pf.key_end)
-            )
+            ranges.setdefault(seg.relpath, []).append(expr)
     inside: list[pa.Table] = []
     outside: list[pa.Table] = []
     read = read_in_threads(lambda item: _key_rows(item[0], item[1], pk), chosen)
@@ -645,12 +644,20 @@ def _any(exprs: list[pc.Expression | None]) -> pc.Expression:
 
 
 def _key_rows(pf: PlacementFiles, seg: m.Segment, pk: list[str]) -> pa.Table:
-    """A segment file's key and internal columns, in file order; SegrepError if missing or short."""
+    """A segment file's key and internal columns, in file order; SegrepError if missing, short or lacking a
+    column. Read through ``ParquetFile`` (a third of ``read_table``'s time on a small file, which a long history
+    is made of), which returns no column rather than failing for a name the file lacks: checked first."""
     site = pf.site
     site.ensure_identified()
     path = site.path(seg.relpath)
+    columns = [*pk, sch.VERSION_COL, sch.ORIGIN_COL, sch.DELETED_COL]
     try:
-        rows = pq.read_table(path, columns=[*pk, sch.VERSION_COL, sch.ORIGIN_COL, sch.DELETED_COL], filesystem=site.fs)
+        with site.fs.open_input_file(path) as f:
+            parquet = pq.ParquetFile(f, page_checksum_verification=True)
+            lacking = [c for c in columns if c not in parquet.schema_arrow.names]
+            if lacking:
+                raise SegrepError(f"site {site.name}: segment file {seg.relpath} has no column {', '.join(lacking)}")
+            rows = parquet.read(columns=columns)
     except FileNotFoundError:
         raise SegrepError(f"site {site.name}: segment file {seg.relpath} is missing (run `segrep repair`)") from None
     if rows.num_rows != seg.row_count:
