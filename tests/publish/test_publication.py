@@ -465,6 +465,41 @@ def test_a_file_the_publication_cannot_read_fails_it_naming_the_file_and_publish
         assert ice.load_table(("dr", TABLE)).current_snapshot() is None
 
 
+def test_a_replica_removed_by_apply_has_its_iceberg_table_unregistered_and_a_returning_one_publishes_again(
+    pub_env: Env,
+) -> None:
+    """A site that holds the table no more is no longer kept current: `apply` unregisters its Iceberg table
+    (an engine would otherwise read the rows of its last publication as the table) and status forgets it; its
+    files stay. Added back and bootstrapped, it is registered and published again."""
+    cat = pub_env.catalog
+    write_batch(cat, TABLE, batch(range(0, 30), "v1"))
+    run_round(cat, pub_env.defs, TABLE, submit=no_spark)
+    iceberg_dir = pub_env.site_dir("edge") / TABLE / "_iceberg"
+    assert iceberg_dir.is_dir()
+    pub_env.config.write_text(PUBLISHED_YAML.replace("replicas: [dr, edge]", "replicas: [dr]"))
+    code, out, err = cli(pub_env, "apply")
+    assert code == 0, err
+    assert "remove  replica edge of table events" in out
+    assert f"{TABLE}: iceberg at edge: retired: the site holds no partition of the table" in out, out
+    with iceberg_catalog(pub_env.url) as ice:
+        assert not ice.table_exists(("edge", TABLE)) and ice.table_exists(("dr", TABLE))
+    assert iceberg_dir.is_dir()  # its files stay, as the replica's segment files do
+    code, out, err = cli(pub_env, "status", TABLE, "--json")
+    assert code == 0, err
+    assert sorted(r["site"] for r in json.loads(out)["open_tables"]) == ["dr", "primary"]
+    write_batch(cat, TABLE, batch(range(20, 40), "v2"))
+    report = run_round(cat, pub_env.defs, TABLE, submit=no_spark)
+    assert sorted(p.site for p in report.published) == ["dr", "primary"]  # nothing more to retire
+    assert_published_equal(pub_env, ("primary", "dr"))
+    pub_env.config.write_text(PUBLISHED_YAML)
+    code, out, err = cli(pub_env, "apply")
+    assert code == 0, err
+    code, out, err = cli(pub_env, "bootstrap", TABLE, "edge")
+    assert code == 0, err
+    run_round(cat, pub_env.defs, TABLE, submit=no_spark)
+    assert_published_equal(pub_env)
+
+
 def test_publications_racing_for_a_site_both_end_published(pub_env: Env) -> None:
     """Two processes' publications of the same sites at once: the catalog's conditional update lets one
     commit; the other looks again and finds it done (or commits after it), never a FAILED result."""

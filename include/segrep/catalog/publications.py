@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -83,3 +83,28 @@ def publication_states(s: Session, table: str | None = None) -> list[Publication
         PublicationState(t, site, row.status, row.snapshot_id, row.safe_time_us, row.detail, row.updated_us)
         for row, t, site in s.execute(query).all()
     ]
+
+
+def abandoned(s: Session, table_id: int) -> list[m.Site]:
+    """The sites with a recorded publication of the table that hold no placement of it any more (a replica
+    removed by ``apply``): their Iceberg tables are stale and are unregistered (``publish.publisher``)."""
+    holding = (
+        select(m.Placement.site_id)
+        .join(m.Partition, m.Partition.partition_id == m.Placement.partition_id)
+        .where(m.Partition.table_id == table_id, m.Placement.removed_us.is_(None))
+    )
+    query = (
+        select(m.Site)
+        .join(m.PublicationRow, m.PublicationRow.site_id == m.Site.site_id)
+        .where(m.PublicationRow.table_id == table_id, m.Site.site_id.not_in(holding))
+        .order_by(m.Site.name)
+    )
+    return list(s.scalars(query))
+
+
+def forget(catalog: Catalog, table_id: int, site_id: int) -> None:
+    """Remove the record of a site's publications of a table (its Iceberg table was unregistered)."""
+    with catalog.write() as s:
+        s.execute(
+            delete(m.PublicationRow).where(m.PublicationRow.table_id == table_id, m.PublicationRow.site_id == site_id)
+        )

@@ -49,7 +49,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.catalog.publications import record, recorded_token
+from segrep.catalog.publications import abandoned, forget, record, recorded_token
 from segrep.catalog.schemas import schema_versions
 from segrep.config.definitions import Definitions
 from segrep.config.iceberg_catalog import IcebergCatalogDef
@@ -95,6 +95,7 @@ class PublishStatus(StrEnum):
     UNCHANGED = "unchanged"  # the current snapshot already shows this state
     WAITING = "waiting"  # the site has no copy of some partition yet (joining): nothing published
     FAILED = "failed"  # something could not be read or written: the previous snapshot stays current
+    RETIRED = "retired"  # the site holds the table no more (a replica removed): its Iceberg table unregistered
 
 
 @dataclass(frozen=True)
@@ -186,9 +187,35 @@ def publish_table(
     with catalog.read() as s:
         info = q.table_info(s, table)
         names = sorted({r.name for r in _sites_of(s, info)})
+        gone = [r for r in abandoned(s, info.table_id) if sites is None or r.name in sites]
+        for row in gone:
+            s.expunge(row)
     chosen = names if sites is None else [x for x in sites if x in names]
     choice = defs.iceberg_catalog
-    return Publication(table, tuple(publish_site(catalog, table, site, leader_safe_time, choice) for site in chosen))
+    retired = tuple(_retire(catalog, info.table_id, table, row, choice) for row in gone)
+    return Publication(
+        table, tuple(publish_site(catalog, table, site, leader_safe_time, choice) for site in chosen) + retired
+    )
+
+
+def _retire(
+    catalog: Catalog, table_id: int, table: str, site: m.Site, choice: IcebergCatalogDef | None
+) -> SitePublication:
+    """Unregister the Iceberg table of a site that holds ``table`` no more: segrep no longer keeps it current,
+    and an engine reading it would get the rows of whenever it was last published. Its files stay (as the
+    removed replica's segment files do). FAILED (retried next time) if the catalog cannot be reached."""
+    try:
+        with contextlib.suppress(NoSuchTableError):
+            site_catalog(catalog, site.name, site.uri, choice).drop_table(identifier(site.name, table))
+        forget(catalog, table_id, site.site_id)
+    except Exception as exc:  # as a publication: never fails the round or apply it follows
+        log.warning("unregistering %s at %s failed", table, site.name, exc_info=True)
+        detail = f"not unregistered (the site holds the table no more): {type(exc).__name__}: {exc}"
+        with contextlib.suppress(SegrepError, SQLAlchemyError):  # status shows it, with the snapshot still there
+            record(catalog, table_id, site.site_id, str(PublishStatus.FAILED), detail)
+        return SitePublication(site.name, PublishStatus.FAILED, detail=detail)
+    detail = "the site holds no partition of the table: its Iceberg table is unregistered (its files stay)"
+    return SitePublication(site.name, PublishStatus.RETIRED, detail=detail)
 
 
 def _sites_of(s: Any, info: q.TableInfo) -> list[m.Site]:
