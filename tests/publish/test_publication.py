@@ -32,9 +32,9 @@ from segrep.replication.orchestrator import run_round
 from segrep.split.run import run_split
 from tests.support.badinput import assert_user_error, unchanged
 from tests.support.cli import cli, cli_command
-from tests.support.env import ORDERS_YAML, Env, make_env
+from tests.support.env import ORDERS_YAML, Env, make_env, sqlite_url
 from tests.support.iceberg import iceberg_catalog, loaded, scan
-from tests.support.rounds import no_spark
+from tests.support.rounds import no_spark, take_down
 from tests.support.s3 import S3Endpoint, secrets_of
 from tests.support.tables import batch
 
@@ -498,6 +498,49 @@ def test_a_replica_removed_by_apply_has_its_iceberg_table_unregistered_and_a_ret
     assert code == 0, err
     run_round(cat, pub_env.defs, TABLE, submit=no_spark)
     assert_published_equal(pub_env)
+
+
+def test_a_lost_catalogs_new_one_publishes_nothing_into_unclaimed_roots_and_the_rebuilt_sites_publish_again(
+    tmp_path: Path,
+) -> None:
+    """The catalog and the leader's site lost: in the new catalog, before `catalog rebuild` claims a replica's
+    root, the catalog knows none of its files. Publishing then would show the site's table as empty and write
+    into a root this catalog does not own: each site is WAITING (DOWN/UNIDENTIFIED, said by apply and status)
+    and its Iceberg directory is untouched. Rebuilt and failed over, dr and edge publish what they serve."""
+    env = make_env(tmp_path, sqlite_url(tmp_path), PUBLISHED_YAML)
+    write_batch(env.catalog, TABLE, batch(range(0, 30), "v1"))
+    run_round(env.catalog, env.defs, TABLE, submit=no_spark)
+    take_down(env, "primary")
+    env.catalog.dispose()
+    (tmp_path / "catalog.db").unlink()
+    new = Env(root=tmp_path, config=env.config, url=f"sqlite:///{tmp_path}/catalog-new.db")
+
+    def iceberg_files(site: str) -> dict[str, int]:
+        return {str(p): p.stat().st_mtime_ns for p in (new.site_dir(site) / TABLE / "_iceberg").rglob("*")}
+
+    before = {site: iceberg_files(site) for site in ("dr", "edge")}
+    assert cli(new, "init")[0] == 0
+    code, out, err = cli(new, "apply", "--site-down", "primary")
+    assert code == 0, err
+    for site in ("dr", "edge"):
+        assert f"{TABLE}: iceberg at {site}: waiting: DOWN/UNIDENTIFIED: site {site} has not been claimed" in out + err
+        assert iceberg_files(site) == before[site], site  # nothing written into the unclaimed root
+    assert f"{TABLE}: iceberg at primary: waiting: DOWN/UNIDENTIFIED: site primary: its root" in out + err
+    with iceberg_catalog(new.url) as ice:
+        assert not ice.table_exists(("dr", TABLE)) and not ice.table_exists(("edge", TABLE))
+    code, out, err = cli(new, "status", TABLE, "--json")
+    assert code == 0, err
+    rows = {r["site"]: r for r in json.loads(out)["open_tables"]}
+    assert {s: (r["status"], r["snapshot_id"]) for s, r in rows.items()} == {
+        s: ("waiting", None) for s in ("dr", "edge", "primary")
+    }
+    for site in ("dr", "edge"):
+        assert cli(new, "catalog", "rebuild", "--site", site, "--accept-loss")[0] == 0
+    code, out, err = cli(new, "failover", TABLE, "--to", "dr")
+    assert code == 0, err
+    assert f"{TABLE}: iceberg at dr: published" in out and f"{TABLE}: iceberg at edge: published" in out, out
+    assert_published_equal(new, ("dr", "edge"))
+    assert segrep_rows(new, "dr").num_rows == 30
 
 
 def test_publications_racing_for_a_site_both_end_published(pub_env: Env) -> None:

@@ -55,7 +55,7 @@ from segrep.config.definitions import Definitions
 from segrep.config.iceberg_catalog import IcebergCatalogDef
 from segrep.core import faults, hlc
 from segrep.core import schema as sch
-from segrep.core.errors import NotFoundError, SegrepError
+from segrep.core.errors import NotFoundError, SegrepError, SiteUnidentifiedError
 from segrep.data.reader import PlacementFiles, key_range, placement_files, read_in_threads
 from segrep.publish import iceberg_files as files
 from segrep.publish import iceberg_types as types
@@ -299,6 +299,15 @@ def _attempt(
         state = _site_state(catalog, table, site, leader_safe_time)
     except NotFoundError as exc:
         return SitePublication(site, PublishStatus.WAITING, detail=str(exc))
+    try:
+        # a root this catalog has not claimed (a new catalog before `catalog rebuild`, a vanished site) holds
+        # files the catalog does not list: publishing it would show what the catalog knows (nothing) as the
+        # site's table, and write into a root that is not this catalog's; its last snapshot stays current
+        for pf in state.placements[:1]:
+            pf.site.ensure_identified()
+    except OSError as exc:  # SiteUnidentifiedError, or a root that cannot be reached or is blocked
+        down = str(exc) if isinstance(exc, SiteUnidentifiedError) else f"DOWN/UNIDENTIFIED: {exc}"
+        return SitePublication(site, PublishStatus.WAITING, detail=f"{down} (its last snapshot, if any, stays current)")
     try:
         try:
             return _publish(catalog, site, state, choice)
