@@ -20,11 +20,12 @@ from sqlalchemy import text
 from segrep import write_batch as public_write
 from segrep.catalog import queries as q
 from segrep.catalog.site_identity import open_site
-from segrep.core import faults
+from segrep.core import faults, hlc
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.failover.promote import failover
 from segrep.maintenance.compaction import compact
+from segrep.maintenance.gc import collect
 from segrep.publish import publisher, winners_index
 from segrep.publish.metadata_gc import ORPHAN_GRACE_S, collect_unreferenced
 from segrep.publish.publisher import PublishStatus, SnapshotKind, publish_table
@@ -35,7 +36,7 @@ from tests.support.cli import cli, cli_command
 from tests.support.env import ORDERS_YAML, Env, make_env, sqlite_url
 from tests.support.iceberg import iceberg_catalog, loaded, scan
 from tests.support.rounds import no_spark, take_down
-from tests.support.s3 import S3Endpoint, secrets_of
+from tests.support.s3 import S3Endpoint, free_port, secrets_of
 from tests.support.tables import batch
 
 TABLE = "events"
@@ -148,6 +149,61 @@ def test_compaction_starts_a_clean_snapshot(pub_env: Env) -> None:
     assert_published_equal(pub_env, ("primary",))
     run_round(cat, defs, TABLE, submit=no_spark)  # the replicas take the majors: clean snapshots there too
     assert_published_equal(pub_env)
+
+
+def test_gc_keeps_the_files_a_current_snapshot_lists_until_a_publication_moves_past_them(
+    pub_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compacted while every publication fails, the sites' current snapshots still list the pre-compaction
+    files: GC drops their catalog rows but keeps the files (held, said in its report), so the snapshots read
+    on. Once published again, the files are orphans and go after the grace; nothing else is lost."""
+    cat, defs = pub_env.catalog, pub_env.defs
+    for i in range(4):
+        write_batch(cat, TABLE, batch(range(i * 5, i * 5 + 20), f"w{i}"))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    before = {site: scan(pub_env.url, site, TABLE, KEYS) for site in SITES}
+    listed = {site: files_listed(pub_env, site) for site in SITES}
+    monkeypatch.setenv(faults.FAULTS_ENV, "publish_before_commit")
+    assert compact(cat, defs, TABLE, force=True).committed
+    run_round(cat, defs, TABLE, submit=no_spark)  # the majors reach the replicas; nothing is published
+    report = collect(cat, defs, TABLE)
+    held = [h for h in report.held if "the current published snapshot of events at" in h]
+    assert report.deletions and len(held) == len(report.deletions), report.held
+    for site in SITES:
+        assert all((pub_env.site_dir(site) / rel).exists() for rel in listed[site]), site
+        assert scan(pub_env.url, site, TABLE, KEYS).equals(before[site]), site  # still reads
+    monkeypatch.delenv(faults.FAULTS_ENV)
+    assert not publish_table(cat, defs, TABLE).failed
+    assert_published_equal(pub_env)
+    later = hlc.now_us() + int(defs.policy(TABLE).orphan_grace_s * 1e6) + 1
+    report = collect(cat, defs, TABLE, now_us=later)
+    assert report.held == [] and report.files_removed == len(report.deletions) > 0
+    for site in SITES:
+        assert not any((pub_env.site_dir(site) / rel).exists() for rel in listed[site] - files_listed(pub_env, site))
+    assert_published_equal(pub_env)
+
+
+def test_gc_keeps_every_file_of_a_published_table_at_a_site_whose_snapshot_it_cannot_read(pub_env: Env) -> None:
+    """The Iceberg catalog does not answer: GC cannot know what the sites' snapshots list, so it removes no
+    file of the table (their catalog rows go), and says why."""
+    cat = pub_env.catalog
+    for i in range(3):
+        write_batch(cat, TABLE, batch(range(i * 5, i * 5 + 20), f"w{i}"))
+    run_round(cat, pub_env.defs, TABLE, submit=no_spark)
+    assert compact(cat, pub_env.defs, TABLE, force=True).committed
+    run_round(cat, pub_env.defs, TABLE, submit=no_spark)
+    dead = f"iceberg_catalog: {{type: rest, uri: 'http://127.0.0.1:{free_port()}'}}\n"
+    pub_env.config.write_text(dead + PUBLISHED_YAML)
+    report = collect(cat, pub_env.defs, TABLE)
+    assert report.deletions and report.files_removed == 0
+    assert all("could not be read" in h for h in report.held) and len(report.held) == len(report.deletions)
+    assert all((pub_env.site_dir(d.site) / d.relpath).exists() for d in report.deletions)
+
+
+def files_listed(env: Env, site: str) -> set[str]:
+    tbl, _ = loaded(env.url, site, TABLE)
+    prefix = f"file://{env.site_dir(site)}/"
+    return {str(p).removeprefix(prefix) for p in tbl.inspect.data_files().column("file_path").to_pylist()}
 
 
 def test_a_publication_killed_before_its_commit_leaves_the_previous_snapshot(

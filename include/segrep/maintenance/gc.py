@@ -14,7 +14,9 @@ it is marked ``needs_bootstrap``, stops holding GC, gets no more offers and ``se
 Each partition is decided and its catalog rows deleted in one transaction under the partition's row lock
 (the same lock offers and commits take), and only then are files removed: a crash leaves orphans, which a
 later run removes, never a catalog row pointing at a missing file. A file is removed only when no catalog row
-at that site still references its path.
+at that site still references its path, and (an open table, ``policy: {publish: iceberg}``) the site's current
+published snapshot does not list it: a publication that failed or has not run yet leaves that snapshot what
+engines read (``publish.published_files``; a snapshot that cannot be read keeps every file of the table there).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from segrep.catalog.snapshot import PartitionSnapshot, snapshot
 from segrep.config.definitions import Definitions, Policy
 from segrep.core import hlc
 from segrep.core.chain import LocalAction, follower_action, is_referenced, leader_action
+from segrep.publish.published_files import PublishedFiles, published_files
+from segrep.publish.publisher import enabled
 from segrep.storage.s3 import abort_stale_uploads
 from segrep.storage.site import Site
 from segrep.storage.stores import STORE_ERRORS, first_line
@@ -218,13 +222,14 @@ def collect(
         names = [table] if table else list(s.scalars(select(m.Table.name).order_by(m.Table.name)))
         sites = q.sites_by_id(s)
         pids = {name: [p.partition_id for p in q.partitions_of(s, q.table_info(s, name))] for name in names}
+    published = _Published(catalog, defs, sites)
     for name in names:
         policy = defs.policy(name)
         for pid in pids[name]:
             deletions = _partition_pass(catalog, name, pid, sites, policy, now, dry_run, report)
             report.deletions.extend(deletions)
             if not dry_run:
-                report.files_removed += _remove_files(catalog, deletions, sites, report)
+                report.files_removed += _remove_files(catalog, deletions, sites, report, published)
     orphan_sites = {site.site_id for site in sites.values()}
     for site_id in sorted(orphan_sites):
         site_row = sites[site_id]
@@ -233,7 +238,7 @@ def collect(
         report.deletions.extend(orphans)
         _stale_uploads(site, names, now, defs, dry_run, report)
         if not dry_run:
-            report.files_removed += _remove_files(catalog, orphans, sites, report)
+            report.files_removed += _remove_files(catalog, orphans, sites, report, published)
     return report
 
 
@@ -268,15 +273,52 @@ def _partition_pass(
     return deletions
 
 
+class _Published:
+    """Per table and site, the files the site's current published snapshot lists (read once per run): an
+    open table's readers keep reading it until the next publication, which a failure may hold up."""
+
+    def __init__(self, catalog: Catalog, defs: Definitions, sites: dict[int, m.Site]) -> None:
+        self._catalog, self._defs = catalog, defs
+        self._sites = {site.name: site for site in sites.values()}
+        self._read: dict[tuple[str, str], PublishedFiles] = {}
+
+    def keeps(self, d: Deletion) -> str | None:
+        """Why ``d``'s file stays, or None. A segment's path begins with its table's name."""
+        table = d.relpath.split("/", 1)[0]
+        if table not in self._defs.tables or not enabled(self._defs, table):
+            return None
+        key = (table, d.site)
+        if key not in self._read:
+            site = self._sites[d.site]
+            self._read[key] = published_files(self._catalog, site, table, self._defs.iceberg_catalog)
+        files = self._read[key]
+        if files.unknown is not None:
+            return f"the published snapshot of {table} at {d.site} could not be read ({files.unknown})"
+        if d.relpath in files.relpaths:
+            return f"the current published snapshot of {table} at {d.site} lists it (its next publication frees it)"
+        return None
+
+
 def _remove_files(
-    catalog: Catalog, deletions: list[Deletion], sites: dict[int, m.Site], report: GcReport | None = None
+    catalog: Catalog,
+    deletions: list[Deletion],
+    sites: dict[int, m.Site],
+    report: GcReport | None = None,
+    published: _Published | None = None,
 ) -> int:
-    """Delete files no catalog row at their site references any more (the rows went first). A site that
-    cannot be reached keeps its files (now orphans, removed by a later run); the other sites go on."""
+    """Delete files no catalog row at their site references any more (the rows went first) and no current
+    published snapshot lists. A site that cannot be reached keeps its files (now orphans, removed by a later
+    run); the other sites go on. A file a published snapshot lists is also left as an orphan."""
     by_name = {site.name: site for site in sites.values()}
     removed = 0
     for d in deletions:
         site = by_name[d.site]
+        kept = None if published is None else published.keeps(d)
+        if kept is not None:
+            held = f"{d.site}:{d.relpath} kept: {kept}"
+            if report is not None and held not in report.held:  # a kept file is an orphan in the same run
+                report.held.append(held)
+            continue
         with catalog.read() as s:
             still = s.scalar(
                 select(func.count())
