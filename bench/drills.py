@@ -22,7 +22,9 @@ after healing. The drills (``--drills``, default all):
 - ``pg_restart``: a private PostgreSQL cluster (its own port, under a temporary directory; never the shared
   server) restarted while a round runs; skipped, with the reason, when the PostgreSQL binaries are absent.
 
-Every writer, round and command is a real ``segrep`` process (``bench/chaos.py``'s machinery).
+Every writer, round and command is a real ``segrep`` process (``bench/chaos.py``'s machinery). The table is
+published (``policy: {publish: iceberg}``): each check also reads every site's Iceberg table through pyiceberg
+and compares it with what the site serves.
 
     python bench/drills.py --seed 7 --kills 5 --json bench/results/drills.json   # the full run
     python bench/drills.py --short --seed 3                                     # the test suite's run
@@ -48,17 +50,22 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from benchkit import background_load, log
 from chaos import DEFINITIONS, KEYS, SITES, Batch, Chaos, Report, allowed_states, converge
+from pyiceberg.catalog import load_catalog
+from pyiceberg.exceptions import NoSuchTableError
 
 from segrep.catalog import Catalog
 from segrep.catalog.apply import apply_definitions
 from segrep.catalog.leadership import leadership
 from segrep.catalog.migrate import upgrade
+from segrep.catalog.publications import publication_states
 from segrep.config.definitions import load_definitions
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
+from segrep.publish.site_catalog import CATALOG_NAME
 from segrep.replication.rollback import list_rollbacks
 from segrep.replication.round import lease_ttl_us
 from segrep.replication.status import status_rows
@@ -104,7 +111,9 @@ class Drill(Chaos):
         super().__init__(root, url, rng, Report(seed=0, catalog=url.split(":", 1)[0]))
         self.outcome, self.on_return = outcome, on_return
         # no back-off after a failed attempt: a healed site is tried at the next round
-        self.definitions = DEFINITIONS.replace("retry_delay_s: 1}", f"retry_delay_s: 0, on_return: {on_return}}}")
+        # every site's copy published as an Iceberg table (DESIGN 18): each check also reads them through pyiceberg
+        policy = f"retry_delay_s: 0, on_return: {on_return}, publish: iceberg}}"
+        self.definitions = DEFINITIONS.replace("retry_delay_s: 1}", policy)
         self.replicated_upto = 0  # batches before this one reached every site (set aside: only later ones)
         self.sites = list(SITES)  # every site compared with the replay (a bootstrap drill adds some)
         self.short = short  # the suite's run (--short): a kill that did not land is noted, not a failure
@@ -192,6 +201,29 @@ class Drill(Chaos):
         self.outcome.set_aside = len(aside)
         if problems:
             raise DrillFailed(f"{what}: {'; '.join(problems)}")
+        self.compare_published(what, tables)
+
+    def compare_published(self, what: str, served: dict[str, pa.Table]) -> None:
+        """Each site's published Iceberg table, read by pyiceberg from the catalog, holds exactly the rows the
+        site serves (the last round published every site whose copy moved)."""
+        problems = []
+        ice = load_catalog(CATALOG_NAME, type="sql", uri=self.url)
+        try:
+            for site, want in served.items():
+                try:
+                    got = ice.load_table((site, "chaos")).scan().to_arrow()
+                except NoSuchTableError:
+                    got = None
+                want_sorted = want.sort_by("k")
+                if got is None or not got.sort_by("k").cast(want.schema).equals(want_sorted):
+                    rows = "no table" if got is None else f"{got.num_rows} row(s)"
+                    problems.append(f"{site}: published {rows}, serves {want.num_rows}")
+        finally:
+            ice.engine.dispose()
+        if problems:
+            with self.catalog() as catalog, catalog.read() as s:
+                states = [f"{x.site} {x.status} {x.detail}" for x in publication_states(s, "chaos")]
+            raise DrillFailed(f"{what}: published tables differ: {'; '.join(problems)} (publications: {states})")
 
     def set_aside(self) -> set[tuple[int, int]]:
         """(key, batch) pairs the rollback files name as set aside (``list_rollbacks``: what ``segrep rollback
