@@ -60,7 +60,7 @@ tables:
     split_points: [1000]
     leader: primary
     replicas: [dr, edge]
-    policy: {schedule: "@hourly", start_date: 2026-11-01, retry_delay_s: 1}
+    policy: {schedule: "@hourly", start_date: 2026-11-01, retry_delay_s: 1, publish: iceberg}
 """
 
 
@@ -95,6 +95,8 @@ class Report:
     rows_wrong: int = 0
     duplicates: int = 0
     replica_differences: dict[str, int] = field(default_factory=dict)
+    # rows in which each site's published Iceberg table (read by pyiceberg) differs from what the site serves
+    published_differences: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)  # how commands that were not killed failed, counted
     seconds: float = 0.0
 
@@ -106,6 +108,7 @@ class Report:
             or self.rows_wrong
             or self.duplicates
             or any(self.replica_differences.values())
+            or any(self.published_differences.values())
         )
 
 
@@ -306,9 +309,36 @@ def check(chaos: Chaos) -> None:
         t = tables[site]
         got_rows = set(zip(t.column("k").to_pylist(), t.column("v").to_pylist(), strict=True))
         report.replica_differences[site] = len(want ^ got_rows) + (t.num_rows - len(got_rows))
+    report.published_differences = published_differences(chaos.url, tables)
     report.writes_acked = sum(b.outcome == "acked" for b in chaos.batches)
     report.writes_killed = sum(b.outcome == "killed" for b in chaos.batches)
     report.writes_failed = sum(b.outcome == "failed" for b in chaos.batches)
+
+
+def published_differences(url: str, served: dict[str, pa.Table]) -> dict[str, int]:
+    """Per site, the rows in which its published Iceberg table, read by pyiceberg from the catalog, differs
+    from what the site serves (``served``): (k, v) pairs in one and not the other, a key published twice; a
+    site with no table counts every row it serves (at least 1)."""
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.exceptions import NoSuchTableError
+
+    from segrep.publish.site_catalog import CATALOG_NAME
+
+    out = {}
+    ice = load_catalog(CATALOG_NAME, type="sql", uri=url)
+    try:
+        for site, want in served.items():
+            want_rows = set(zip(want.column("k").to_pylist(), want.column("v").to_pylist(), strict=True))
+            try:
+                got = ice.load_table((site, "chaos")).scan().to_arrow()
+            except NoSuchTableError:
+                out[site] = max(len(want_rows), 1)
+                continue
+            got_rows = set(zip(got.column("k").to_pylist(), got.column("v").to_pylist(), strict=True))
+            out[site] = len(want_rows ^ got_rows) + (got.num_rows - len(got_rows))
+    finally:
+        ice.engine.dispose()
+    return out
 
 
 @contextmanager
@@ -387,6 +417,7 @@ def format_report(r: Report) -> str:
             f"  leader rows {r.rows_at_leader}: lost {r.rows_lost}, resurrected {r.rows_resurrected}, wrong "
             f"{r.rows_wrong}, duplicates {r.duplicates}",
             f"  replica differences: {r.replica_differences}",
+            f"  published Iceberg tables vs what each site serves, rows differing: {r.published_differences}",
             "  commands that failed (not killed):",
             *(f"    {n} x {why}" for why, n in sorted(r.errors.items(), key=lambda e: -e[1])),
         ]

@@ -53,9 +53,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from benchkit import background_load, log
-from chaos import DEFINITIONS, KEYS, SITES, Batch, Chaos, Report, allowed_states, converge
-from pyiceberg.catalog import load_catalog
-from pyiceberg.exceptions import NoSuchTableError
+from chaos import DEFINITIONS, KEYS, SITES, Batch, Chaos, Report, allowed_states, converge, published_differences
 
 from segrep.catalog import Catalog
 from segrep.catalog.apply import apply_definitions
@@ -65,7 +63,6 @@ from segrep.catalog.publications import publication_states
 from segrep.config.definitions import load_definitions
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
-from segrep.publish.site_catalog import CATALOG_NAME
 from segrep.replication.rollback import list_rollbacks
 from segrep.replication.round import lease_ttl_us
 from segrep.replication.status import status_rows
@@ -111,9 +108,8 @@ class Drill(Chaos):
         super().__init__(root, url, rng, Report(seed=0, catalog=url.split(":", 1)[0]))
         self.outcome, self.on_return = outcome, on_return
         # no back-off after a failed attempt: a healed site is tried at the next round
-        # every site's copy published as an Iceberg table (DESIGN 18): each check also reads them through pyiceberg
-        policy = f"retry_delay_s: 0, on_return: {on_return}, publish: iceberg}}"
-        self.definitions = DEFINITIONS.replace("retry_delay_s: 1}", policy)
+        # the table is published (chaos.DEFINITIONS): each check also reads every site's Iceberg table
+        self.definitions = DEFINITIONS.replace("retry_delay_s: 1,", f"retry_delay_s: 0, on_return: {on_return},")
         self.replicated_upto = 0  # batches before this one reached every site (set aside: only later ones)
         self.sites = list(SITES)  # every site compared with the replay (a bootstrap drill adds some)
         self.short = short  # the suite's run (--short): a kill that did not land is noted, not a failure
@@ -204,22 +200,10 @@ class Drill(Chaos):
         self.compare_published(what, tables)
 
     def compare_published(self, what: str, served: dict[str, pa.Table]) -> None:
-        """Each site's published Iceberg table, read by pyiceberg from the catalog, holds exactly the rows the
-        site serves (the last round published every site whose copy moved)."""
-        problems = []
-        ice = load_catalog(CATALOG_NAME, type="sql", uri=self.url)
-        try:
-            for site, want in served.items():
-                try:
-                    got = ice.load_table((site, "chaos")).scan().to_arrow()
-                except NoSuchTableError:
-                    got = None
-                want_sorted = want.sort_by("k")
-                if got is None or not got.sort_by("k").cast(want.schema).equals(want_sorted):
-                    rows = "no table" if got is None else f"{got.num_rows} row(s)"
-                    problems.append(f"{site}: published {rows}, serves {want.num_rows}")
-        finally:
-            ice.engine.dispose()
+        """Each site's published Iceberg table holds exactly the rows the site serves (the last round
+        published every site whose copy moved): ``chaos.published_differences``."""
+        differences = published_differences(self.url, served)
+        problems = [f"{site}: {n} row(s) differ" for site, n in differences.items() if n]
         if problems:
             with self.catalog() as catalog, catalog.read() as s:
                 states = [f"{x.site} {x.status} {x.detail}" for x in publication_states(s, "chaos")]

@@ -35,6 +35,7 @@ def test_a_short_chaos_run_loses_nothing_and_converges(tmp_path: Path) -> None:
     assert report.converged, text
     assert (report.rows_lost, report.rows_resurrected, report.rows_wrong, report.duplicates) == (0, 0, 0, 0), text
     assert report.replica_differences == {"dr": 0, "edge": 0}, text
+    assert report.published_differences == {"primary": 0, "dr": 0, "edge": 0}, text
     assert report.writes_acked > 0 and report.rows_at_leader > 0, text
     assert report.writes_failed == 2, text  # exactly the two written while the disk was full
 
