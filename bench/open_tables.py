@@ -303,6 +303,7 @@ def main() -> int:
     ap.add_argument("--work-dir", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args()
+    args.tpch_dir = args.tpch_dir.resolve()  # the writer part names it in definitions read from another directory
     parts = args.part or ["publish", "history", "scan", "writer"]
     results: Results = {"date": dt.date.today().isoformat(), "args": args_doc(args), "loadavg_start": os.getloadavg()}
     started = time.perf_counter()
