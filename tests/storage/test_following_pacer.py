@@ -18,19 +18,9 @@ from segrep.storage.live_rates import follower, read_rate, write_rates
 from segrep.storage.pacing import FollowingPacer, Pacer
 from segrep.storage.site import Site
 from segrep.storage.transport import CopyItem, task_pacer
+from tests.support.fake_clock import FakeClock
 
 MIB = 1024 * 1024
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
 
 
 class Moves:

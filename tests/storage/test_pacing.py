@@ -12,17 +12,7 @@ from segrep.core.errors import SegrepError
 from segrep.storage.atomic import hash_local
 from segrep.storage.pacing import DEFAULT_SCRUB_BYTES_PER_S, Pacer, paced_facts, scrub_rate
 from segrep.storage.site import Site
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
+from tests.support.fake_clock import FakeClock
 
 
 def test_the_pacer_sleeps_until_the_bytes_fit_the_rate(tmp_path: Path) -> None:
