@@ -16,16 +16,16 @@ from segrep.catalog import link_slots as lk
 from segrep.catalog.link_lease import LinkPacing
 from segrep.core import hlc
 from segrep.core.links import CopyPriority
-from segrep.data.writer import write_batch
 from segrep.failover.promote import Cut, failover
 from segrep.replication.orchestrator import run_round
 from segrep.spark.link_pacing import crossing, paced_merge
 from segrep.spark.manifest import Manifest
-from tests.support.checks import safe_times, triples
+from tests.support.checks import triples
 from tests.support.env import ORDERS_YAML, make_env, sqlite_url
+from tests.support.failback import rows_past_a_cut
 from tests.support.models import Model
 from tests.support.rounds import no_spark
-from tests.support.tables import TABLE, orders
+from tests.support.tables import TABLE
 
 LINKED_YAML = ORDERS_YAML + "links:\n  - between: [primary, dr]\n    max_bytes_per_second: 50MB\n"
 
@@ -33,13 +33,7 @@ LINKED_YAML = ORDERS_YAML + "links:\n  - between: [primary, dr]\n    max_bytes_p
 def test_the_cut_folds_under_a_failbacks_link_pacing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = make_env(tmp_path, sqlite_url(tmp_path), LINKED_YAML)
     model = Model()
-    model.upsert(env, range(0, 30), "a")
-    write_batch(env.catalog, "orders", orders([1, 2, 3], comment="o1"))
-    run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    run_round(env.catalog, env.defs, "orders", submit=no_spark)
-    kept = model.snapshot()
-    cut_us = safe_times(env.catalog, "orders")["dr"]
-    model.upsert(env, range(20, 40), "after_cut")  # at dr too, but newer than orders' safe time there
+    kept, cut_us = rows_past_a_cut(env, model)  # keys 20-39 rewritten after the cut (at dr too, later)
     run_round(env.catalog, env.defs, TABLE, submit=no_spark)
     folds: list[tuple[CopyPriority, Counter[tuple[str, str]]]] = []
 

@@ -25,9 +25,10 @@ from segrep.replication.orchestrator import run_round
 from tests.support.checks import assert_replicas_equal_leader, safe_times, triples
 from tests.support.cli import cli
 from tests.support.env import Env
+from tests.support.failback import rows_past_a_cut
 from tests.support.models import Model
 from tests.support.rounds import bring_up, inprocess_submit, no_spark, take_down
-from tests.support.tables import TABLE, orders
+from tests.support.tables import TABLE
 
 pytestmark = pytest.mark.spark
 
@@ -35,13 +36,7 @@ pytestmark = pytest.mark.spark
 def test_two_tables_fail_over_cut_at_their_common_safe_time(sqlite_env: Env, spark: Any) -> None:
     env = sqlite_env
     model = Model()
-    model.upsert(env, range(0, 30), "a")
-    write_batch(env.catalog, "orders", orders([1, 2, 3], comment="o1"))
-    run_round(env.catalog, env.defs, TABLE, submit=no_spark)
-    run_round(env.catalog, env.defs, "orders", submit=no_spark)
-    kept = model.snapshot()
-    cut_us = safe_times(env.catalog, "orders")["dr"]
-    model.upsert(env, range(20, 40), "after_cut")  # replicated to dr and edge, but newer than orders' safe time
+    kept, cut_us = rows_past_a_cut(env, model)  # keys 20-39 rewritten after the cut (at dr too, later)
     model.delete(env, range(0, 2))
     run_round(env.catalog, env.defs, TABLE, submit=no_spark)
     assert safe_times(env.catalog)["dr"] > cut_us and triples(env.catalog, "dr") == model.snapshot()
