@@ -303,8 +303,8 @@ def _attempt(
         # a root this catalog has not claimed (a new catalog before `catalog rebuild`, a vanished site) holds
         # files the catalog does not list: publishing it would show what the catalog knows (nothing) as the
         # site's table, and write into a root that is not this catalog's; its last snapshot stays current
-        for pf in state.placements[:1]:
-            pf.site.ensure_identified()
+        if state.placements:  # all of them at this one site
+            state.placements[0].site.ensure_identified()
     except OSError as exc:  # SiteUnidentifiedError, or a root that cannot be reached or is blocked
         down = str(exc) if isinstance(exc, SiteUnidentifiedError) else f"DOWN/UNIDENTIFIED: {exc}"
         return SitePublication(site, PublishStatus.WAITING, detail=f"{down} (its last snapshot, if any, stays current)")
