@@ -25,15 +25,19 @@ from sqlalchemy import func, select
 
 import segrep.spark
 from segrep.catalog import models as m
+from segrep.catalog import queries as q
 from segrep.core import faults, hlc
 from segrep.core.errors import SchemaMismatchError, SegrepError
 from segrep.data.reader import read_table
-from segrep.data.writer import write_batch
+from segrep.data.writer import write_batch, write_targets
+from segrep.failover.promote import failover
 from segrep.maintenance.gc import collect
-from segrep.spark import launch
+from segrep.replication.orchestrator import run_round
+from segrep.spark import dataframe_writer, launch
 from segrep.spark.dataframe_writer import write_dataframe
 from segrep.spark.lifecycle import kill_group
 from tests.support.env import ORDERS_YAML, Env, make_env
+from tests.support.rounds import no_spark
 from tests.support.spark_cluster import SparkCluster
 
 pytestmark = pytest.mark.spark
@@ -156,6 +160,33 @@ def test_the_same_rows_through_write_batch_resolve_to_the_same_table(spark: Any,
     files = [p for p in _table_files(by_spark, "events") if p.suffix == ".parquet"]
     assert len(files) == _segments(by_spark, "events")
     assert all(b"segrep.segment" in (pq.read_schema(p).metadata or {}) for p in files)
+
+
+def test_a_write_that_loses_its_leaders_to_a_failover_plans_again_and_commits_at_the_new_ones(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer planned against the old leaders (read before a failover): its commit conflicts, its files
+    at the old leader are removed, and the second attempt writes and commits at the new leader."""
+    env = _env(tmp_path)
+    write_batch(env.catalog, "events", _events(spark, 40, 1, "a", keys=40).toArrow())
+    run_round(env.catalog, env.defs, "events", submit=no_spark)
+    with env.catalog.read() as s:
+        stale = write_targets(env.catalog, q.table_info(s, "events"))  # what the writer reads first
+    failover(env.catalog, env.defs, ["events"], to="dr")
+    calls: list[int] = []
+
+    def zombie_then_fresh(catalog: Any, info: Any, site: str | None = None) -> Any:
+        calls.append(1)
+        return stale if len(calls) == 1 else write_targets(catalog, info, site)
+
+    monkeypatch.setattr(dataframe_writer, "write_targets", zombie_then_fresh)
+    before = _table_files(env, "events")
+    df = _events(spark, 200, 2, "b", keys=100)
+    result = write_dataframe(df, "events", catalog=env.catalog)
+    assert result.attempts == 2 and {seg.site for seg in result.segments} == {"dr"}
+    assert _table_files(env, "events") == before  # nothing of the first attempt stays at the old leader
+    got = read_table(env.catalog, "events", "dr").sort_by(EVENTS_KEY)
+    assert got.num_rows == 100 and all(p.startswith("b") for p in got.column("payload").to_pylist())  # all won
 
 
 def test_upsert_then_delete(spark: Any, tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ import bisect
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,16 +129,27 @@ def write_batch(
     )
     if rows.num_rows == 0:
         return result
-    for attempt in range(1, MAX_ATTEMPTS + 1):
-        result.attempts = attempt
+
+    def attempt(_n: int) -> None:
+        result.segments = _attempt(catalog, info, schema, rows, delete, result, site)
+
+    until_no_conflict(table, result, MAX_ATTEMPTS, attempt)
+    announce_write(defs, table, result)
+    return result
+
+
+def until_no_conflict(table: str, result: WriteResult, most: int, attempt: Callable[[int], None]) -> None:
+    """Run ``attempt(n)`` (n = 1, 2, ...) until one commits without a ConflictError (a partition moved under
+    the write, which removed its files), counting attempts in ``result``; SegrepError after ``most`` of them."""
+    for n in range(1, most + 1):
+        result.attempts = n
         try:
-            result.segments = _attempt(catalog, info, schema, rows, delete, result, site)
+            attempt(n)
         except ConflictError as exc:
-            log.info("write to %s conflicted (attempt %d): %s", table, attempt, exc)
+            log.info("write to %s conflicted (attempt %d): %s", table, n, exc)
             continue
-        announce_write(defs, table, result)
-        return result
-    raise SegrepError(f"write to {table} gave up after {MAX_ATTEMPTS} conflicting attempts; retry later")
+        return
+    raise SegrepError(f"write to {table} gave up after {most} conflicting attempts; retry later")
 
 
 def announce_write(defs: Definitions | None, table: str, result: WriteResult) -> None:

@@ -52,7 +52,7 @@ from segrep.config.stores import StoreOptions, options_for
 from segrep.core import faults
 from segrep.core import schema as sch
 from segrep.core.batch_versions import conform_to_current
-from segrep.core.errors import ConflictError, SchemaMismatchError, SegrepError
+from segrep.core.errors import SchemaMismatchError, SegrepError
 from segrep.core.schema_versions import SchemaVersion
 from segrep.data.writer import (
     PartitionChain,
@@ -65,6 +65,7 @@ from segrep.data.writer import (
     commit_segments,
     partition_bounds,
     route_rows,
+    until_no_conflict,
     write_segment_file,
     write_targets,
     written_segment,
@@ -189,22 +190,18 @@ def write_dataframe(
     result.rows_in = sum(counts.values())
     if not counts:
         return result
-    for attempt in range(1, MAX_ATTEMPTS + 1):
-        result.attempts = attempt
-        if attempt > 1:
-            targets = write_targets(catalog, info, site)
-            if [t.partition.partition_id for t in targets] != partitions:
-                raise SegrepError(
-                    f"the partitions of {table} changed during the write (a split): nothing was written; write again"
-                )
-        try:
-            _attempt(catalog, df, spec, targets, counts, result)
-        except ConflictError as exc:
-            log.info("Spark write to %s conflicted (attempt %d): %s", table, attempt, exc)
-            continue
-        announce_write(defs, table, result)
-        return result
-    raise SegrepError(f"write to {table} gave up after {MAX_ATTEMPTS} conflicting attempts; retry later")
+
+    def attempt(n: int) -> None:
+        planned = targets if n == 1 else write_targets(catalog, info, site)  # planned again after a conflict
+        if [t.partition.partition_id for t in planned] != partitions:
+            raise SegrepError(
+                f"the partitions of {table} changed during the write (a split): nothing was written; write again"
+            )
+        _attempt(catalog, df, spec, planned, counts, result)
+
+    until_no_conflict(table, result, MAX_ATTEMPTS, attempt)
+    announce_write(defs, table, result)
+    return result
 
 
 def _arrow_schema(df: DataFrame) -> pa.Schema:
