@@ -226,6 +226,37 @@ def test_a_publication_killed_before_its_commit_leaves_the_previous_snapshot(
     assert_published_equal(pub_env)
 
 
+def test_two_publications_of_a_site_racing_the_later_commit_fails_and_looks_again(
+    pub_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publication that loaded the site's table before another one committed must not make its snapshot
+    current over the other's (the catalog's update is conditional on the metadata location it loaded): its
+    commit fails, it reads the catalog again and finds the other's snapshot already shows the newer state."""
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 20), "v1"))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    raced: list[int] = []
+    real_point = faults.point
+
+    def other_publisher_first(name: str) -> None:
+        real_point(name)
+        if name == "publish_before_commit" and not raced:  # the outer publication has loaded the table
+            raced.append(0)
+            public_write(cat, TABLE, batch(range(15, 30), "v3"), defs=defs)  # published at primary at once
+            raced[0] = loaded(pub_env.url, "primary", TABLE)[0].current_snapshot().snapshot_id  # type: ignore[union-attr]
+
+    write_batch(cat, TABLE, batch(range(5, 15), "v2"))  # not published yet
+    monkeypatch.setattr(faults, "point", other_publisher_first)
+    out = {x.site: x for x in publish_table(cat, defs, TABLE, ["primary"]).sites}
+    assert raced and raced[0]
+    assert out["primary"].status is PublishStatus.UNCHANGED, out["primary"].line()
+    assert out["primary"].snapshot_id == raced[0]
+    tbl, _ = loaded(pub_env.url, "primary", TABLE)
+    assert tbl.current_snapshot().snapshot_id == raced[0]  # type: ignore[union-attr]
+    assert_published_equal(pub_env, ("primary",))
+    assert {p[:2] for p in segrep_rows(pub_env, "primary").column("payload").to_pylist()} == {"v1", "v2", "v3"}
+
+
 def test_after_a_failover_the_new_leader_is_registered_and_reads_its_writes(pub_env: Env) -> None:
     cat, defs = pub_env.catalog, pub_env.defs
     write_batch(cat, TABLE, batch(range(0, 20), "v1"))

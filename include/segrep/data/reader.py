@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
@@ -80,24 +81,31 @@ def placement_files(catalog: Catalog, table: str, site: str | None = None) -> tu
     """The files to read for a table at a site (default: each partition's leader), partitions in key order."""
     with catalog.read() as s:
         info = q.table_info(s, table)
-        parts = q.serving_partitions(s, info)
-        placements = q.active_placements(s, [p.partition_id for p in parts])
-        sites = q.sites_by_id(s)
-        site_row = q.site_by_name(s, site) if site is not None else None
-        chosen: list[m.Placement] = []
-        for part in parts:
-            candidates = [
-                pl
-                for pl in placements
-                if pl.partition_id == part.partition_id
-                and (pl.site_id == site_row.site_id if site_row else pl.placement_id == part.leader_placement_id)
-            ]
-            if not candidates:
-                where = f"site {site}" if site else "its leader"
-                raise NotFoundError(f"table {table}: partition {part.partition_id} has no placement at {where}")
-            chosen.append(candidates[0])
-        unloading = _unloading_parents(s, info, parts, chosen)
-        seg_lists = q.segments_of(s, [pl.placement_id for pl in (*chosen, *unloading.values())])
+        return info, placement_files_in(s, catalog, info, site)
+
+
+def placement_files_in(s: Session, catalog: Catalog, info: q.TableInfo, site: str | None) -> list[PlacementFiles]:
+    """:func:`placement_files` in the caller's session: one snapshot of the catalog for several sites' files
+    (a publication of every site of a table reads them together), the rows read once."""
+    table = info.name
+    parts = q.serving_partitions(s, info)
+    placements = q.active_placements(s, [p.partition_id for p in parts])
+    sites = q.sites_by_id(s)
+    site_row = q.site_by_name(s, site) if site is not None else None
+    chosen: list[m.Placement] = []
+    for part in parts:
+        candidates = [
+            pl
+            for pl in placements
+            if pl.partition_id == part.partition_id
+            and (pl.site_id == site_row.site_id if site_row else pl.placement_id == part.leader_placement_id)
+        ]
+        if not candidates:
+            where = f"site {site}" if site else "its leader"
+            raise NotFoundError(f"table {table}: partition {part.partition_id} has no placement at {where}")
+        chosen.append(candidates[0])
+    unloading = _unloading_parents(s, info, parts, chosen)
+    seg_lists = q.segments_of(s, [pl.placement_id for pl in (*chosen, *unloading.values())])
     by_partition = {p.partition_id: p for p in parts}
     out = []
     for pl in chosen:
@@ -118,7 +126,7 @@ def placement_files(catalog: Catalog, table: str, site: str | None = None) -> tu
                 pl.placement_id, pl.partition_id, site_obj, visible, begin, end, disjoint, info.name, is_leader
             )
         )
-    return info, out
+    return out
 
 
 def _visible(pl: m.Placement, seg_lists: dict[int, list[m.Segment]]) -> tuple[m.Segment, ...]:

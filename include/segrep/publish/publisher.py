@@ -56,7 +56,8 @@ from segrep.config.iceberg_catalog import IcebergCatalogDef
 from segrep.core import faults, hlc
 from segrep.core import schema as sch
 from segrep.core.errors import NotFoundError, SegrepError, SiteUnidentifiedError
-from segrep.data.reader import PlacementFiles, key_range, placement_files, read_in_threads
+from segrep.core.schema_versions import SchemaVersion
+from segrep.data.reader import PlacementFiles, key_range, placement_files_in, read_in_threads
 from segrep.publish import iceberg_files as files
 from segrep.publish import iceberg_types as types
 from segrep.publish import winners_index
@@ -156,6 +157,7 @@ class _SiteState:
     epoch: int
     structure: str  # the placements and their key ranges
     fingerprint: str  # the structure, every file and the schema version
+    leads_all: bool = False  # the site leads every partition it holds: its safe time is a leader's
 
     def files(self) -> dict[str, tuple[PlacementFiles, m.Segment]]:
         out: dict[str, tuple[PlacementFiles, m.Segment]] = {}
@@ -181,7 +183,8 @@ def publish_table(
     ``publish: iceberg`` is not published (an empty result). ``leader_safe_time``: the safe time of a site
     leading every partition it holds, as rounds bound a leader (``replication.safetime.leader_safe_time``;
     ``replication.publication.publish`` passes it); without it such a site keeps its previous snapshot's safe
-    time (a write published at once claims no more than the last round did)."""
+    time (a write published at once claims no more than the last round did). Every site's state is read in
+    one snapshot of the catalog (the table's rows once), then each site is published in turn."""
     if not enabled(defs, table):
         return Publication(table)
     with catalog.read() as s:
@@ -190,11 +193,13 @@ def publish_table(
         gone = [r for r in abandoned(s, info.table_id) if sites is None or r.name in sites]
         for row in gone:
             s.expunge(row)
-    chosen = names if sites is None else [x for x in sites if x in names]
+        chosen = names if sites is None else [x for x in sites if x in names]
+        rows = _TableRows.read(s, info)
+        prepared = [_prepare(s, catalog, rows, site) for site in chosen]
     choice = defs.iceberg_catalog
     retired = tuple(_retire(catalog, info.table_id, table, row, choice) for row in gone)
     return Publication(
-        table, tuple(publish_site(catalog, table, site, leader_safe_time, choice) for site in chosen) + retired
+        table, tuple(_publish_prepared(catalog, p, leader_safe_time, choice) for p in prepared) + retired
     )
 
 
@@ -225,47 +230,21 @@ def _sites_of(s: Any, info: q.TableInfo) -> list[m.Site]:
     return [by_id[pl.site_id] for pl in placements]
 
 
-def publish_site(
-    catalog: Catalog,
-    table: str,
-    site: str,
-    leader_safe_time: LeaderSafeTime | None = None,
-    choice: IcebergCatalogDef | None = None,
-) -> SitePublication:
-    """Publish ``site``'s copy of ``table`` if it moved; FAILED (with why) leaves the previous snapshot. The
-    outcome is recorded for ``segrep status`` (``catalog.publications``), with a token of what the catalog
-    said the site served: a publication that finds the same token returns UNCHANGED without reading a file."""
-    started = time.perf_counter()
-    try:
-        ids, token = _state_token(catalog, table, site)
-    except NotFoundError as exc:
-        return SitePublication(site, PublishStatus.WAITING, detail=str(exc))
-    with catalog.read() as s:
-        recorded, snapshot_id, safe_time = recorded_token(s, *ids)
-    if recorded == token:
-        return SitePublication(site, PublishStatus.UNCHANGED, snapshot_id, safe_time)
-    attempt = _attempt(catalog, table, site, leader_safe_time, choice)
-    out = replace(attempt, seconds=round(time.perf_counter() - started, 3))
-    try:
-        shows = out.status in (PublishStatus.PUBLISHED, PublishStatus.UNCHANGED)
-        status = PublishStatus.PUBLISHED if shows else out.status
-        snapshot, safe = (out.snapshot_id, out.safe_time_us) if shows else (None, None)
-        record(catalog, *ids, str(status), out.detail, snapshot_id=snapshot, safe_time_us=safe, state_token=token)
-    except (SegrepError, SQLAlchemyError) as exc:  # the catalog went away: status shows the last record
-        log.warning("publication of %s at %s not recorded: %s", table, site, exc)
-    return out
+@dataclass(frozen=True)
+class _TableRows:
+    """What every site's state token shares: the table's partitions and placements (all of them: another
+    site's fork bounds a leader), its segments' and acks' aggregates, its schema versions and newest round."""
 
+    info: q.TableInfo
+    parts: list[m.Partition]
+    placements: list[m.Placement]
+    shared: list[Any]  # the token's table-wide part
+    versions: dict[int, SchemaVersion]
+    round_id: int | None
 
-def _state_token(catalog: Catalog, table: str, site: str) -> tuple[tuple[int, int], str]:
-    """(table id, site id) and a digest of what decides the site's copy and its safe time: the table's
-    placements (key ranges, roots, states; the site's own and the others', whose forks bound a leader), the
-    segments and acks of them all (count, newest), the schema version, the site's recorded safe time and the
-    leaders' epochs and clocks. A few aggregate queries, whatever the history's length. It is read before
-    the files are: a token seen again may only make a publication that was needed look needed (never the
-    reverse)."""
-    with catalog.read() as s:
-        info = q.table_info(s, table)
-        site_id = q.site_by_name(s, site).site_id
+    @classmethod
+    def read(cls, s: Any, info: q.TableInfo) -> _TableRows:
+        """A few aggregate queries, whatever the history's length."""
         parts = q.partitions_of(s, info)
         placements = q.active_placements(s, [p.partition_id for p in parts])
         ids = [pl.placement_id for pl in placements]
@@ -276,29 +255,107 @@ def _state_token(catalog: Catalog, table: str, site: str) -> tuple[tuple[int, in
             .order_by(m.Segment.placement_id)
         ).all()
         acks = s.execute(select(func.count(), func.max(m.Ack.acked_us)).where(m.Ack.holder_placement_id.in_(ids))).one()
-        safe = s.scalar(
-            select(m.SafeTime.safe_time_us).where(m.SafeTime.table_id == info.table_id, m.SafeTime.site_id == site_id)
+        round_id = s.scalar(
+            select(func.max(m.Round.round_id)).where(
+                m.Round.table_id == info.table_id, m.Round.finished_us.is_not(None)
+            )
         )
-    if not any(pl.site_id == site_id for pl in placements):
-        raise NotFoundError(f"site {site} holds no partition of {table}")
-    doc = [
-        info.row.schema_version,
-        safe,
-        [list(row) for row in segments],
-        list(acks),
-        [[p.partition_id, p.state, p.epoch, p.last_version, p.leader_placement_id] for p in parts],
-        [[pl.placement_id, pl.site_id, pl.state, pl.root_segment_id, pl.key_begin, pl.key_end] for pl in placements],
-    ]
-    return (info.table_id, site_id), _digest(doc)
+        shared = [
+            info.row.schema_version,
+            [list(row) for row in segments],
+            list(acks),
+            [[p.partition_id, p.state, p.epoch, p.last_version, p.leader_placement_id] for p in parts],
+            [
+                [pl.placement_id, pl.site_id, pl.state, pl.root_segment_id, pl.key_begin, pl.key_end]
+                for pl in placements
+            ],
+        ]
+        return cls(info, parts, placements, shared, schema_versions(s, info.table_id), round_id)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A site's publication as read from the catalog: its ids and state token, and (when the token is not
+    the recorded one) the state to publish; or why it waits."""
+
+    site: str
+    rows: _TableRows | None = None
+    ids: tuple[int, int] = (0, 0)
+    token: str = ""
+    unchanged: SitePublication | None = None  # the recorded token is this one: nothing to read or write
+    state: _SiteState | None = None
+    waiting: str = ""  # the site holds no partition, or lacks a copy of one (joining)
+
+
+def _prepare(s: Any, catalog: Catalog, rows: _TableRows, site: str) -> _Prepared:
+    """The site's state token (a digest of what decides its copy and its safe time: ``rows`` and the site's
+    recorded safe time) and, if it is not the recorded one, its state. Token and state come from the same
+    snapshot of the catalog, so a recorded token always names exactly what was published."""
+    info = rows.info
+    try:
+        site_id = q.site_by_name(s, site).site_id
+        if not any(pl.site_id == site_id for pl in rows.placements):
+            raise NotFoundError(f"site {site} holds no partition of {info.name}")
+        safe = _safe_time_row(s, info.table_id, site_id)
+        ids = (info.table_id, site_id)
+        token = _digest([rows.shared[0], safe, *rows.shared[1:]])
+        recorded, snapshot_id, safe_time = recorded_token(s, *ids)
+        if recorded == token:
+            unchanged = SitePublication(site, PublishStatus.UNCHANGED, snapshot_id, safe_time)
+            return _Prepared(site, rows, ids, token, unchanged=unchanged)
+    except NotFoundError as exc:  # not recorded: the site holds no partition of the table (or is unknown)
+        return _Prepared(site, waiting=str(exc))
+    try:
+        return _Prepared(site, rows, ids, token, state=_site_state_in(s, catalog, rows, site, safe))
+    except NotFoundError as exc:  # recorded: the site lacks a copy of some partition (joining)
+        return _Prepared(site, rows, ids, token, waiting=str(exc))
+
+
+def _safe_time_row(s: Any, table_id: int, site_id: int) -> int | None:
+    value = s.scalar(
+        select(m.SafeTime.safe_time_us).where(m.SafeTime.table_id == table_id, m.SafeTime.site_id == site_id)
+    )
+    return None if value is None else int(value)
+
+
+def _publish_prepared(
+    catalog: Catalog, p: _Prepared, leader_safe_time: LeaderSafeTime | None, choice: IcebergCatalogDef | None
+) -> SitePublication:
+    """Publish a prepared site if it moved; FAILED (with why) leaves the previous snapshot. The outcome is
+    recorded for ``segrep status`` (``catalog.publications``) with the state token: a publication that
+    finds the same token returns UNCHANGED without reading a file."""
+    if p.unchanged is not None:
+        return p.unchanged
+    if p.rows is None:
+        return SitePublication(p.site, PublishStatus.WAITING, detail=p.waiting)
+    started = time.perf_counter()
+    if p.state is None:
+        attempt = SitePublication(p.site, PublishStatus.WAITING, detail=p.waiting)
+    else:
+        state = p.state
+        if state.leads_all:  # as rounds bound a leader (None: the previous snapshot's)
+            safe = None if leader_safe_time is None else leader_safe_time(catalog, state.info.name, p.site)
+            state = replace(state, safe_time_us=safe)
+        attempt = _attempt(catalog, p.site, state, p.rows.versions, leader_safe_time, choice)
+    out = replace(attempt, seconds=round(time.perf_counter() - started, 3))
+    try:
+        shows = out.status in (PublishStatus.PUBLISHED, PublishStatus.UNCHANGED)
+        status = PublishStatus.PUBLISHED if shows else out.status
+        snapshot, safe = (out.snapshot_id, out.safe_time_us) if shows else (None, None)
+        record(catalog, *p.ids, str(status), out.detail, snapshot_id=snapshot, safe_time_us=safe, state_token=p.token)
+    except (SegrepError, SQLAlchemyError) as exc:  # the catalog went away: status shows the last record
+        log.warning("publication of %s at %s not recorded: %s", p.rows.info.name, p.site, exc)
+    return out
 
 
 def _attempt(
-    catalog: Catalog, table: str, site: str, leader_safe_time: LeaderSafeTime | None, choice: IcebergCatalogDef | None
+    catalog: Catalog,
+    site: str,
+    state: _SiteState,
+    versions: dict[int, SchemaVersion],
+    leader_safe_time: LeaderSafeTime | None,
+    choice: IcebergCatalogDef | None,
 ) -> SitePublication:
-    try:
-        state = _site_state(catalog, table, site, leader_safe_time)
-    except NotFoundError as exc:
-        return SitePublication(site, PublishStatus.WAITING, detail=str(exc))
     try:
         # a root this catalog has not claimed (a new catalog before `catalog rebuild`, a vanished site) holds
         # files the catalog does not list: publishing it would show what the catalog knows (nothing) as the
@@ -310,58 +367,67 @@ def _attempt(
         return SitePublication(site, PublishStatus.WAITING, detail=f"{down} (its last snapshot, if any, stays current)")
     try:
         try:
-            return _publish(catalog, site, state, choice)
+            return _publish(catalog, site, state, versions, choice)
         except CommitFailedException:  # another process published this site first: look again, once
-            return _publish(catalog, site, _site_state(catalog, table, site, leader_safe_time), choice)
+            again = _site_state(catalog, state.info.name, site, leader_safe_time)
+            return _publish(catalog, site, again, versions, choice)
+    except NotFoundError as exc:
+        return SitePublication(site, PublishStatus.WAITING, detail=str(exc))
     except (SegrepError, OSError, CommitFailedException) as exc:
         return SitePublication(site, PublishStatus.FAILED, detail=f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # a publication never fails the round, write or failover it follows
-        log.warning("publishing %s at %s failed", table, site, exc_info=True)
+        log.warning("publishing %s at %s failed", state.info.name, site, exc_info=True)
         return SitePublication(site, PublishStatus.FAILED, detail=f"{type(exc).__name__}: {exc}")
 
 
 def _site_state(catalog: Catalog, table: str, site: str, leader_safe_time: LeaderSafeTime | None) -> _SiteState:
-    info, placements = placement_files(catalog, table, site)
+    """The site's state read afresh (a publication that lost a race looks again), its safe time resolved."""
     with catalog.read() as s:
-        site_row = q.site_by_name(s, site)
-        parts = q.serving_partitions(s, info)
-        safe = s.scalar(
-            select(m.SafeTime.safe_time_us).where(
-                m.SafeTime.table_id == info.table_id, m.SafeTime.site_id == site_row.site_id
-            )
+        info = q.table_info(s, table)
+        rows = _TableRows.read(s, info)
+        site_id = q.site_by_name(s, site).site_id
+        state = _site_state_in(s, catalog, rows, site, _safe_time_row(s, info.table_id, site_id))
+    if state.leads_all:
+        state = replace(
+            state, safe_time_us=None if leader_safe_time is None else leader_safe_time(catalog, table, site)
         )
-        leads_all = all(pf.is_leader for pf in placements)
-        round_id = s.scalar(
-            select(func.max(m.Round.round_id)).where(
-                m.Round.table_id == info.table_id, m.Round.finished_us.is_not(None)
-            )
-        )
-    # a site leading every partition it holds: as rounds bound a leader (None: the previous snapshot's); a
-    # site the catalog has no safe time for (a replica no round reached yet, an old leader after a failover)
-    # promises nothing: 0, "unknown" (never the leaders' clock, which would claim writes it does not hold)
-    safe_time: int | None = UNKNOWN_SAFE_TIME if safe is None else int(safe)
-    if leads_all:
-        safe_time = None if leader_safe_time is None else leader_safe_time(catalog, table, site)
+    return state
+
+
+def _site_state_in(s: Any, catalog: Catalog, rows: _TableRows, site: str, safe: int | None) -> _SiteState:
+    """The files the site serves and what the snapshot's summary says of them. A site the catalog has no safe
+    time for (a replica no round reached yet, an old leader after a failover) promises nothing: 0,
+    "unknown" (never the leaders' clock, which would claim writes it does not hold); a site leading every
+    partition it holds is marked ``leads_all``, its safe time resolved as rounds bound a leader."""
+    info = rows.info
+    placements = placement_files_in(s, catalog, info, site)
+    leads_all = all(pf.is_leader for pf in placements)
+    safe_time: int | None = UNKNOWN_SAFE_TIME if safe is None else safe
     structure = _digest([[pf.placement_id, pf.key_begin, pf.key_end] for pf in placements])
     fingerprint = _digest(
         [structure, info.row.schema_version, [[seg.relpath for seg in pf.segments] for pf in placements]]
     )
-    epoch = max((p.epoch for p in parts), default=0)
-    return _SiteState(info, placements, safe_time, round_id, epoch, structure, fingerprint)
+    serving = {p.partition_id for p in q.serving_partitions(s, info)}
+    epoch = max((p.epoch for p in rows.parts if p.partition_id in serving), default=0)
+    return _SiteState(info, placements, safe_time, rows.round_id, epoch, structure, fingerprint, leads_all)
 
 
 def _digest(doc: Any) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def _publish(catalog: Catalog, site: str, state: _SiteState, choice: IcebergCatalogDef | None) -> SitePublication:
+def _publish(
+    catalog: Catalog,
+    site: str,
+    state: _SiteState,
+    versions: dict[int, SchemaVersion],
+    choice: IcebergCatalogDef | None,
+) -> SitePublication:
     pf0 = state.placements[0] if state.placements else None
     if pf0 is None:
         return SitePublication(site, PublishStatus.WAITING, detail="no partition is served")
     loc = site_location(pf0.site)
     ice = site_catalog(catalog, site, pf0.site.uri, choice)
-    with catalog.read() as s:
-        versions = schema_versions(s, state.info.table_id)
     current_version = versions[state.info.row.schema_version]
     tbl = _table(ice, site, state.info.name, loc)
     schema = types.iceberg_schema(current_version, current_version.version)

@@ -11,13 +11,19 @@ writes; the catalog database stores table names and metadata locations, never a 
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog as IcebergCatalog
 from pyiceberg.catalog import MetastoreCatalog
 from pyiceberg.catalog.rest import RestCatalog
-from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table import CommitTableResponse, Table
+from pyiceberg.table.update import TableRequirement, TableUpdate
+from sqlalchemy import update
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
 
 from segrep.catalog import Catalog
 from segrep.config import stores as config_stores
@@ -28,6 +34,8 @@ from segrep.storage.stores import resolve_credentials
 
 CATALOG_NAME = "segrep"
 ICEBERG_DIR = "_iceberg"  # beside a table's partition directories: <root>/<table>/_iceberg/{metadata,deletes}
+# engines whose catalog tables exist, with the layout pyiceberg found them in (its _schema_version)
+_INITIALIZED: weakref.WeakKeyDictionary[Engine, str] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,45 @@ class _SegrepSqlCatalog(SqlCatalog):
     def __init__(self, engine: Engine, **properties: str) -> None:
         MetastoreCatalog.__init__(self, CATALOG_NAME, **properties)
         self.engine = engine
-        self._init_catalog()
+        known = _INITIALIZED.get(engine)
+        if known is None:  # its tables made (if missing) and probed once per engine, not per publication
+            self._init_catalog()
+            _INITIALIZED[engine] = self._schema_version
+        else:
+            self._schema_version = known
+
+    def commit_table(
+        self, table: Table, requirements: tuple[TableRequirement, ...], updates: tuple[TableUpdate, ...]
+    ) -> CommitTableResponse:
+        """pyiceberg's commit of an existing table without loading it again first: the publisher has just
+        loaded ``table``, and the update is conditional on its metadata location, so a commit that raced
+        another fails here as it would there (CommitFailedException; nothing becomes current). Whatever this
+        shortcut does not cover (a table the catalog lacks, a database that cannot count updated rows) goes
+        to pyiceberg's own."""
+        if table.metadata_location is None or not self.engine.dialect.supports_sane_rowcount:
+            return super().commit_table(table, requirements, updates)
+        ident = table.name()
+        space = IcebergCatalog.namespace_to_string(IcebergCatalog.namespace_from(ident))
+        name = IcebergCatalog.table_name_from(ident)
+        staged = self._update_and_stage_table(table, ident, requirements, updates)
+        if staged.metadata == table.metadata:
+            return CommitTableResponse(metadata=table.metadata, metadata_location=table.metadata_location)
+        self._write_metadata(metadata=staged.metadata, io=staged.io, metadata_path=staged.metadata_location)
+        with Session(self.engine) as session:
+            changed = session.execute(
+                update(IcebergTables)
+                .where(
+                    IcebergTables.catalog_name == self.name,
+                    IcebergTables.table_namespace == space,
+                    IcebergTables.table_name == name,
+                    IcebergTables.metadata_location == table.metadata_location,
+                )
+                .values(metadata_location=staged.metadata_location, previous_metadata_location=table.metadata_location)
+            )
+            if changed.rowcount < 1:  # type: ignore[attr-defined]
+                raise CommitFailedException(f"Table has been updated by another process: {space}.{name}")
+            session.commit()
+        return CommitTableResponse(metadata=staged.metadata, metadata_location=staged.metadata_location)
 
 
 def site_catalog(catalog: Catalog, site: str, uri: str, choice: IcebergCatalogDef | None = None) -> IcebergCatalog:
