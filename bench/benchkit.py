@@ -109,13 +109,22 @@ def pg_schema(prefix: str) -> Iterator[tuple[str, str]]:
         engine.dispose()
 
 
-def make_env(root: Path, url: str, sites: list[str], table: str, body: dict[str, Any]) -> tuple[Catalog, Definitions]:
-    """Definitions (``sites`` in order, the first leading ``table``) applied to a fresh catalog at ``url``."""
+def make_env(
+    root: Path,
+    url: str,
+    sites: list[str],
+    table: str,
+    body: dict[str, Any],
+    site_docs: dict[str, dict[str, Any]] | None = None,
+) -> tuple[Catalog, Definitions]:
+    """Definitions (``sites`` in order, the first leading ``table``) applied to a fresh catalog at ``url``; each
+    site a local directory unless ``site_docs`` defines it (an object-store site: its uri and options)."""
     root.mkdir(parents=True, exist_ok=True)
     body = {**body, "leader": sites[0], "replicas": sites[1:]}
+    docs = site_docs or {}
     doc = {
         "data_dir": "data",
-        "sites": {name: {"id": i + 1, "uri": f"sites/{name}"} for i, name in enumerate(sites)},
+        "sites": {name: {"id": i + 1, **docs.get(name, {"uri": f"sites/{name}"})} for i, name in enumerate(sites)},
         "tables": {table: body},
     }
     config = root / "segrep.yaml"

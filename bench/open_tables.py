@@ -22,12 +22,14 @@ throughput >= 0.8 of segrep's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,7 @@ from benchkit import (
     verdict,
     write_interleaved,
 )
+from object_store import endpoints, s3_site
 from open_tables_writer import part_writer
 from pyiceberg.catalog import load_catalog
 from pyiceberg.io import pyarrow as pyiceberg_arrow
@@ -291,6 +294,9 @@ def main() -> int:
     ap.add_argument("--history-segments", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=5, help="(scan) reads of each kind")
     ap.add_argument("--catalog", choices=["sqlite", "postgresql"], default="sqlite")
+    ap.add_argument(
+        "--dr-store", choices=["local", "s3"], default="local", help="(publish, scan) where `dr` is: s3 = a moto server"
+    )
     ap.add_argument("--partitions", type=int, default=4, help="(writer) key ranges of the table")
     ap.add_argument("--writer-repeats", type=int, default=3, help="(writer) measured runs of each side (medians)")
     ap.add_argument("--cores", type=int, default=2, help="(writer) cores of the cluster's worker")
@@ -312,11 +318,11 @@ def main() -> int:
         background_load(args.background_load),
     ):
         work = Path(tmp)
-        with catalog_url(args.catalog, work / "t") as url:
+        with catalog_url(args.catalog, work / "t") as url, dr_site(args.dr_store, work) as dr_doc:
             if "publish" in parts or "scan" in parts:
                 source = demo_data.generate_tpch("orders", args.scale, args.tpch_dir / f"sf{args.scale:g}")
                 rows = demo_data.normalized(pq.read_table(source)).sort_by(KEY)
-                catalog, defs = make_env(work / "t", url, ["primary", "dr"], TABLE, body(rows))
+                catalog, defs = make_env(work / "t", url, ["primary", "dr"], TABLE, body(rows), dr_doc)
                 try:
                     if "publish" in parts:
                         results["publish"] = bench_publish(rows, catalog, defs, args)
@@ -344,6 +350,17 @@ def main() -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
     return 0
+
+
+@contextlib.contextmanager
+def dr_site(store: str, work: Path) -> Iterator[dict[str, dict[str, Any]] | None]:
+    """``dr``'s site definition: a local directory (None), or a prefix of a bucket on a moto S3 server on
+    loopback (an object store across a link: each round uploads, each publication writes its metadata there)."""
+    if store == "local":
+        yield None
+        return
+    with endpoints(work) as eps:
+        yield {"dr": s3_site("a", "open-tables", "dr", eps)}
 
 
 class catalog_url:

@@ -6,10 +6,9 @@ deletes and of field ids, nothing of pyiceberg. Each site's table (`primary` loc
 endpoints with their own keys) must then hold exactly what ``segrep read --site`` serves, after updates,
 deletes and a column renamed with ``renamed_from``.
 
-A column added with a default is the exception: Iceberg format v2 has no column defaults (``initial-default``
-is format v3), so ClickHouse reads the column as null in rows written before it existed, where segrep and
-pyiceberg give the default. That case is a strict xfail: it documents the gap and flips when the publication
-or the engines change.
+A column added with a default too: Iceberg format v2 has no column defaults (``initial-default`` is format v3),
+and ClickHouse reads a column a data file lacks as null; the files written before the column existed are
+published as copies with the default filled in (``publish.filled_copies``), so it reads the default there.
 
 chDB is pinned in requirements.txt (the module fails, never skips, without it).
 """
@@ -115,11 +114,6 @@ def test_clickhouse_reads_every_site_as_segrep_serves_it(
     assert_clickhouse_reads(env, clickhouse, s3_endpoints)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Iceberg v2 has no column defaults (initial-default is format v3): ClickHouse 26.9 (chDB 4.4.0) reads "
-    "an added column as null in rows written before it, where segrep and pyiceberg give the default",
-)
 def test_clickhouse_reads_an_added_columns_default(
     s3_env: Env, clickhouse: Any, s3_endpoints: tuple[S3Endpoint, S3Endpoint]
 ) -> None:

@@ -315,6 +315,62 @@ def test_a_schema_change_is_published_with_every_old_file_read_under_it(catalog_
         env.catalog.dispose()
 
 
+def test_files_written_before_a_defaulted_column_are_listed_as_copies_holding_the_default(pub_env: Env) -> None:
+    """Iceberg v2 has no column defaults: a file lacking the column reads as null in a strict engine. So a
+    file written before a column with a default existed is listed as a copy at the current version holding
+    the default (rows in the same order: the position deletes still apply), made once and reused; files
+    written since are listed as they are; once compaction rewrote the old files and their snapshots expired,
+    the copies are collected."""
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 20), "v1"))
+    write_batch(cat, TABLE, batch(range(5, 10), "v2"))  # updates: positions hidden in the first file
+    run_round(cat, defs, TABLE, submit=no_spark)
+    filled = {site: pub_env.site_dir(site) / TABLE / "_iceberg" / "filled" for site in SITES}
+    assert not any(d.exists() for d in filled.values())  # no default yet: every segment listed as itself
+    columns = "    columns: {tenant: string, seq: int64, payload: string, at: timestamp}\n"
+    added = columns.replace("at: timestamp}", "at: timestamp, channel: {type: string, default: web}}")
+    pub_env.config.write_text(pub_env.config.read_text().replace(columns, added, 1))
+    code, _out, err = cli(pub_env, "apply")  # published at once, every old file under its copy
+    assert code == 0, err
+    copies: dict[str, dict[Path, int]] = {}
+    for site in SITES:
+        tbl, summary = loaded(pub_env.url, site, TABLE)
+        assert summary["segrep.snapshot-kind"] == "clean"
+        listed = [
+            Path(str(p).removeprefix("file://")) for p in tbl.inspect.data_files().column("file_path").to_pylist()
+        ]
+        assert listed and all(p.parent == filled[site] for p in listed), listed
+        channel_id = next(f.field_id for f in tbl.schema().fields if f.name == "channel")
+        for path in listed:
+            rows = pq.read_table(path)
+            assert set(rows.column("channel").to_pylist()) == {"web"}, path
+            assert rows.schema.field("channel").metadata[b"PARQUET:field_id"] == str(channel_id).encode()
+        copies[site] = {p: p.stat().st_mtime_ns for p in filled[site].iterdir()}
+    assert_published_equal(pub_env)
+    new = batch(range(15, 25), "v3").append_column("channel", pa.array(["app"] * 10))
+    written = len(write_batch(cat, TABLE, new).segments)  # one file per partition the rows fall in
+    report = run_round(cat, defs, TABLE, submit=no_spark)
+    assert {x.kind for x in report.published} == {SnapshotKind.INCREMENTAL}, report.text()
+    for site in SITES:  # the copies reused as they are; the new file listed as itself
+        assert {p: p.stat().st_mtime_ns for p in filled[site].iterdir()} == copies[site], site
+        tbl, _ = loaded(pub_env.url, site, TABLE)
+        paths = tbl.inspect.data_files().column("file_path").to_pylist()
+        assert sum("/_iceberg/filled/" not in str(p) for p in paths) == written, paths
+    assert_published_equal(pub_env)
+    assert sorted(set(scan(pub_env.url, "dr", TABLE, KEYS).column("channel").to_pylist())) == ["app", "web"]
+    assert compact(cat, defs, TABLE, force=True).committed  # every file rewritten at the current version
+    for i in range(publisher.KEEP_SNAPSHOTS):  # the snapshots that list copies expire
+        write_batch(cat, TABLE, batch(range(30 + i, 31 + i), "later").append_column("channel", pa.array(["app"])))
+        run_round(cat, defs, TABLE, submit=no_spark)
+    for site in SITES:
+        tbl, _ = loaded(pub_env.url, site, TABLE)
+        assert not any("/_iceberg/filled/" in str(p) for p in tbl.inspect.data_files().column("file_path").to_pylist())
+        handle = open_site(cat, q_site(pub_env, site))
+        collect_unreferenced(tbl, handle, TABLE, now=time.time() + ORPHAN_GRACE_S + 1)
+        assert list(filled[site].iterdir()) == [], site
+    assert_published_equal(pub_env)
+
+
 def test_publish_command_and_bad_input(pub_env: Env, tmp_path: Path) -> None:
     write_batch(pub_env.catalog, TABLE, batch(range(0, 10), "v1"))
     code, out, err = cli(pub_env, "publish", TABLE, "--site", "primary", "--json")

@@ -58,6 +58,7 @@ from segrep.core import schema as sch
 from segrep.core.errors import NotFoundError, SegrepError, SiteUnidentifiedError
 from segrep.core.schema_versions import SchemaVersion
 from segrep.data.reader import PlacementFiles, key_range, placement_files_in, read_in_threads
+from segrep.publish import filled_copies as fill
 from segrep.publish import iceberg_files as files
 from segrep.publish import iceberg_types as types
 from segrep.publish import winners_index
@@ -109,7 +110,7 @@ class SitePublication:
     files_added: int = 0
     rows_hidden: int = 0
     files_collected: int = 0  # files of expired snapshots deleted
-    seconds: float = 0.0
+    seconds: float = 0.0  # its publication, with its share of the catalog reads made for every site at once
     detail: str = ""
 
     def line(self) -> str:
@@ -187,6 +188,7 @@ def publish_table(
     one snapshot of the catalog (the table's rows once), then each site is published in turn."""
     if not enabled(defs, table):
         return Publication(table)
+    started = time.perf_counter()
     with catalog.read() as s:
         info = q.table_info(s, table)
         names = sorted({r.name for r in _sites_of(s, info)})
@@ -196,11 +198,11 @@ def publish_table(
         chosen = names if sites is None else [x for x in sites if x in names]
         rows = _TableRows.read(s, info)
         prepared = [_prepare(s, catalog, rows, site) for site in chosen]
+    share = (time.perf_counter() - started) / max(1, len(prepared))  # each site's part of the reads
     choice = defs.iceberg_catalog
     retired = tuple(_retire(catalog, info.table_id, table, row, choice) for row in gone)
-    return Publication(
-        table, tuple(_publish_prepared(catalog, p, leader_safe_time, choice) for p in prepared) + retired
-    )
+    published = [_publish_prepared(catalog, p, leader_safe_time, choice) for p in prepared]
+    return Publication(table, tuple(replace(x, seconds=round(x.seconds + share, 3)) for x in published) + retired)
 
 
 def _retire(
@@ -337,7 +339,7 @@ def _publish_prepared(
             safe = None if leader_safe_time is None else leader_safe_time(catalog, state.info.name, p.site)
             state = replace(state, safe_time_us=safe)
         attempt = _attempt(catalog, p.site, state, p.rows.versions, leader_safe_time, choice)
-    out = replace(attempt, seconds=round(time.perf_counter() - started, 3))
+    out = replace(attempt, seconds=time.perf_counter() - started)
     try:
         shows = out.status in (PublishStatus.PUBLISHED, PublishStatus.UNCHANGED)
         status = PublishStatus.PUBLISHED if shows else out.status
@@ -444,7 +446,7 @@ def _publish(
         and schema_same
     ):
         return SitePublication(site, PublishStatus.UNCHANGED, snap.snapshot_id if snap else None, state.safe_time_us)
-    return _commit(ice, tbl, loc, state, schema, mapping.model_dump_json(), schema_same, snap, prev)
+    return _commit(ice, tbl, loc, state, versions, schema, mapping.model_dump_json(), schema_same, snap, prev)
 
 
 def _table(ice: IcebergCatalog, site: str, table: str, loc: SiteLocation) -> IcebergTable:
@@ -463,6 +465,7 @@ def _commit(
     tbl: IcebergTable,
     loc: SiteLocation,
     state: _SiteState,
+    versions: dict[int, SchemaVersion],
     schema: Schema,
     mapping_json: str,
     schema_same: bool,
@@ -474,14 +477,24 @@ def _commit(
     snapshot_id = meta.new_snapshot_id()
     seq = meta.next_sequence_number()
     current = state.files()
-    uris = {rel: loc.file(rel) for rel in current}
+    # files lacking a column the current schema gives a default are listed as filled copies (filled_copies)
+    target = state.info.versions.target
+    filled = {
+        rel: fill.copy_relpath(state.info.name, rel, target.version)
+        for rel, (_pf, seg) in current.items()
+        if fill.lacks_defaults(versions[seg.schema_version], target)
+    }
+    uris = {rel: loc.file(filled.get(rel, rel)) for rel in current}
     before = _read_state(io, prev)
     published = None if before is None else before.files
     incremental = (
         snap is not None
+        and before is not None
         and published is not None
         and prev.get(_PREFIX + "structure") == state.structure
         and published <= current.keys()
+        # every carried file still listed under the same name (a default added since: its copy, listed afresh)
+        and {rel: filled[rel] for rel in published if rel in filled} == before.filled
     )
     carried: list[ManifestFile] = list(snap.manifests(io)) if incremental and snap is not None else []
     kind = SnapshotKind.CLEAN
@@ -492,7 +505,7 @@ def _commit(
         # no key of a new file is anywhere else and none is a tombstone: nothing older is hidden, no index read
         unrestricted = [rel for rel in new_files if not _restricted(current[rel][0])]
         rows_out = _candidate_rows(state, [current[r] for r in new_files if r not in unrestricted], set(new_files))[1]
-        hidden, after = rows_out, replace(before, unindexed=(*before.unindexed, *new_files))
+        hidden, after = rows_out, replace(before, unindexed=(*before.unindexed, *new_files), filled=filled)
     else:
         # the new files and those appended without the index so far are resolved against the index's winners
         fold = new_files + (list(before.unindexed) if incremental and before is not None else [])
@@ -503,12 +516,12 @@ def _commit(
         res = resolve(None if previous is None else previous.winners, rows, pk)
         hidden = pa.concat_tables([outside, res.hidden]) if outside.num_rows else res.hidden
         stored = winners_index.store(io, location, snapshot_id, index, previous, res.index, pk)
-        after = PublishedState(stored, tuple(sorted(current)), ())
-    added = [files.data_file(uris[rel], current[rel][1].row_count, current[rel][1].byte_size) for rel in new_files]
+        after = PublishedState(stored, tuple(sorted(current)), (), filled)
+    added = [_data_file(state, current[rel], uris[rel], rel in filled) for rel in new_files]
     listed, hiding = added, hidden
     if kind is SnapshotKind.CONSOLIDATED:  # from the metadata alone: see _consolidated
         kept, merged = _consolidated(carried)
-        old_data, old_hidden = _carried_entries(io, merged, loc)
+        old_data, old_hidden = _carried_entries(io, merged, {uri: rel for rel, uri in uris.items()})
         listed, hiding, carried = old_data + added, pa.concat_tables([old_hidden, hidden]), kept
     delete_file = files.position_deletes(io, location, snapshot_id, hiding, uris)
     new_manifests = [
@@ -597,11 +610,13 @@ def _listed(mf: ManifestFile) -> int:
     return (mf.added_files_count or 0) + (mf.existing_files_count or 0)
 
 
-def _carried_entries(io: Any, manifests: Sequence[ManifestFile], loc: SiteLocation) -> tuple[list[DataFile], pa.Table]:
-    """The data files and the hidden positions (``_file`` relative paths, ``_pos``) the carried manifests list."""
+def _carried_entries(
+    io: Any, manifests: Sequence[ManifestFile], listed: dict[str, str]
+) -> tuple[list[DataFile], pa.Table]:
+    """The data files and the hidden positions (``_file`` relative paths, ``_pos``) the carried manifests list;
+    ``listed``: each listed file's URI -> its segment's relative path (a filled copy's too)."""
     data: list[DataFile] = []
     deletes: list[pa.Table] = []
-    prefix = loc.base + "/"
     for mf in manifests:
         for entry in mf.fetch_manifest_entry(io, discard_deleted=True):
             if mf.content == ManifestContent.DATA:
@@ -610,12 +625,22 @@ def _carried_entries(io: Any, manifests: Sequence[ManifestFile], loc: SiteLocati
             with io.new_input(entry.data_file.file_path).open() as f:
                 rows = pq.read_table(f, columns=["file_path", "pos"])
             paths = rows.column("file_path").to_pylist()
-            if any(not p.startswith(prefix) for p in paths):
-                raise SegrepError(f"{entry.data_file.file_path}: a position delete names a file outside {loc.base}")
-            rels = pa.array([p[len(prefix) :] for p in paths], pa.string())
+            unknown = next((p for p in paths if p not in listed), None)
+            if unknown is not None:
+                raise SegrepError(
+                    f"{entry.data_file.file_path}: a position delete names {unknown}, which the snapshot does not list"
+                )
+            rels = pa.array([listed[p] for p in paths], pa.string())
             deletes.append(pa.table({FILE_COL: rels, POS_COL: rows.column("pos")}))
     empty = pa.table({FILE_COL: pa.array([], pa.string()), POS_COL: pa.array([], pa.int64())})
     return data, pa.concat_tables([empty, *deletes])
+
+
+def _data_file(state: _SiteState, item: tuple[PlacementFiles, m.Segment], uri: str, filled: bool) -> DataFile:
+    """A listed file's entry: the segment file itself, or its filled copy (made now if it is not there)."""
+    pf, seg = item
+    size = fill.filled_copy(pf.site, state.info, seg).byte_size if filled else seg.byte_size
+    return files.data_file(uri, seg.row_count, size)
 
 
 def _summary(
@@ -655,6 +680,7 @@ class PublishedState:
     index: IndexFiles
     indexed: tuple[str, ...]
     unindexed: tuple[str, ...]
+    filled: dict[str, str] = field(default_factory=dict)  # a listed file -> its filled copy (filled_copies)
 
     @property
     def files(self) -> set[str]:
@@ -662,6 +688,7 @@ class PublishedState:
 
     def to_json(self) -> bytes:
         doc = {**self.index.to_doc(), "indexed": list(self.indexed), "unindexed": list(self.unindexed)}
+        doc["filled"] = self.filled
         return json.dumps(doc).encode()
 
 
@@ -674,7 +701,8 @@ def _read_state(io: Any, prev: dict[str, str]) -> PublishedState | None:
     try:
         with io.new_input(path).open() as f:
             doc = json.loads(f.read())
-        return PublishedState(IndexFiles.from_doc(doc), tuple(doc["indexed"]), tuple(doc["unindexed"]))
+        filled = {str(k): str(v) for k, v in doc.get("filled", {}).items()}  # none before the copies existed
+        return PublishedState(IndexFiles.from_doc(doc), tuple(doc["indexed"]), tuple(doc["unindexed"]), filled)
     except (OSError, ValueError, KeyError, TypeError):
         log.warning("publication state %s unreadable: the next snapshot is a clean one", path)
         return None
