@@ -89,3 +89,23 @@ def test_the_benchmark_runs_to_the_end(script: str, pg_server: str, tmp_path: Pa
     for prefix in MET_LINES.get(script, ()):
         lines = [line for line in done.stdout.splitlines() if line.startswith(f"| {prefix}")]
         assert len(lines) == 1 and lines[0].endswith("| MET |"), done.stdout[-3000:]
+
+
+def test_the_open_tables_publication_runs_with_dr_on_an_object_store(tmp_path: Path) -> None:
+    """``--dr-store s3``: `dr` on a moto server the bench starts itself; its rounds upload, its publications write
+    their metadata to the store, and both are measured."""
+    tpch = tmp_path / "tpch"
+    tpch.mkdir()
+    args = ["--part", "publish", "--dr-store", "s3", "--scale", "0.01", "--rounds", "1", "--update-rows", "200"]
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "open_tables.py"), *args, "--tpch-dir", str(tpch)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| (publish) round after a write")]
+    assert len(rows) == 2, done.stdout[-3000:]
