@@ -9,6 +9,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,10 +27,12 @@ from segrep.data.writer import write_batch
 from segrep.failover.promote import failover
 from segrep.maintenance.compaction import compact
 from segrep.maintenance.gc import collect
+from segrep.publish import filled_copies as fill
 from segrep.publish import publisher, winners_index
 from segrep.publish.metadata_gc import ORPHAN_GRACE_S, collect_unreferenced
 from segrep.publish.publisher import PublishStatus, SnapshotKind, publish_table
 from segrep.replication.orchestrator import run_round
+from segrep.replication.safetime import leader_safe_time
 from segrep.split.run import run_split
 from tests.support.badinput import assert_user_error, unchanged
 from tests.support.cli import cli, cli_command
@@ -257,6 +260,63 @@ def test_two_publications_of_a_site_racing_the_later_commit_fails_and_looks_agai
     assert {p[:2] for p in segrep_rows(pub_env, "primary").column("payload").to_pylist()} == {"v1", "v2", "v3"}
 
 
+def test_a_site_published_after_others_never_commits_an_older_state_over_a_newer_snapshot(
+    pub_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every site's state is read before the sites are published in turn: while `dr` is being published, a
+    write at `primary` publishes `primary` itself. `primary`'s turn must not put its older state over that newer
+    snapshot (fewer rows than served, under a safe time that claims the write): its table was loaded before
+    the state was read, so its commit fails and it looks again."""
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 20), "v1"))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    write_batch(cat, TABLE, batch(range(20, 25), "v2"))  # every site moves
+    real = publisher._publish_prepared
+    inner: list[int] = []
+
+    def meanwhile(catalog: Any, p: Any, *args: Any) -> Any:
+        out = real(catalog, p, *args)
+        if p.site == "dr" and not inner:  # after dr, before primary: primary's state is already read
+            inner.append(len(public_write(cat, TABLE, batch(range(100, 110), "v3"), defs=defs).segments))
+        return out
+
+    monkeypatch.setattr(publisher, "_publish_prepared", meanwhile)
+    out = {x.site: x for x in publish_table(cat, defs, TABLE, leader_safe_time=leader_safe_time).sites}
+    assert inner and out["primary"].status in (PublishStatus.PUBLISHED, PublishStatus.UNCHANGED), out
+    assert_published_equal(pub_env)
+    metadata = pub_env.site_dir("primary") / TABLE / "_iceberg" / "metadata"
+    tbl, _ = loaded(pub_env.url, "primary", TABLE)
+    logged = {Path(x.metadata_file.removeprefix("file://")).name for x in tbl.metadata.metadata_log}
+    current = Path(tbl.metadata_location.removeprefix("file://")).name
+    assert {p.name for p in metadata.glob("*.metadata.json")} <= logged | {current}  # a lost commit leaves none
+
+
+def test_a_leaders_safe_time_never_claims_a_write_committed_after_its_files_were_read(
+    pub_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write at the leader lands just after the publication read the leader's files: the snapshot does not
+    hold it, so the safe time it states (read before the files) must be older than that write."""
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 20), "v1"))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    write_batch(cat, TABLE, batch(range(20, 25), "v2"))
+    real = publisher.placement_files_in
+    late: list[int] = []
+
+    def then_a_write(s: Any, catalog: Any, info: Any, site: str | None) -> Any:
+        out = real(s, catalog, info, site)
+        if site == "primary" and not late:
+            late.extend(seg.version for seg in write_batch(cat, TABLE, batch(range(40, 45), "late")).segments)
+        return out
+
+    monkeypatch.setattr(publisher, "placement_files_in", then_a_write)
+    out = {x.site: x for x in publish_table(cat, defs, TABLE, ["primary"], leader_safe_time=leader_safe_time).sites}
+    assert late and out["primary"].status is PublishStatus.PUBLISHED, out
+    _, summary = loaded(pub_env.url, "primary", TABLE)
+    assert 0 < int(summary["segrep.safe-time-us"]) < min(late)
+    assert "late40" not in scan(pub_env.url, "primary", TABLE, KEYS).column("payload").to_pylist()
+
+
 def test_after_a_failover_the_new_leader_is_registered_and_reads_its_writes(pub_env: Env) -> None:
     cat, defs = pub_env.catalog, pub_env.defs
     write_batch(cat, TABLE, batch(range(0, 20), "v1"))
@@ -346,8 +406,20 @@ def test_files_written_before_a_defaulted_column_are_listed_as_copies_holding_th
             assert set(rows.column("channel").to_pylist()) == {"web"}, path
             assert rows.schema.field("channel").metadata[b"PARQUET:field_id"] == str(channel_id).encode()
         copies[site] = {p: p.stat().st_mtime_ns for p in filled[site].iterdir()}
+        handle = open_site(cat, q_site(pub_env, site))  # past the grace, but listed: the metadata GC keeps them
+        collect_unreferenced(tbl, handle, TABLE, now=time.time() + ORPHAN_GRACE_S + 1)
+        assert {p: p.stat().st_mtime_ns for p in filled[site].iterdir()} == copies[site], site
+    assert_published_equal(pub_env)
+    noted = added.replace("default: web}}", "default: web}, note: string}")  # a column with no default
+    pub_env.config.write_text(pub_env.config.read_text().replace(added, noted, 1))
+    code, _out, err = cli(pub_env, "apply")
+    assert code == 0, err
+    for site in SITES:  # each copy still fills what the schema defaults: kept, not made again
+        assert {p: p.stat().st_mtime_ns for p in filled[site].iterdir()} == copies[site], site
+        assert loaded(pub_env.url, site, TABLE)[1]["segrep.snapshot-kind"] == "incremental"
     assert_published_equal(pub_env)
     new = batch(range(15, 25), "v3").append_column("channel", pa.array(["app"] * 10))
+    new = new.append_column("note", pa.array(["n"] * 10))
     written = len(write_batch(cat, TABLE, new).segments)  # one file per partition the rows fall in
     report = run_round(cat, defs, TABLE, submit=no_spark)
     assert {x.kind for x in report.published} == {SnapshotKind.INCREMENTAL}, report.text()
@@ -360,7 +432,8 @@ def test_files_written_before_a_defaulted_column_are_listed_as_copies_holding_th
     assert sorted(set(scan(pub_env.url, "dr", TABLE, KEYS).column("channel").to_pylist())) == ["app", "web"]
     assert compact(cat, defs, TABLE, force=True).committed  # every file rewritten at the current version
     for i in range(publisher.KEEP_SNAPSHOTS):  # the snapshots that list copies expire
-        write_batch(cat, TABLE, batch(range(30 + i, 31 + i), "later").append_column("channel", pa.array(["app"])))
+        later = batch(range(30 + i, 31 + i), "later").append_column("channel", pa.array(["app"]))
+        write_batch(cat, TABLE, later.append_column("note", pa.array([None], pa.string())))
         run_round(cat, defs, TABLE, submit=no_spark)
     for site in SITES:
         tbl, _ = loaded(pub_env.url, site, TABLE)
@@ -368,6 +441,34 @@ def test_files_written_before_a_defaulted_column_are_listed_as_copies_holding_th
         handle = open_site(cat, q_site(pub_env, site))
         collect_unreferenced(tbl, handle, TABLE, now=time.time() + ORPHAN_GRACE_S + 1)
         assert list(filled[site].iterdir()) == [], site
+    assert_published_equal(pub_env)
+
+
+def test_a_table_published_before_filled_copies_is_published_afresh_with_them(
+    pub_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table published by a version of segrep that listed every segment file as itself (a column with a
+    default already added): the layout is part of every state token and fingerprint, so the next publication,
+    with nothing else changed, lists the old files' filled copies (a clean snapshot)."""
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 20), "v1"))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    columns = "    columns: {tenant: string, seq: int64, payload: string, at: timestamp}\n"
+    added = columns.replace("at: timestamp}", "at: timestamp, channel: {type: string, default: web}}")
+    pub_env.config.write_text(pub_env.config.read_text().replace(columns, added, 1))
+    with monkeypatch.context() as old:  # the earlier layout: no copies
+        old.setattr(publisher, "_LAYOUT", 1)
+        old.setattr(fill, "fill_key", lambda *args: None)
+        code, _out, err = cli(pub_env, "apply")
+        assert code == 0, err
+        assert not (pub_env.site_dir("dr") / TABLE / "_iceberg" / "filled").exists()
+        again = publish_table(cat, defs, TABLE)
+        assert {x.status for x in again.sites} == {PublishStatus.UNCHANGED}
+    out = publish_table(cat, defs, TABLE)
+    assert {(x.status, x.kind) for x in out.sites} == {(PublishStatus.PUBLISHED, SnapshotKind.CLEAN)}, out
+    for site in SITES:
+        tbl, _ = loaded(pub_env.url, site, TABLE)
+        assert all("/_iceberg/filled/" in str(p) for p in tbl.inspect.data_files().column("file_path").to_pylist())
     assert_published_equal(pub_env)
 
 

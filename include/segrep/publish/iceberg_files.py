@@ -59,6 +59,11 @@ class _DeleteManifestWriter(ManifestWriterV2):
         return {**super()._meta, "content": "deletes"}
 
 
+# files under the table's Iceberg directory no retained snapshot lists are deleted once older than this
+# (metadata_gc): a file that young may belong to a publication still under way in another process
+ORPHAN_GRACE_S = 600
+
+
 def new_name(location: str, directory: str, stem: str, ext: str) -> str:
     return f"{location}/{directory}/{stem}-{uuid.uuid4().hex}.{ext}"
 

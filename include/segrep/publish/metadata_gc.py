@@ -19,10 +19,10 @@ from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table as IcebergTable
 
 from segrep.publish.filled_copies import FILLED_DIR
+from segrep.publish.iceberg_files import ORPHAN_GRACE_S
 from segrep.publish.site_catalog import ICEBERG_DIR, site_location
 from segrep.storage.site import Site
 
-ORPHAN_GRACE_S = 600
 _COLLECTED_DIRS = ("metadata", "deletes", "segrep", FILLED_DIR)
 _KEPT_KEYS = ("segrep.index", "segrep.state")  # summary entries naming files of the snapshot
 _DELTAS_KEY = "segrep.index-deltas"  # a JSON list of the index's delta files (winners_index)

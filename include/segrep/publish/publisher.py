@@ -51,12 +51,14 @@ from segrep.catalog import models as m
 from segrep.catalog import queries as q
 from segrep.catalog.publications import abandoned, forget, record, recorded_token
 from segrep.catalog.schemas import schema_versions
+from segrep.catalog.site_identity import open_site
 from segrep.config.definitions import Definitions
 from segrep.config.iceberg_catalog import IcebergCatalogDef
 from segrep.core import faults, hlc
 from segrep.core import schema as sch
 from segrep.core.errors import NotFoundError, SegrepError, SiteUnidentifiedError
 from segrep.core.schema_versions import SchemaVersion
+from segrep.core.states import PartitionState
 from segrep.data.reader import PlacementFiles, key_range, placement_files_in, read_in_threads
 from segrep.publish import filled_copies as fill
 from segrep.publish import iceberg_files as files
@@ -73,6 +75,9 @@ PUBLISH_ICEBERG = "iceberg"
 # the safe time of a site leading every partition it holds (replication.safetime.leader_safe_time)
 LeaderSafeTime = Callable[[Catalog, str, str], "int | None"]
 UNKNOWN_SAFE_TIME = 0  # the summary's safe time of a site the catalog has none for: no write is promised
+# how a snapshot lists the files (2: filled copies, filled_copies), in every state token and fingerprint: a
+# change of it publishes every site once afresh
+_LAYOUT = 2
 _PREFIX = "segrep."
 KEEP_SNAPSHOTS = 5  # older snapshots are expired: their files may be compacted away and collected
 # an incremental snapshot carrying this many manifests is consolidated instead: the largest data manifest kept,
@@ -184,25 +189,48 @@ def publish_table(
     ``publish: iceberg`` is not published (an empty result). ``leader_safe_time``: the safe time of a site
     leading every partition it holds, as rounds bound a leader (``replication.safetime.leader_safe_time``;
     ``replication.publication.publish`` passes it); without it such a site keeps its previous snapshot's safe
-    time (a write published at once claims no more than the last round did). Every site's state is read in
-    one snapshot of the catalog (the table's rows once), then each site is published in turn."""
+    time (a write published at once claims no more than the last round did).
+
+    In order: the state tokens (a site whose token is the recorded one is UNCHANGED, nothing more read); the
+    Iceberg table of every other site, loaded (``_Handle`` says why first); a leader's safe time; then every
+    site's state in one session (the table's rows read once for all), and each site published in turn."""
     if not enabled(defs, table):
         return Publication(table)
     started = time.perf_counter()
+    choice = defs.iceberg_catalog
     with catalog.read() as s:
         info = q.table_info(s, table)
-        names = sorted({r.name for r in _sites_of(s, info)})
+        holders = {r.name: r for r in _sites_of(s, info)}
         gone = [r for r in abandoned(s, info.table_id) if sites is None or r.name in sites]
-        for row in gone:
+        for row in [*gone, *holders.values()]:
             s.expunge(row)
-        chosen = names if sites is None else [x for x in sites if x in names]
+        chosen = sorted(holders) if sites is None else [x for x in sites if x in holders]
         rows = _TableRows.read(s, info)
-        prepared = [_prepare(s, catalog, rows, site) for site in chosen]
-    share = (time.perf_counter() - started) / max(1, len(prepared))  # each site's part of the reads
-    choice = defs.iceberg_catalog
+        looked = {site: _prepare(s, catalog, rows, site, read_state=False) for site in chosen}
+    moving = [site for site, p in looked.items() if p.unchanged is None and p.rows is not None]
+    handles = {site: _open(catalog, holders[site], table, choice) for site in moving}
+    opened = [site for site in moving if isinstance(handles[site], _Handle)]
+    # a leader's safe time is read before its files: they then hold every write it claims
+    leader_safe = {
+        site: leader_safe_time(catalog, table, site) if leader_safe_time and rows.leads_all(looked[site]) else None
+        for site in opened
+    }
+    with catalog.read() as s:
+        rows = _TableRows.read(s, q.table_info(s, table))
+        prepared = {site: _prepare(s, catalog, rows, site) for site in opened}
+    out: list[SitePublication] = []
+    for site in chosen:
+        first, handle = looked[site], handles.get(site)
+        if first.unchanged is not None or first.rows is None or handle is None:
+            out.append(first.unchanged or SitePublication(site, PublishStatus.WAITING, detail=first.waiting))
+        elif not isinstance(handle, _Handle):  # the site is down or its table cannot be loaded: recorded
+            out.append(_recorded(catalog, first, handle))
+        else:
+            out.append(_publish_prepared(catalog, prepared[site], handle, leader_safe[site], leader_safe_time, choice))
+    # each site's figure: its own publication and an even part of what was read for all of them
+    share = max(0.0, time.perf_counter() - started - sum(x.seconds for x in out)) / max(1, len(out))
     retired = tuple(_retire(catalog, info.table_id, table, row, choice) for row in gone)
-    published = [_publish_prepared(catalog, p, leader_safe_time, choice) for p in prepared]
-    return Publication(table, tuple(replace(x, seconds=round(x.seconds + share, 3)) for x in published) + retired)
+    return Publication(table, tuple(replace(x, seconds=round(x.seconds + share, 3)) for x in out) + retired)
 
 
 def _retire(
@@ -274,6 +302,14 @@ class _TableRows:
         ]
         return cls(info, parts, placements, shared, schema_versions(s, info.table_id), round_id)
 
+    def leads_all(self, p: _Prepared) -> bool:
+        """True if the prepared site leads every serving partition it holds (as these rows say)."""
+        serving = [x for x in self.parts if x.state in q.WRITABLE_STATES]  # as q.serving_partitions says
+        serving = [x for x in serving if not (x.state == PartitionState.LOADING and x.parent_partition_id)]
+        ids, leaders = {x.partition_id for x in serving}, {x.leader_placement_id for x in serving}
+        mine = [pl for pl in self.placements if pl.site_id == p.ids[1] and pl.partition_id in ids]
+        return bool(mine) and all(pl.placement_id in leaders for pl in mine)
+
 
 @dataclass(frozen=True)
 class _Prepared:
@@ -289,10 +325,11 @@ class _Prepared:
     waiting: str = ""  # the site holds no partition, or lacks a copy of one (joining)
 
 
-def _prepare(s: Any, catalog: Catalog, rows: _TableRows, site: str) -> _Prepared:
-    """The site's state token (a digest of what decides its copy and its safe time: ``rows`` and the site's
-    recorded safe time) and, if it is not the recorded one, its state. Token and state come from the same
-    snapshot of the catalog, so a recorded token always names exactly what was published."""
+def _prepare(s: Any, catalog: Catalog, rows: _TableRows, site: str, *, read_state: bool = True) -> _Prepared:
+    """The site's state token (a digest of what decides its copy and its safe time: ``rows``, the site's
+    recorded safe time and the publication's layout) and, if it is not the recorded one and ``read_state``,
+    its state. The token is read before the state, in the same session: a recorded token names what was
+    published or less, never more."""
     info = rows.info
     try:
         site_id = q.site_by_name(s, site).site_id
@@ -300,13 +337,15 @@ def _prepare(s: Any, catalog: Catalog, rows: _TableRows, site: str) -> _Prepared
             raise NotFoundError(f"site {site} holds no partition of {info.name}")
         safe = _safe_time_row(s, info.table_id, site_id)
         ids = (info.table_id, site_id)
-        token = _digest([rows.shared[0], safe, *rows.shared[1:]])
+        token = _digest([_LAYOUT, rows.shared[0], safe, *rows.shared[1:]])
         recorded, snapshot_id, safe_time = recorded_token(s, *ids)
         if recorded == token:
             unchanged = SitePublication(site, PublishStatus.UNCHANGED, snapshot_id, safe_time)
             return _Prepared(site, rows, ids, token, unchanged=unchanged)
     except NotFoundError as exc:  # not recorded: the site holds no partition of the table (or is unknown)
         return _Prepared(site, waiting=str(exc))
+    if not read_state:
+        return _Prepared(site, rows, ids, token)
     try:
         return _Prepared(site, rows, ids, token, state=_site_state_in(s, catalog, rows, site, safe))
     except NotFoundError as exc:  # recorded: the site lacks a copy of some partition (joining)
@@ -321,12 +360,17 @@ def _safe_time_row(s: Any, table_id: int, site_id: int) -> int | None:
 
 
 def _publish_prepared(
-    catalog: Catalog, p: _Prepared, leader_safe_time: LeaderSafeTime | None, choice: IcebergCatalogDef | None
+    catalog: Catalog,
+    p: _Prepared,
+    handle: _Handle,
+    leader_safe: int | None,
+    leader_safe_time: LeaderSafeTime | None,
+    choice: IcebergCatalogDef | None,
 ) -> SitePublication:
     """Publish a prepared site if it moved; FAILED (with why) leaves the previous snapshot. The outcome is
     recorded for ``segrep status`` (``catalog.publications``) with the state token: a publication that
     finds the same token returns UNCHANGED without reading a file."""
-    if p.unchanged is not None:
+    if p.unchanged is not None:  # another publication recorded this state since the tokens were first read
         return p.unchanged
     if p.rows is None:
         return SitePublication(p.site, PublishStatus.WAITING, detail=p.waiting)
@@ -334,20 +378,57 @@ def _publish_prepared(
     if p.state is None:
         attempt = SitePublication(p.site, PublishStatus.WAITING, detail=p.waiting)
     else:
-        state = p.state
-        if state.leads_all:  # as rounds bound a leader (None: the previous snapshot's)
-            safe = None if leader_safe_time is None else leader_safe_time(catalog, state.info.name, p.site)
-            state = replace(state, safe_time_us=safe)
-        attempt = _attempt(catalog, p.site, state, p.rows.versions, leader_safe_time, choice)
-    out = replace(attempt, seconds=time.perf_counter() - started)
+        # a site leading all it holds: as rounds bound a leader, read before its files (None: the previous
+        # snapshot's safe time)
+        state = replace(p.state, safe_time_us=leader_safe) if p.state.leads_all else p.state
+        attempt = _attempt(catalog, p.site, state, p.rows.versions, handle, leader_safe_time, choice)
+    return _recorded(catalog, p, replace(attempt, seconds=time.perf_counter() - started))
+
+
+def _recorded(catalog: Catalog, p: _Prepared, out: SitePublication) -> SitePublication:
+    """``out`` recorded for the site (a snapshot and the token only when its table shows the state)."""
     try:
         shows = out.status in (PublishStatus.PUBLISHED, PublishStatus.UNCHANGED)
         status = PublishStatus.PUBLISHED if shows else out.status
         snapshot, safe = (out.snapshot_id, out.safe_time_us) if shows else (None, None)
         record(catalog, *p.ids, str(status), out.detail, snapshot_id=snapshot, safe_time_us=safe, state_token=p.token)
     except (SegrepError, SQLAlchemyError) as exc:  # the catalog went away: status shows the last record
-        log.warning("publication of %s at %s not recorded: %s", p.rows.info.name, p.site, exc)
+        log.warning("publication at %s not recorded: %s", p.site, exc)
     return out
+
+
+@dataclass(frozen=True)
+class _Handle:
+    """A site's Iceberg table, loaded before the catalog's state is read. The commit is conditional on the
+    metadata location loaded: it lands only if no other publication committed since, and one that committed
+    before had read the catalog earlier than this one did. So an older state never replaces a newer snapshot."""
+
+    ice: IcebergCatalog
+    tbl: IcebergTable
+    loc: SiteLocation
+    row: m.Site
+
+
+def _open(catalog: Catalog, row: m.Site, table: str, choice: IcebergCatalogDef | None) -> _Handle | SitePublication:
+    """The site's Iceberg table (registered now if it is not yet), or why not: WAITING for a site that is down or
+    whose root this catalog has not claimed (a new catalog before `catalog rebuild`, a vanished site: its
+    files are not the ones the catalog lists, and nothing is written there), FAILED otherwise."""
+    site = open_site(catalog, row)
+    try:
+        site.ensure_identified()
+    except OSError as exc:  # SiteUnidentifiedError, or a root that cannot be reached or is blocked
+        down = str(exc) if isinstance(exc, SiteUnidentifiedError) else f"DOWN/UNIDENTIFIED: {exc}"
+        detail = f"{down} (its last snapshot, if any, stays current)"
+        return SitePublication(row.name, PublishStatus.WAITING, detail=detail)
+    try:
+        loc = site_location(site)
+        ice = site_catalog(catalog, row.name, row.uri, choice)
+        return _Handle(ice, _table(ice, row.name, table, loc), loc, row)
+    except (SegrepError, OSError) as exc:
+        return SitePublication(row.name, PublishStatus.FAILED, detail=f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # the Iceberg catalog's own errors: never the round's failure
+        log.warning("loading the Iceberg table %s at %s failed", table, row.name, exc_info=True)
+        return SitePublication(row.name, PublishStatus.FAILED, detail=f"{type(exc).__name__}: {exc}")
 
 
 def _attempt(
@@ -355,45 +436,41 @@ def _attempt(
     site: str,
     state: _SiteState,
     versions: dict[int, SchemaVersion],
+    handle: _Handle,
     leader_safe_time: LeaderSafeTime | None,
     choice: IcebergCatalogDef | None,
 ) -> SitePublication:
-    try:
-        # a root this catalog has not claimed (a new catalog before `catalog rebuild`, a vanished site) holds
-        # files the catalog does not list: publishing it would show what the catalog knows (nothing) as the
-        # site's table, and write into a root that is not this catalog's; its last snapshot stays current
-        if state.placements:  # all of them at this one site
-            state.placements[0].site.ensure_identified()
-    except OSError as exc:  # SiteUnidentifiedError, or a root that cannot be reached or is blocked
-        down = str(exc) if isinstance(exc, SiteUnidentifiedError) else f"DOWN/UNIDENTIFIED: {exc}"
-        return SitePublication(site, PublishStatus.WAITING, detail=f"{down} (its last snapshot, if any, stays current)")
+    table = state.info.name
     try:
         try:
-            return _publish(catalog, site, state, versions, choice)
-        except CommitFailedException:  # another process published this site first: look again, once
-            again = _site_state(catalog, state.info.name, site, leader_safe_time)
-            return _publish(catalog, site, again, versions, choice)
+            return _publish(site, state, versions, handle)
+        except CommitFailedException:  # another publication committed since the table was loaded: once more,
+            fresh = _open(catalog, handle.row, table, choice)  # in the same order (table, safe time, state)
+            if not isinstance(fresh, _Handle):
+                return fresh
+            safe = leader_safe_time(catalog, table, site) if leader_safe_time is not None else None
+            again, again_versions = _site_state(catalog, table, site, safe)
+            return _publish(site, again, again_versions, fresh)
     except NotFoundError as exc:
         return SitePublication(site, PublishStatus.WAITING, detail=str(exc))
     except (SegrepError, OSError, CommitFailedException) as exc:
         return SitePublication(site, PublishStatus.FAILED, detail=f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # a publication never fails the round, write or failover it follows
-        log.warning("publishing %s at %s failed", state.info.name, site, exc_info=True)
+        log.warning("publishing %s at %s failed", table, site, exc_info=True)
         return SitePublication(site, PublishStatus.FAILED, detail=f"{type(exc).__name__}: {exc}")
 
 
-def _site_state(catalog: Catalog, table: str, site: str, leader_safe_time: LeaderSafeTime | None) -> _SiteState:
-    """The site's state read afresh (a publication that lost a race looks again), its safe time resolved."""
+def _site_state(
+    catalog: Catalog, table: str, site: str, leader_safe: int | None
+) -> tuple[_SiteState, dict[int, SchemaVersion]]:
+    """The site's state and the table's schema versions read afresh (a publication that lost a race looks
+    again); a leader's safe time is the one given (read before this)."""
     with catalog.read() as s:
         info = q.table_info(s, table)
         rows = _TableRows.read(s, info)
         site_id = q.site_by_name(s, site).site_id
         state = _site_state_in(s, catalog, rows, site, _safe_time_row(s, info.table_id, site_id))
-    if state.leads_all:
-        state = replace(
-            state, safe_time_us=None if leader_safe_time is None else leader_safe_time(catalog, table, site)
-        )
-    return state
+    return (replace(state, safe_time_us=leader_safe) if state.leads_all else state), rows.versions
 
 
 def _site_state_in(s: Any, catalog: Catalog, rows: _TableRows, site: str, safe: int | None) -> _SiteState:
@@ -407,7 +484,7 @@ def _site_state_in(s: Any, catalog: Catalog, rows: _TableRows, site: str, safe: 
     safe_time: int | None = UNKNOWN_SAFE_TIME if safe is None else safe
     structure = _digest([[pf.placement_id, pf.key_begin, pf.key_end] for pf in placements])
     fingerprint = _digest(
-        [structure, info.row.schema_version, [[seg.relpath for seg in pf.segments] for pf in placements]]
+        [_LAYOUT, structure, info.row.schema_version, [[seg.relpath for seg in pf.segments] for pf in placements]]
     )
     serving = {p.partition_id for p in q.serving_partitions(s, info)}
     epoch = max((p.epoch for p in rows.parts if p.partition_id in serving), default=0)
@@ -418,20 +495,11 @@ def _digest(doc: Any) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def _publish(
-    catalog: Catalog,
-    site: str,
-    state: _SiteState,
-    versions: dict[int, SchemaVersion],
-    choice: IcebergCatalogDef | None,
-) -> SitePublication:
-    pf0 = state.placements[0] if state.placements else None
-    if pf0 is None:
+def _publish(site: str, state: _SiteState, versions: dict[int, SchemaVersion], handle: _Handle) -> SitePublication:
+    if not state.placements:
         return SitePublication(site, PublishStatus.WAITING, detail="no partition is served")
-    loc = site_location(pf0.site)
-    ice = site_catalog(catalog, site, pf0.site.uri, choice)
+    ice, tbl, loc = handle.ice, handle.tbl, handle.loc
     current_version = versions[state.info.row.schema_version]
-    tbl = _table(ice, site, state.info.name, loc)
     schema = types.iceberg_schema(current_version, current_version.version)
     mapping = types.name_mapping(versions.values(), current_version)
     snap = tbl.current_snapshot()
@@ -479,11 +547,11 @@ def _commit(
     current = state.files()
     # files lacking a column the current schema gives a default are listed as filled copies (filled_copies)
     target = state.info.versions.target
-    filled = {
-        rel: fill.copy_relpath(state.info.name, rel, target.version)
-        for rel, (_pf, seg) in current.items()
-        if fill.lacks_defaults(versions[seg.schema_version], target)
-    }
+    newer = sorted({seg.schema_version for _pf, seg in current.values()} - versions.keys())
+    if newer:  # a schema change committed while the state was read (PostgreSQL reads each statement afresh)
+        raise SegrepError(f"schema version {newer[0]} appeared during the publication: published at the next one")
+    keys = {rel: fill.fill_key(versions[seg.schema_version], target) for rel, (_pf, seg) in current.items()}
+    filled = {rel: fill.copy_relpath(state.info.name, rel, key) for rel, key in keys.items() if key is not None}
     uris = {rel: loc.file(filled.get(rel, rel)) for rel in current}
     before = _read_state(io, prev)
     published = None if before is None else before.files
@@ -517,7 +585,8 @@ def _commit(
         hidden = pa.concat_tables([outside, res.hidden]) if outside.num_rows else res.hidden
         stored = winners_index.store(io, location, snapshot_id, index, previous, res.index, pk)
         after = PublishedState(stored, tuple(sorted(current)), (), filled)
-    added = [_data_file(state, current[rel], uris[rel], rel in filled) for rel in new_files]
+    shown = set(before.filled.values()) if before is not None else set()  # copies the current snapshot lists
+    added = [_data_file(state, current[rel], uris[rel], keys[rel], shown) for rel in new_files]
     listed, hiding = added, hidden
     if kind is SnapshotKind.CONSOLIDATED:  # from the metadata alone: see _consolidated
         kept, merged = _consolidated(carried)
@@ -636,11 +705,16 @@ def _carried_entries(
     return data, pa.concat_tables([empty, *deletes])
 
 
-def _data_file(state: _SiteState, item: tuple[PlacementFiles, m.Segment], uri: str, filled: bool) -> DataFile:
+def _data_file(
+    state: _SiteState, item: tuple[PlacementFiles, m.Segment], uri: str, key: str | None, shown: set[str]
+) -> DataFile:
     """A listed file's entry: the segment file itself, or its filled copy (made now if it is not there)."""
     pf, seg = item
-    size = fill.filled_copy(pf.site, state.info, seg).byte_size if filled else seg.byte_size
-    return files.data_file(uri, seg.row_count, size)
+    if key is None:
+        return files.data_file(uri, seg.row_count, seg.byte_size)
+    shown_now = fill.copy_relpath(state.info.name, seg.relpath, key) in shown
+    copy = fill.filled_copy(pf.site, state.info, seg, key, listed=shown_now)
+    return files.data_file(uri, seg.row_count, copy.byte_size)
 
 
 def _summary(

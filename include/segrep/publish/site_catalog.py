@@ -10,6 +10,7 @@ writes; the catalog database stores table names and metadata locations, never a 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from dataclasses import dataclass
@@ -119,6 +120,8 @@ class _SegrepSqlCatalog(SqlCatalog):
                 .values(metadata_location=staged.metadata_location, previous_metadata_location=table.metadata_location)
             )
             if changed.rowcount < 1:  # type: ignore[attr-defined]
+                with contextlib.suppress(Exception):  # its unique name is listed nowhere: nothing else collects it
+                    staged.io.delete(staged.metadata_location)
                 raise CommitFailedException(f"Table has been updated by another process: {space}.{name}")
             session.commit()
         return CommitTableResponse(metadata=staged.metadata, metadata_location=staged.metadata_location)
