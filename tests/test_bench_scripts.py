@@ -76,16 +76,7 @@ def test_the_benchmark_runs_to_the_end(script: str, pg_server: str, tmp_path: Pa
         where = tmp_path / option.strip("-")
         where.mkdir()
         args += [option, str(where)]
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / f"{script}.py"), *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, f"{script}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    done = run_bench(script, args, tmp_path)
     for prefix in MET_LINES.get(script, ()):
         lines = [line for line in done.stdout.splitlines() if line.startswith(f"| {prefix}")]
         assert len(lines) == 1 and lines[0].endswith("| MET |"), done.stdout[-3000:]
@@ -97,15 +88,21 @@ def test_the_open_tables_publication_runs_with_dr_on_an_object_store(tmp_path: P
     tpch = tmp_path / "tpch"
     tpch.mkdir()
     args = ["--part", "publish", "--dr-store", "s3", "--scale", "0.01", "--rounds", "1", "--update-rows", "200"]
+    done = run_bench("open_tables", [*args, "--tpch-dir", str(tpch)], tmp_path)
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| (publish) round after a write")]
+    assert len(rows) == 2, done.stdout[-3000:]
+
+
+def run_bench(script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``bench/<script>.py args`` run to the end in ``cwd``: exit 0 and no traceback, or the test fails."""
     done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "open_tables.py"), *args, "--tpch-dir", str(tpch)],
-        cwd=tmp_path,
+        [sys.executable, str(REPO / "bench" / f"{script}.py"), *args],
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
     )
-    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"{script}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| (publish) round after a write")]
-    assert len(rows) == 2, done.stdout[-3000:]
+    return done
