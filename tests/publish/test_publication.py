@@ -444,6 +444,40 @@ def test_files_written_before_a_defaulted_column_are_listed_as_copies_holding_th
     assert_published_equal(pub_env)
 
 
+def test_a_consolidated_snapshot_keeps_the_filled_copies_and_the_deletes_that_name_them(
+    pub_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Updates hide rows of files listed as filled copies (position deletes naming the copies); once the
+    carried manifests are consolidated, the merged deletes still name the copies and every copy stays listed."""
+    monkeypatch.setattr(publisher, "MAX_CARRIED_MANIFESTS", 3)
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 30), "v1"))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    columns = "    columns: {tenant: string, seq: int64, payload: string, at: timestamp}\n"
+    added = columns.replace("at: timestamp}", "at: timestamp, channel: {type: string, default: web}}")
+    pub_env.config.write_text(pub_env.config.read_text().replace(columns, added, 1))
+    code, _out, err = cli(pub_env, "apply")
+    assert code == 0, err
+    kinds = []
+    for i in range(5):  # updates of the old keys: their rows in the copies are hidden
+        update = batch(range(i * 4, i * 4 + 6), f"u{i}").append_column("channel", pa.array(["app"] * 6))
+        write_batch(cat, TABLE, update)
+        kinds.append({x.kind for x in run_round(cat, defs, TABLE, submit=no_spark).published})
+        assert_published_equal(pub_env)
+    assert any(SnapshotKind.CONSOLIDATED in k for k in kinds), kinds
+    for site in SITES:
+        tbl, _ = loaded(pub_env.url, site, TABLE)
+        paths = [str(p) for p in tbl.inspect.data_files().column("file_path").to_pylist()]
+        old = [p for p in paths if "/_iceberg/filled/" in p]
+        assert old and len(paths) > len(old), paths  # the old files as copies, the updates as themselves
+        deletes = tbl.inspect.delete_files().column("file_path").to_pylist()
+        named = set()
+        for path in deletes:
+            named |= set(pq.read_table(str(path).removeprefix("file://")).column("file_path").to_pylist())
+        assert named & set(old), site  # the merged deletes hide rows of the copies, by the copies' names
+    assert set(scan(pub_env.url, "dr", TABLE, KEYS).column("channel").to_pylist()) == {"app", "web"}
+
+
 def test_a_table_published_before_filled_copies_is_published_afresh_with_them(
     pub_env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
