@@ -203,6 +203,14 @@ def test_gc_keeps_every_file_of_a_published_table_at_a_site_whose_snapshot_it_ca
     assert all((pub_env.site_dir(d.site) / d.relpath).exists() for d in report.deletions)
 
 
+def add_defaulted_channel(env: Env) -> str:
+    """The definitions with a column `channel` added, default `web` (not applied yet); its columns line."""
+    columns = "    columns: {tenant: string, seq: int64, payload: string, at: timestamp}\n"
+    added = columns.replace("at: timestamp}", "at: timestamp, channel: {type: string, default: web}}")
+    env.config.write_text(env.config.read_text().replace(columns, added, 1))
+    return added
+
+
 def files_listed(env: Env, site: str) -> set[str]:
     tbl, _ = loaded(env.url, site, TABLE)
     prefix = f"file://{env.site_dir(site)}/"
@@ -387,9 +395,7 @@ def test_files_written_before_a_defaulted_column_are_listed_as_copies_holding_th
     run_round(cat, defs, TABLE, submit=no_spark)
     filled = {site: pub_env.site_dir(site) / TABLE / "_iceberg" / "filled" for site in SITES}
     assert not any(d.exists() for d in filled.values())  # no default yet: every segment listed as itself
-    columns = "    columns: {tenant: string, seq: int64, payload: string, at: timestamp}\n"
-    added = columns.replace("at: timestamp}", "at: timestamp, channel: {type: string, default: web}}")
-    pub_env.config.write_text(pub_env.config.read_text().replace(columns, added, 1))
+    added = add_defaulted_channel(pub_env)
     code, _out, err = cli(pub_env, "apply")  # published at once, every old file under its copy
     assert code == 0, err
     copies: dict[str, dict[Path, int]] = {}
@@ -453,9 +459,7 @@ def test_a_consolidated_snapshot_keeps_the_filled_copies_and_the_deletes_that_na
     cat, defs = pub_env.catalog, pub_env.defs
     write_batch(cat, TABLE, batch(range(0, 30), "v1"))
     run_round(cat, defs, TABLE, submit=no_spark)
-    columns = "    columns: {tenant: string, seq: int64, payload: string, at: timestamp}\n"
-    added = columns.replace("at: timestamp}", "at: timestamp, channel: {type: string, default: web}}")
-    pub_env.config.write_text(pub_env.config.read_text().replace(columns, added, 1))
+    add_defaulted_channel(pub_env)
     code, _out, err = cli(pub_env, "apply")
     assert code == 0, err
     kinds = []
@@ -487,9 +491,7 @@ def test_a_table_published_before_filled_copies_is_published_afresh_with_them(
     cat, defs = pub_env.catalog, pub_env.defs
     write_batch(cat, TABLE, batch(range(0, 20), "v1"))
     run_round(cat, defs, TABLE, submit=no_spark)
-    columns = "    columns: {tenant: string, seq: int64, payload: string, at: timestamp}\n"
-    added = columns.replace("at: timestamp}", "at: timestamp, channel: {type: string, default: web}}")
-    pub_env.config.write_text(pub_env.config.read_text().replace(columns, added, 1))
+    add_defaulted_channel(pub_env)
     with monkeypatch.context() as old:  # the earlier layout: no copies
         old.setattr(publisher, "_LAYOUT", 1)
         old.setattr(fill, "fill_key", lambda *args: None)
