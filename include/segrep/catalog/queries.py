@@ -139,11 +139,12 @@ def serving_partitions(s: Session, info: TableInfo) -> list[m.Partition]:
     """The partitions that take the table's writes and answer its reads, in key order: they tile the key
     space. A split's children are LOADING until SPLIT_FINALIZE, while their parent (SPLITTING) still serves;
     at finalize the children go LIVE and the parent leaves (UNLOAD)."""
-    return [
-        p
-        for p in partitions_of(s, info, WRITABLE_STATES)
-        if not (p.state == PartitionState.LOADING and p.parent_partition_id is not None)
-    ]
+    return [p for p in partitions_of(s, info, WRITABLE_STATES) if serves(p)]
+
+
+def serves(p: m.Partition) -> bool:
+    """True if the partition is one :func:`serving_partitions` returns (for rows read already)."""
+    return p.state in WRITABLE_STATES and not (p.state == PartitionState.LOADING and p.parent_partition_id is not None)
 
 
 def sort_partitions(info: TableInfo, parts: list[m.Partition]) -> list[m.Partition]:

@@ -30,7 +30,7 @@ from segrep.config.links import LinkState
 from segrep.core import hlc
 from segrep.core.chain import is_reference_weak, is_referenced, visible_segments
 from segrep.core.errors import NotFoundError
-from segrep.publish.publisher import UNKNOWN_SAFE_TIME
+from segrep.publish.publisher import safe_time_text
 from segrep.replication.conflicts import recent_conflicts
 from segrep.replication.status import TargetState, status_rows
 from segrep.split.progress import progress_text, split_progress
@@ -360,9 +360,7 @@ OPEN_TABLES_HEADER = ["table", "site", "last publication", "snapshot", "shows sa
 
 def open_table_row(x: PublicationState) -> list[Any]:
     """A failed or waiting publication says so; the snapshot readers still see is shown beside it."""
-    safe = (
-        "-" if x.safe_time_us is None else "unknown" if x.safe_time_us == UNKNOWN_SAFE_TIME else hlc.iso(x.safe_time_us)
-    )
+    safe = "-" if x.safe_time_us is None else safe_time_text(x.safe_time_us)
     when = hlc.iso(x.updated_us)
     status = x.status.upper() if x.status != "published" else "published"
     return [x.table, x.site, f"{status} at {when}", x.snapshot_id or "-", safe, x.detail or "-"]

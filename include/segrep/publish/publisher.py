@@ -58,7 +58,6 @@ from segrep.core import faults, hlc
 from segrep.core import schema as sch
 from segrep.core.errors import NotFoundError, SegrepError, SiteUnidentifiedError
 from segrep.core.schema_versions import SchemaVersion
-from segrep.core.states import PartitionState
 from segrep.data.reader import PlacementFiles, key_range, placement_files_in, read_in_threads
 from segrep.publish import filled_copies as fill
 from segrep.publish import iceberg_files as files
@@ -125,8 +124,7 @@ class SitePublication:
             kind = (
                 f" ({self.kind} snapshot)" if self.kind is not None and self.status is PublishStatus.PUBLISHED else ""
             )
-            safe = "unknown" if self.safe_time_us == UNKNOWN_SAFE_TIME else hlc.iso(self.safe_time_us)
-            return f"{head}, snapshot {self.snapshot_id} at safe time {safe}{kind}"
+            return f"{head}, snapshot {self.snapshot_id} at safe time {safe_time_text(self.safe_time_us)}{kind}"
         return f"{head}: {self.detail}" if self.detail else head
 
     @classmethod
@@ -171,6 +169,11 @@ class _SiteState:
             for seg in pf.segments:
                 out.setdefault(seg.relpath, (pf, seg))
         return out
+
+
+def safe_time_text(us: int) -> str:
+    """A published safe time as reports and ``segrep status`` show it ("unknown": no write is promised)."""
+    return "unknown" if us == UNKNOWN_SAFE_TIME else hlc.iso(us)
 
 
 def enabled(defs: Definitions, table: str) -> bool:
@@ -304,8 +307,7 @@ class _TableRows:
 
     def leads_all(self, p: _Prepared) -> bool:
         """True if the prepared site leads every serving partition it holds (as these rows say)."""
-        serving = [x for x in self.parts if x.state in q.WRITABLE_STATES]  # as q.serving_partitions says
-        serving = [x for x in serving if not (x.state == PartitionState.LOADING and x.parent_partition_id)]
+        serving = [x for x in self.parts if q.serves(x)]
         ids, leaders = {x.partition_id for x in serving}, {x.leader_placement_id for x in serving}
         mine = [pl for pl in self.placements if pl.site_id == p.ids[1] and pl.partition_id in ids]
         return bool(mine) and all(pl.placement_id in leaders for pl in mine)
@@ -486,8 +488,7 @@ def _site_state_in(s: Any, catalog: Catalog, rows: _TableRows, site: str, safe: 
     fingerprint = _digest(
         [_LAYOUT, structure, info.row.schema_version, [[seg.relpath for seg in pf.segments] for pf in placements]]
     )
-    serving = {p.partition_id for p in q.serving_partitions(s, info)}
-    epoch = max((p.epoch for p in rows.parts if p.partition_id in serving), default=0)
+    epoch = max((p.epoch for p in rows.parts if q.serves(p)), default=0)
     return _SiteState(info, placements, safe_time, rows.round_id, epoch, structure, fingerprint, leads_all)
 
 
@@ -586,7 +587,7 @@ def _commit(
         stored = winners_index.store(io, location, snapshot_id, index, previous, res.index, pk)
         after = PublishedState(stored, tuple(sorted(current)), (), filled)
     shown = set(before.filled.values()) if before is not None else set()  # copies the current snapshot lists
-    added = [_data_file(state, current[rel], uris[rel], keys[rel], shown) for rel in new_files]
+    added = [_data_file(state, current[rel], uris[rel], keys[rel], filled.get(rel) in shown) for rel in new_files]
     listed, hiding = added, hidden
     if kind is SnapshotKind.CONSOLIDATED:  # from the metadata alone: see _consolidated
         kept, merged = _consolidated(carried)
@@ -706,14 +707,14 @@ def _carried_entries(
 
 
 def _data_file(
-    state: _SiteState, item: tuple[PlacementFiles, m.Segment], uri: str, key: str | None, shown: set[str]
+    state: _SiteState, item: tuple[PlacementFiles, m.Segment], uri: str, key: str | None, listed: bool
 ) -> DataFile:
-    """A listed file's entry: the segment file itself, or its filled copy (made now if it is not there)."""
+    """A listed file's entry: the segment file itself, or its filled copy (made now if it is not there;
+    ``listed``: the current snapshot lists that copy)."""
     pf, seg = item
     if key is None:
         return files.data_file(uri, seg.row_count, seg.byte_size)
-    shown_now = fill.copy_relpath(state.info.name, seg.relpath, key) in shown
-    copy = fill.filled_copy(pf.site, state.info, seg, key, listed=shown_now)
+    copy = fill.filled_copy(pf.site, state.info, seg, key, listed=listed)
     return files.data_file(uri, seg.row_count, copy.byte_size)
 
 
