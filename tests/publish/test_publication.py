@@ -20,8 +20,10 @@ from sqlalchemy import text
 
 from segrep import write_batch as public_write
 from segrep.catalog import queries as q
+from segrep.catalog.schemas import schema_versions
 from segrep.catalog.site_identity import open_site
 from segrep.core import faults, hlc
+from segrep.core.states import SplitState
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.failover.promote import failover
@@ -33,12 +35,13 @@ from segrep.publish.metadata_gc import ORPHAN_GRACE_S, collect_unreferenced
 from segrep.publish.publisher import PublishStatus, SnapshotKind, publish_table
 from segrep.replication.orchestrator import run_round
 from segrep.replication.safetime import leader_safe_time
+from segrep.replication.unload import finish_unloaded
 from segrep.split.run import run_split
 from tests.support.badinput import assert_user_error, unchanged
 from tests.support.cli import cli, cli_command
 from tests.support.env import ORDERS_YAML, Env, make_env, sqlite_url
 from tests.support.iceberg import iceberg_catalog, loaded, scan
-from tests.support.rounds import no_spark, take_down
+from tests.support.rounds import bring_up, no_spark, take_down
 from tests.support.s3 import S3Endpoint, free_port, secrets_of
 from tests.support.tables import batch
 
@@ -860,3 +863,54 @@ def test_a_publication_killed_midway_leaves_a_readable_snapshot_and_the_next_one
     again = publish_table(cat, defs, TABLE, ["primary"])
     assert [x.status for x in again.sites] == [PublishStatus.PUBLISHED]
     assert_published_equal(pub_env, ("primary",))
+
+
+def test_an_unloading_parents_old_files_are_listed_once_as_filled_copies_while_a_replica_reads_them(
+    pub_env: Env,
+) -> None:
+    """A split while edge is down, after a column with a default was added: until edge has the children the
+    parent stays in UNLOAD and dr serves each child from the child's files and the parent's (DESIGN 9). The
+    parent's files, written before the column, are listed once each as their filled copies (named by the
+    parent's paths) and the rows an update superseded in them are hidden by the copy's name; once edge is
+    back and the parent retired, the children's files are listed as themselves (the split wrote them at the
+    current version)."""
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 60), "v1"))
+    write_batch(cat, TABLE, batch(range(0, 60, 3), "v2"))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    add_defaulted_channel(pub_env)
+    code, _out, err = cli(pub_env, "apply")
+    assert code == 0, err
+    with cat.read() as s:
+        parent = s.execute(
+            text("SELECT min(p.partition_id) FROM partitions p JOIN tables t USING (table_id) WHERE t.name = :t"),
+            {"t": TABLE},
+        ).scalar()
+        parent_files = set(s.scalars(text("SELECT relpath FROM segments WHERE partition_id = :p"), {"p": parent}))
+    aside = take_down(pub_env, "edge")
+    report = run_split(cat, defs, TABLE, int(parent), ["b"], submit=no_spark)
+    assert report.state == SplitState.UNLOAD and report.waiting
+    update = batch(range(0, 60, 5), "v3").append_column("channel", pa.array(["app"] * 12))
+    write_batch(cat, TABLE, update)  # hides rows of the parent's files through the children
+    run_round(cat, defs, TABLE, submit=no_spark)
+    assert_published_equal(pub_env, ("primary", "dr"))
+    listed = files_listed(pub_env, "dr")
+    copies = {fill.copy_relpath(TABLE, rel, key) for rel in parent_files for key in _fill_keys(pub_env)}
+    assert parent_files and not parent_files & listed  # the parent's files lack the column: never as themselves
+    assert copies <= listed  # each once, named by the parent's path
+    channels = scan(pub_env.url, "dr", TABLE, KEYS).column("channel").to_pylist()
+    assert channels.count("app") == 12 and set(channels) == {"app", "web"}
+    bring_up(pub_env, "edge", aside)
+    for _ in range(2):
+        run_round(cat, defs, TABLE, submit=no_spark)
+        finish_unloaded(cat, defs, TABLE)
+    assert_published_equal(pub_env)
+    assert not any(files_listed(pub_env, site) & copies for site in SITES)
+
+
+def _fill_keys(env: Env) -> set[str]:
+    """The fill keys of the table's files written before its newest version (one here: the channel's)."""
+    with env.catalog.read() as s:
+        info = q.table_info(s, TABLE)
+        versions = schema_versions(s, info.table_id)
+    return {key for v in versions.values() if (key := fill.fill_key(v, info.versions.target)) is not None}
