@@ -17,6 +17,7 @@ from segrep.catalog.schemas import schema_version
 from segrep.core import keys
 from segrep.core import schema as sch
 from segrep.core.chain import Chain, SegmentRef
+from segrep.core.collector import collector_paused
 from segrep.core.errors import NotFoundError
 from segrep.core.names import check_name
 from segrep.core.projection import ReadVersions
@@ -170,8 +171,9 @@ def segments_of(s: Session, placement_ids: Sequence[int]) -> dict[int, list[m.Se
     """Each placement's segment list in list order (oldest first)."""
     out: dict[int, list[m.Segment]] = defaultdict(list)
     if placement_ids:
-        for seg in s.scalars(_SEGMENTS_OF, {"ids": list(placement_ids)}):
-            out[seg.placement_id].append(seg)
+        with collector_paused():
+            for seg in s.scalars(_SEGMENTS_OF, {"ids": list(placement_ids)}):
+                out[seg.placement_id].append(seg)
     return out
 
 
