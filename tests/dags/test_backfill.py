@@ -1,19 +1,20 @@
 """An outage of one target and its repair by a real Airflow backfill.
 
 The table replicates every INTERVAL_S seconds (a fixed-interval policy). Target `dr` is unreachable (its site
-directory is replaced by a regular file) for three intervals: a batch is written in each interval and each
+directory is replaced by a regular file) for two intervals: a batch is written in each interval and each
 interval's run fails (dr's fast_forward_dr task fails after its retry, edge succeeds, the report fails
 the run). dr comes back, and ``airflow backfill create --reprocess-behavior failed`` -- executed by a real
-scheduler (LocalExecutor) with an execution-API server, both started here -- re-runs exactly those three
-intervals, in order. dr's safe time never goes backwards and in the end dr and edge read what the leader reads.
+scheduler (LocalExecutor) with an execution-API server, both started here -- re-runs exactly those two
+intervals, in order (the second starts after the first ended). dr's safe time never goes backwards and in
+the end dr and edge read what the leader reads.
 
 Intervals are wall-clock time, so the test waits for each interval boundary to write that interval's batch.
 The outage runs (dag.test, in order) come after the last interval, like runs of a scheduler that lags: a run
 only offers what was committed before its interval end, however late it runs, and nothing then depends on
 how long a dag.test takes on a busy machine. Interval k is [S_k, S_k+1). A run triggered by hand at X covers
 the interval that *ends* at X (Airflow's manual data interval for a fixed-delta timetable is [X - delta, X)),
-so interval k's run is dag.test(logical_date=S_k+1). The DAG's start_date is S_1 and its end_date S_3, so its
-schedule is exactly the logical dates S_1..S_3: the backfill selects those runs; the scheduler creates no
+so interval k's run is dag.test(logical_date=S_k+1). The DAG's start_date is S_1 and its end_date S_2, so its
+schedule is exactly the logical dates S_1..S_2: the backfill selects those runs; the scheduler creates no
 scheduled run of its own (``use_job_schedule`` off: the DAG does not catch up, so it would add the interval
 ending now).
 """
@@ -41,7 +42,7 @@ from tests.support.airflow_services import Services
 pytestmark = pytest.mark.slow
 
 INTERVAL_S = 8
-OUTAGE_INTERVALS = 3
+OUTAGE_INTERVALS = 2  # enough for order and no overlap; each more costs ~40 s of the suite
 BACKFILL_TIMEOUT_S = 240
 
 
@@ -78,7 +79,7 @@ def test_outage_then_backfill_replays_failed_intervals_in_order(segrep_env: Any,
 
     from segrep.data.writer import write_batch
 
-    starts = [float(int(time.time()) + 4 + k * INTERVAL_S) for k in range(OUTAGE_INTERVALS + 2)]  # S_0 .. S_4
+    starts = [float(int(time.time()) + 4 + k * INTERVAL_S) for k in range(OUTAGE_INTERVALS + 2)]  # S_0 .. S_3
     ends = starts[1 : OUTAGE_INTERVALS + 1]  # the end of each outage interval = its run's logical date
     env = segrep_env(
         {
@@ -142,7 +143,7 @@ def test_outage_then_backfill_replays_failed_intervals_in_order(segrep_env: Any,
     queued = _dag_runs(EVENTS_DAG, logical)
     assert {str(r.state) for r in queued.values()} == {"queued"} and len(queued) == OUTAGE_INTERVALS
     # Only now the scheduler (on SQLite, `backfill create` and a running scheduler can lock each other out). It
-    # creates no run of its own: the DAG's schedule is S_1..S_3 and each of those logical dates has a run.
+    # creates no run of its own: the DAG's schedule is S_1..S_2 and each of those logical dates has a run.
     services.start("scheduler", "scheduler")
 
     deadline = started + BACKFILL_TIMEOUT_S
