@@ -214,6 +214,16 @@ def add_defaulted_channel(env: Env) -> str:
     return added
 
 
+def first_partition(env: Env) -> int:
+    """The table's first partition (the one a split test splits)."""
+    with env.catalog.read() as s:
+        found = s.execute(
+            text("SELECT min(p.partition_id) FROM partitions p JOIN tables t USING (table_id) WHERE t.name = :t"),
+            {"t": TABLE},
+        ).scalar()
+    return int(found)
+
+
 def files_listed(env: Env, site: str) -> set[str]:
     tbl, _ = loaded(env.url, site, TABLE)
     prefix = f"file://{env.site_dir(site)}/"
@@ -349,12 +359,7 @@ def test_a_split_publishes_the_children_and_hides_the_parent_rows_outside_each_r
     write_batch(cat, TABLE, batch(range(0, 60), "v1"))
     write_batch(cat, TABLE, batch(range(0, 60, 3), "v2"))
     run_round(cat, defs, TABLE, submit=no_spark)
-    with cat.read() as s:
-        first = s.execute(
-            text("SELECT min(p.partition_id) FROM partitions p JOIN tables t USING (table_id) WHERE t.name = :t"),
-            {"t": TABLE},
-        ).scalar()
-    report = run_split(cat, defs, TABLE, int(first), ["b"], submit=no_spark)
+    report = run_split(cat, defs, TABLE, first_partition(pub_env), ["b"], submit=no_spark)
     assert report.published is not None
     run_round(cat, defs, TABLE, submit=no_spark)
     assert_published_equal(pub_env)
@@ -881,14 +886,11 @@ def test_an_unloading_parents_old_files_are_listed_once_as_filled_copies_while_a
     add_defaulted_channel(pub_env)
     code, _out, err = cli(pub_env, "apply")
     assert code == 0, err
+    parent = first_partition(pub_env)
     with cat.read() as s:
-        parent = s.execute(
-            text("SELECT min(p.partition_id) FROM partitions p JOIN tables t USING (table_id) WHERE t.name = :t"),
-            {"t": TABLE},
-        ).scalar()
         parent_files = set(s.scalars(text("SELECT relpath FROM segments WHERE partition_id = :p"), {"p": parent}))
     aside = take_down(pub_env, "edge")
-    report = run_split(cat, defs, TABLE, int(parent), ["b"], submit=no_spark)
+    report = run_split(cat, defs, TABLE, parent, ["b"], submit=no_spark)
     assert report.state == SplitState.UNLOAD and report.waiting
     update = batch(range(0, 60, 5), "v3").append_column("channel", pa.array(["app"] * 12))
     write_batch(cat, TABLE, update)  # hides rows of the parent's files through the children
@@ -897,7 +899,9 @@ def test_an_unloading_parents_old_files_are_listed_once_as_filled_copies_while_a
     listed = files_listed(pub_env, "dr")
     copies = {fill.copy_relpath(TABLE, rel, key) for rel in parent_files for key in _fill_keys(pub_env)}
     assert parent_files and not parent_files & listed  # the parent's files lack the column: never as themselves
-    assert copies <= listed  # each once, named by the parent's path
+    assert copies <= listed  # named by the parent's paths
+    paths = loaded(pub_env.url, "dr", TABLE)[0].inspect.data_files().column("file_path").to_pylist()
+    assert len(paths) == len(set(paths)), paths  # each once, though both children read the parent's files
     channels = scan(pub_env.url, "dr", TABLE, KEYS).column("channel").to_pylist()
     assert channels.count("app") == 12 and set(channels) == {"app", "web"}
     bring_up(pub_env, "edge", aside)

@@ -198,7 +198,8 @@ def publish_table(
     In order: the state tokens (a site whose token is the recorded one is UNCHANGED, nothing more read); the
     Iceberg table of every other site, loaded (``_Handle`` says why first); a leader's safe time; then every
     site's state in one session (the table's rows read once for all), and each site published in turn.
-    Python's cyclic collector is held off meanwhile (``core.collector``: it took 45 % of a long history's)."""
+    Python's cyclic collector is held off meanwhile (``core.collector``: it took 45 % of the publication of a
+    long history)."""
     if not enabled(defs, table):
         return Publication(table)
     with collector_paused():
