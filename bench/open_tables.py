@@ -64,7 +64,7 @@ from segrep.data import demo as demo_data
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.publish import publisher
-from segrep.publish.publisher import PublishStatus, SitePublication
+from segrep.publish.outcome import PublishStatus, SitePublication
 from segrep.replication.orchestrator import run_round
 from segrep.replication.publication import publish
 

@@ -14,8 +14,9 @@ from sqlalchemy import select, text
 
 from segrep.catalog import Catalog
 from segrep.catalog import models as m
-from segrep.catalog.migrate import _config, current_revision, head_revision, upgrade
+from segrep.catalog.migrate import _config, upgrade
 from segrep.catalog.models import Base
+from segrep.catalog.revisions import current_revision, head_revision
 from tests.support.badinput import assert_user_error, unchanged
 from tests.support.cli import cli
 from tests.support.env import Env

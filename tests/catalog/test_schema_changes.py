@@ -16,7 +16,8 @@ from alembic import command
 from sqlalchemy import delete, select
 
 from segrep.catalog import models as m
-from segrep.catalog.migrate import _config, head_revision, upgrade
+from segrep.catalog.migrate import _config, upgrade
+from segrep.catalog.revisions import head_revision
 from segrep.catalog.schemas import current_schema, schema_history, schema_version, schema_versions
 from segrep.core.errors import NotFoundError
 from segrep.core.schema_changes import version_fingerprint, widens_to

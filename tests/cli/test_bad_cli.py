@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from segrep.catalog.migrate import head_revision
+from segrep.catalog.revisions import head_revision
 from segrep.spark import launch
 from tests.support.badinput import assert_user_error, tree_state, unchanged
 from tests.support.cli import cli, cli_command

@@ -32,7 +32,8 @@ from segrep.maintenance.gc import collect
 from segrep.publish import filled_copies as fill
 from segrep.publish import publisher, winners_index
 from segrep.publish.metadata_gc import ORPHAN_GRACE_S, collect_unreferenced
-from segrep.publish.publisher import PublishStatus, SnapshotKind, publish_table
+from segrep.publish.outcome import PublishStatus, SnapshotKind
+from segrep.publish.publisher import publish_table
 from segrep.replication.orchestrator import run_round
 from segrep.replication.safetime import leader_safe_time
 from segrep.replication.unload import finish_unloaded

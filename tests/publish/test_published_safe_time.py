@@ -23,7 +23,8 @@ from segrep import write_batch as public_write
 from segrep.catalog import models as m
 from segrep.data.writer import write_batch
 from segrep.failover.promote import failover
-from segrep.publish.publisher import PublishStatus, publish_table
+from segrep.publish.outcome import PublishStatus
+from segrep.publish.publisher import publish_table
 from segrep.replication.orchestrator import run_round
 from tests.support.env import ORDERS_YAML, Env, env_fixture, sqlite_url
 from tests.support.iceberg import loaded, scan

@@ -12,7 +12,7 @@ from pyiceberg.catalog.rest import RestCatalog
 from sqlalchemy import inspect
 
 from segrep.data.reader import read_table
-from segrep.publish.publisher import PublishStatus
+from segrep.publish.outcome import PublishStatus
 from segrep.replication.orchestrator import run_round
 from segrep.replication.publication import write_batch
 from tests.support.badinput import assert_user_error, unchanged

@@ -44,7 +44,7 @@ from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
 from segrep.failover.promote import failover
 from segrep.maintenance.compaction import compact
-from segrep.publish.publisher import PublishStatus, SitePublication
+from segrep.publish.outcome import PublishStatus, SitePublication
 from segrep.replication.orchestrator import run_round
 from segrep.replication.reports import RoundReport
 from segrep.replication.safetime import leader_vouches

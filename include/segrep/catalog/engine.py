@@ -20,8 +20,8 @@ from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, Oper
 from sqlalchemy.orm import Session, sessionmaker
 
 from segrep.catalog import damaged
-from segrep.catalog.migrate import current_revision, head_revision, known_revision
 from segrep.catalog.models import Base
+from segrep.catalog.revisions import current_revision, head_revision, known_revision
 from segrep.core.errors import SegrepError
 from segrep.core.settings import seconds_from_env
 

@@ -26,7 +26,6 @@ from segrep import __version__
 from segrep.catalog import Catalog, resolve_url
 from segrep.catalog import models as m
 from segrep.catalog import queries as q
-from segrep.catalog.migrate import upgrade
 from segrep.catalog.models import MAX_PARTITION_ID
 from segrep.catalog.request_slots import shared_site_requests
 from segrep.cli.format import format_rows
@@ -173,6 +172,8 @@ def main(ctx: click.Context, config: str | None, catalog_url: str | None) -> Non
 @_user_errors
 def init(obj: Context) -> None:
     """Create or upgrade the catalog schema to the newest migration (safe to run again)."""
+    from segrep.catalog.migrate import upgrade
+
     catalog = obj.catalog(initialized=False)
     catalog.require_known_revision()
     before, after = upgrade(catalog)
@@ -941,7 +942,7 @@ def publish_(obj: Context, table: str, sites: tuple[str, ...], as_json: bool) ->
     import dataclasses
     import json
 
-    from segrep.publish.publisher import enabled
+    from segrep.publish.policy import enabled
     from segrep.replication.publication import publish
 
     obj.defs.table(table)

@@ -30,7 +30,7 @@ from segrep.config.links import LinkState
 from segrep.core import hlc
 from segrep.core.chain import is_reference_weak, is_referenced, visible_segments
 from segrep.core.errors import NotFoundError
-from segrep.publish.publisher import safe_time_text
+from segrep.publish.outcome import safe_time_text
 from segrep.replication.conflicts import recent_conflicts
 from segrep.replication.status import TargetState, status_rows
 from segrep.split.progress import progress_text, split_progress

@@ -28,7 +28,7 @@ from segrep.core import faults, hlc
 from segrep.core.errors import ConflictError, NotFoundError, RefusedError, SegrepError
 from segrep.failover.assess import Assessment, assess, assess_view, read_view
 from segrep.failover.cut import CutReport, assess_cut, common_safe_time, cut_table
-from segrep.publish.publisher import Publication
+from segrep.publish.outcome import Publication
 from segrep.replication.publication import publish
 from segrep.spark import launch
 from segrep.spark.launch import Submit

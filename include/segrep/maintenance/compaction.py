@@ -31,7 +31,7 @@ from segrep.config.definitions import Definitions, Policy
 from segrep.core import hlc
 from segrep.core.chain import visible_segments
 from segrep.core.errors import NotFoundError, RefusedError
-from segrep.publish.publisher import Publication
+from segrep.publish.outcome import Publication
 from segrep.replication.offers import pushes_from
 from segrep.replication.publication import publish
 from segrep.spark import launch

@@ -38,8 +38,8 @@ from segrep.catalog.snapshot import PartitionSnapshot, snapshot
 from segrep.config.definitions import Definitions, Policy
 from segrep.core import hlc
 from segrep.core.chain import LocalAction, follower_action, is_referenced, leader_action
+from segrep.publish.policy import enabled
 from segrep.publish.published_files import PublishedFiles, published_files
-from segrep.publish.publisher import enabled
 from segrep.storage.s3 import abort_stale_uploads
 from segrep.storage.site import Site
 from segrep.storage.stores import STORE_ERRORS, first_line

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
@@ -54,7 +53,7 @@ from segrep.catalog.schemas import schema_versions
 from segrep.catalog.site_identity import open_site
 from segrep.config.definitions import Definitions
 from segrep.config.iceberg_catalog import IcebergCatalogDef
-from segrep.core import faults, hlc
+from segrep.core import faults
 from segrep.core import schema as sch
 from segrep.core.collector import collector_paused
 from segrep.core.errors import NotFoundError, SegrepError, SiteUnidentifiedError
@@ -66,15 +65,21 @@ from segrep.publish import iceberg_types as types
 from segrep.publish import winners_index
 from segrep.publish.hidden_rows import FILE_COL, POS_COL, out_of_range, positions, resolve
 from segrep.publish.metadata_gc import collect_unreferenced
+from segrep.publish.outcome import (
+    UNKNOWN_SAFE_TIME,
+    Publication,
+    PublishStatus,
+    SitePublication,
+    SnapshotKind,
+)
+from segrep.publish.policy import enabled
 from segrep.publish.site_catalog import SiteLocation, identifier, namespace, site_catalog, site_location
 from segrep.publish.winners_index import IndexFiles
 
 log = logging.getLogger(__name__)
 
-PUBLISH_ICEBERG = "iceberg"
 # the safe time of a site leading every partition it holds (replication.safetime.leader_safe_time)
 LeaderSafeTime = Callable[[Catalog, str, str], "int | None"]
-UNKNOWN_SAFE_TIME = 0  # the summary's safe time of a site the catalog has none for: no write is promised
 # how a snapshot lists the files (2: filled copies, filled_copies), in every state token and fingerprint: a
 # change of it publishes every site once afresh
 _LAYOUT = 2
@@ -89,65 +94,6 @@ TABLE_PROPERTIES = {
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "5",
 }
-
-
-class SnapshotKind(StrEnum):
-    INCREMENTAL = "incremental"  # the previous manifests carried, the new files' added
-    CONSOLIDATED = "consolidated"  # the largest data manifest kept; the others and the delete files merged
-    CLEAN = "clean"  # every file listed and every hidden row found afresh (a major, a cut, a split...)
-
-
-class PublishStatus(StrEnum):
-    PUBLISHED = "published"  # a new snapshot is current
-    UNCHANGED = "unchanged"  # the current snapshot already shows this state
-    WAITING = "waiting"  # the site has no copy of some partition yet (joining): nothing published
-    FAILED = "failed"  # something could not be read or written: the previous snapshot stays current
-    RETIRED = "retired"  # the site holds the table no more (a replica removed): its Iceberg table unregistered
-
-
-@dataclass(frozen=True)
-class SitePublication:
-    site: str
-    status: PublishStatus
-    snapshot_id: int | None = None
-    safe_time_us: int | None = None
-    kind: SnapshotKind | None = None
-    files_added: int = 0
-    rows_hidden: int = 0
-    files_collected: int = 0  # files of expired snapshots deleted
-    seconds: float = 0.0  # its publication, with its share of the catalog reads made for every site at once
-    detail: str = ""
-
-    def line(self) -> str:
-        """One line for a report: what the site's Iceberg table shows now, or why it was not published."""
-        head = f"iceberg at {self.site}: {self.status}"
-        if self.status in (PublishStatus.PUBLISHED, PublishStatus.UNCHANGED) and self.safe_time_us is not None:
-            kind = (
-                f" ({self.kind} snapshot)" if self.kind is not None and self.status is PublishStatus.PUBLISHED else ""
-            )
-            return f"{head}, snapshot {self.snapshot_id} at safe time {safe_time_text(self.safe_time_us)}{kind}"
-        return f"{head}: {self.detail}" if self.detail else head
-
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> SitePublication:
-        kind = doc.get("kind")
-        return cls(
-            **{**doc, "status": PublishStatus(doc["status"]), "kind": None if kind is None else SnapshotKind(kind)}
-        )
-
-    @property
-    def clean(self) -> bool:
-        return self.kind is SnapshotKind.CLEAN
-
-
-@dataclass(frozen=True)
-class Publication:
-    table: str
-    sites: tuple[SitePublication, ...] = field(default_factory=tuple)
-
-    @property
-    def failed(self) -> list[SitePublication]:
-        return [x for x in self.sites if x.status is PublishStatus.FAILED]
 
 
 @dataclass(frozen=True)
@@ -170,15 +116,6 @@ class _SiteState:
             for seg in pf.segments:
                 out.setdefault(seg.relpath, (pf, seg))
         return out
-
-
-def safe_time_text(us: int) -> str:
-    """A published safe time as reports and ``segrep status`` show it ("unknown": no write is promised)."""
-    return "unknown" if us == UNKNOWN_SAFE_TIME else hlc.iso(us)
-
-
-def enabled(defs: Definitions, table: str) -> bool:
-    return defs.policy(table).publish == PUBLISH_ICEBERG
 
 
 def publish_table(

@@ -17,14 +17,22 @@ from segrep.catalog import Catalog
 from segrep.config.definitions import Definitions
 from segrep.data.writer import WriteResult
 from segrep.data.writer import write_batch as write_only
-from segrep.publish.publisher import Publication, PublishStatus, publish_table
+from segrep.publish.outcome import Publication, PublishStatus
+from segrep.publish.policy import enabled
 from segrep.replication.safetime import leader_safe_time
 
 log = logging.getLogger(__name__)
 
 
 def publish(catalog: Catalog, defs: Definitions, table: str, sites: Sequence[str] | None = None) -> Publication:
-    """:func:`publish_table` with the leaders' safe times as rounds count them."""
+    """:func:`publish_table` with the leaders' safe times as rounds count them. A table that does not publish
+    is answered here (an empty result, as ``publish_table`` gives it)."""
+    if not enabled(defs, table):
+        return Publication(table)
+    # Imported by the first publication of the process: the publisher brings pyiceberg and pyarrow.dataset
+    # (0.8 s), which a round or a write of a table that does not publish (most ``segrep`` commands) never uses.
+    from segrep.publish.publisher import publish_table
+
     return publish_table(catalog, defs, table, sites, leader_safe_time=leader_safe_time)
 
 

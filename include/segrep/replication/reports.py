@@ -14,7 +14,7 @@ from typing import Any
 
 from segrep.core import hlc
 from segrep.core.states import Outcome
-from segrep.publish.publisher import SitePublication
+from segrep.publish.outcome import SitePublication
 from segrep.spark.results import CommitSummary
 
 

@@ -14,7 +14,7 @@ from segrep.config.definitions import Definitions
 from segrep.core import faults
 from segrep.core.errors import SegrepError, SplitIncompleteError
 from segrep.core.states import SplitPhase, SplitState
-from segrep.publish.publisher import Publication
+from segrep.publish.outcome import Publication
 from segrep.replication.publication import publish
 from segrep.replication.unload import FinishReport, finish
 from segrep.spark import launch

@@ -38,8 +38,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import boto3
-import botocore.config
 import botocore.exceptions
 
 from segrep.config.stores import StoreOptions
@@ -108,6 +106,11 @@ def s3_target(site: str, root: str, opts: StoreOptions, secrets: Secrets | None)
 
 
 def _make_client(opts: StoreOptions, secrets: Secrets | None) -> Any:
+    # Imported here, by the first S3 site a process opens: boto3 costs about 0.15 s to import, which every
+    # ``segrep`` command would pay otherwise (this module is on the import path of every site's code).
+    import boto3
+    import botocore.config
+
     config = botocore.config.Config(
         # request bodies are not hashed again to sign them (the module's docstring says why)
         s3={"addressing_style": "path" if opts.path_style else "virtual", "payload_signing_enabled": False},
