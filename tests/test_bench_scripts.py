@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = {
     "object_store": ["--scale", "0.01", "--batches", "2", "--repeats", "1"],
     "copy_cpu": ["--files", "2", "--size-mb", "1", "--repeats", "1"],
+    "cli_startup": ["--rows", "200", "--repeats", "1", "--publish"],
     "failover": [
         *("--scale", "0.01", "--repeats", "1", "--promote-partitions", "20", "--promote-segments", "300"),
         *("--promote-new", "5", "--switch-partitions", "10", "--switch-mb", "100", "--switch-batches", "2"),
@@ -56,6 +57,7 @@ MET_LINES = {
 OPTIONS = {
     "object_store": ("--tpch-dir", "--work-dir"),
     "copy_cpu": ("--work-dir",),
+    "cli_startup": ("--work-dir",),
     "failover": ("--tpch-dir", "--work-dir"),
     "write_read": ("--tpch-dir",),
     "operator_page": (),
