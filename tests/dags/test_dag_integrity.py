@@ -293,6 +293,10 @@ def _files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and "catalog.db" not in p.name)
 
 
+# dag.test first deletes a run without a logical date that an earlier test of this worker's Airflow database
+# left; Airflow's own lazy load of that run's serialized DAG warns when those tests left several versions of it
+# (its DagRun.serialized_dag relationship is uselist=False): seen only in some orders of the whole suite.
+@pytest.mark.filterwarnings("ignore:Multiple rows returned with uselist=False:sqlalchemy.exc.SAWarning")
 @pytest.mark.parametrize(
     ("conf", "message"),
     [
