@@ -29,6 +29,7 @@ def _imported(code: str) -> list[str]:
         "segrep.replication.orchestrator",  # round: a table that does not publish
         "segrep.replication.publication",  # write: the written sites' publication, asked first
         "segrep.data.reader",  # read
+        "segrep.maintenance.gc",  # gc: a table that does not publish
         "segrep",  # the Python API
     ],
 )

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
 from sqlalchemy import delete, func, select
@@ -39,10 +39,12 @@ from segrep.config.definitions import Definitions, Policy
 from segrep.core import hlc
 from segrep.core.chain import LocalAction, follower_action, is_referenced, leader_action
 from segrep.publish.policy import enabled
-from segrep.publish.published_files import PublishedFiles, published_files
 from segrep.storage.s3 import abort_stale_uploads
 from segrep.storage.site import Site
 from segrep.storage.stores import STORE_ERRORS, first_line
+
+if TYPE_CHECKING:
+    from segrep.publish.published_files import PublishedFiles
 
 _TMP_RE = re.compile(r"\.[0-9a-f]{32}\.parquet\.tmp-[0-9a-f]+")
 
@@ -289,6 +291,10 @@ class _Published:
             return None
         key = (table, d.site)
         if key not in self._read:
+            # Imported by the first table that publishes: it brings pyiceberg (0.4 s), which a GC of tables
+            # that do not publish never uses.
+            from segrep.publish.published_files import published_files
+
             site = self._sites[d.site]
             self._read[key] = published_files(self._catalog, site, table, self._defs.iceberg_catalog)
         files = self._read[key]
