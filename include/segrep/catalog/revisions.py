@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -21,7 +20,7 @@ from sqlalchemy.engine import Engine
 
 VERSIONS = Path(__file__).parent / "migrations" / "versions"
 VERSION_TABLE = "alembic_version"  # alembic's default, which catalog.migrate keeps
-_ASSIGNMENT = re.compile(r"^(revision|down_revision)\s*(?::[^=\n]*)?=\s*(.+?)\s*$", re.MULTILINE)
+_NAMES = ("revision", "down_revision")
 
 
 class HasEngine(Protocol):
@@ -33,29 +32,61 @@ class HasEngine(Protocol):
 
 @dataclass(frozen=True)
 class Revisions:
-    """This segrep's migrations: each revision and the one it follows (None for the first)."""
+    """This segrep's migrations: each revision and those it follows (none for the first; several for a merge)."""
 
-    follows: dict[str, str | None]
+    follows: dict[str, tuple[str, ...]]
 
     @property
     def head(self) -> str:
-        """The one revision no other follows (the migrations are a single line: the last one)."""
-        heads = set(self.follows) - set(self.follows.values())
+        """The one revision no other follows (the migrations end in a single head, as ``segrep init`` needs)."""
+        followed = {r for downs in self.follows.values() for r in downs}
+        heads = set(self.follows) - followed
         if len(heads) != 1:
-            raise RuntimeError(f"the migrations in {VERSIONS} have {len(heads)} heads, not one: {sorted(heads)}")
+            raise RuntimeError(f"the migrations have {len(heads)} heads, not one: {sorted(heads)}")
         return heads.pop()
 
 
 @functools.cache
 def revisions() -> Revisions:
-    """Read once a process from the migration files' ``revision = "..."`` and ``down_revision = ...`` lines."""
-    follows: dict[str, str | None] = {}
-    for path in sorted(VERSIONS.glob("*.py")):
-        found = {name: ast.literal_eval(value) for name, value in _ASSIGNMENT.findall(path.read_text())}
-        if "revision" not in found or "down_revision" not in found:
+    """This package's migrations, read once a process."""
+    return read_revisions(VERSIONS)
+
+
+def read_revisions(directory: Path) -> Revisions:
+    """Each migration file's top-level ``revision`` and ``down_revision`` assignments (annotated or not; a
+    merge's tuple), in the files alembic reads: ``*.py`` but ``__init__`` and editor lock files."""
+    follows: dict[str, tuple[str, ...]] = {}
+    for path in sorted(directory.glob("*.py")):
+        if path.name == "__init__.py" or path.name.startswith(".#"):
+            continue
+        found = _assignments(path)
+        revision, down = found.get("revision"), found.get("down_revision", ())
+        if not isinstance(revision, str) or "down_revision" not in found:
             raise RuntimeError(f"migration {path.name} does not say its revision and down_revision")
-        follows[found["revision"]] = found["down_revision"]
+        if down is None:
+            follows[revision] = ()
+        elif isinstance(down, str):
+            follows[revision] = (down,)
+        elif isinstance(down, tuple | list) and all(isinstance(d, str) for d in down):
+            follows[revision] = tuple(down)
+        else:
+            raise RuntimeError(f"migration {path.name}: down_revision {down!r} is not a revision id or a tuple of them")
     return Revisions(follows)
+
+
+def _assignments(path: Path) -> dict[str, object]:
+    """The module-level ``revision`` and ``down_revision`` values of a migration file, as literals."""
+    out: dict[str, object] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id in _NAMES:
+            out[target.id] = ast.literal_eval(value)
+    return out
 
 
 def head_revision() -> str:
