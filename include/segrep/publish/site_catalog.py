@@ -30,8 +30,9 @@ from segrep.catalog import Catalog
 from segrep.config import stores as config_stores
 from segrep.config.iceberg_catalog import IcebergCatalogDef
 from segrep.core.errors import SegrepError
+from segrep.publish.site_io import local_io_properties
 from segrep.storage.site import Site
-from segrep.storage.stores import resolve_credentials
+from segrep.storage.stores import open_store, resolve_credentials
 
 CATALOG_NAME = "segrep"
 ICEBERG_DIR = "_iceberg"  # beside a table's partition directories: <root>/<table>/_iceberg/{metadata,deletes}
@@ -59,10 +60,11 @@ def site_location(site: Site) -> SiteLocation:
 
 
 def file_io_properties(site: str, uri: str) -> dict[str, str]:
-    """pyiceberg FileIO properties for a site's store: empty for a local directory; for S3 its endpoint,
+    """pyiceberg FileIO properties for a site's store: for a local directory segrep's own FileIO (``site_io``:
+    every file atomic and durable before the catalog names it); for S3 pyiceberg's, with the store's endpoint,
     region, addressing and (resolved now, kept in memory) credentials."""
     if not uri.lower().startswith("s3://"):
-        return {}
+        return local_io_properties(open_store(site, uri).root)
     opts = config_stores.options_for(site, uri)
     props = {"s3.force-virtual-addressing": "false" if opts.path_style else "true"}
     if opts.endpoint is not None:
