@@ -9,14 +9,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 HEAVY = ("pyiceberg", "pyarrow.dataset", "pandas", "boto3", "alembic", "pyspark")
 
 
-def _imported(code: str) -> list[str]:
-    probe = f"import json, sys\n{code}\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+def _imported(code: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
+    probe = f"import json, sys\n{code}\nprint(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     return list(json.loads(out.stdout.strip().splitlines()[-1]))
 
@@ -35,3 +36,27 @@ def _imported(code: str) -> list[str]:
 )
 def test_a_command_imports_nothing_heavy_it_does_not_use(module: str) -> None:
     assert _imported(f"import {module}") == []
+
+
+def test_a_local_publication_imports_neither_pyicebergs_pyarrow_io_nor_pyarrow_dataset(tmp_path: Path) -> None:
+    """A round of a table that publishes, between local sites: pyiceberg itself, but neither its pyarrow FileIO
+    (segrep's ``publish.site_io`` writes the files) nor ``pyarrow.dataset``. (pandas comes anyway: pyarrow
+    imports it on its first conversion of Python values.)"""
+    config = tmp_path / "segrep.yaml"
+    config.write_text(
+        "data_dir: data\n"
+        "sites:\n  primary: {id: 1, uri: sites/primary}\n  dr: {id: 2, uri: sites/dr}\n"
+        "tables:\n  t:\n    columns: {k: int64, v: string}\n    primary_key: [k]\n    leader: primary\n"
+        "    replicas: [dr]\n    policy: {publish: iceberg}\n"
+    )
+    code = (
+        "import pyarrow as pa\n"
+        "from segrep import Catalog, apply_definitions, load_definitions, run_round, upgrade, write_batch\n"
+        f"catalog = Catalog('sqlite:///{tmp_path}/catalog.db')\n"
+        f"upgrade(catalog); defs = load_definitions('{config}'); apply_definitions(catalog, defs)\n"
+        "write_batch(catalog, 't', pa.table({'k': pa.array([1, 2], pa.int64()), 'v': ['a', 'b']}), defs=defs)\n"
+        "report = run_round(catalog, defs, 't')\n"
+        "assert {p.site: str(p.status) for p in report.published}['dr'] == 'published', report.published\n"
+        "assert 'pyiceberg' in sys.modules\n"
+    )
+    assert _imported(code, ("pyiceberg.io.pyarrow", "pyarrow.dataset")) == []

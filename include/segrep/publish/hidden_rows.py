@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from segrep.core import schema as sch
 from segrep.data.reader import newest_first
@@ -23,6 +23,8 @@ from segrep.data.reader import newest_first
 FILE_COL = "_file"  # the row's file: its path under the site's root
 POS_COL = "_pos"  # the row's position in its file (0-based, as Iceberg position deletes count)
 _NEW_COL = "_new"
+# a placement's key range, decoded (``core.keys.decode``): begin inclusive, end exclusive, None unbounded
+KeyRange = tuple[Any, Any]
 
 
 @dataclass(frozen=True)
@@ -72,10 +74,25 @@ def resolve(previous: pa.Table | None, new_rows: pa.Table, primary_key: Sequence
     return Resolution(index, hidden)
 
 
-def out_of_range(file_rows: pa.Table, keep: pc.Expression | None) -> tuple[pa.Table, pa.Table]:
-    """Split a file's key rows into those inside its placement's key range and the (``_file``, ``_pos``) of
-    those outside it, which the site never serves from this placement."""
-    if keep is None:
+def out_of_range(
+    file_rows: pa.Table, key: str, key_type: pa.DataType, ranges: Sequence[KeyRange]
+) -> tuple[pa.Table, pa.Table]:
+    """Split a file's key rows into those inside some key range of the placements that read it (a null key
+    is inside none) and the (``_file``, ``_pos``) of the others, which the site never serves from this file.
+    Computed with compute kernels on the partition key column (no ``pyarrow.dataset``: its import costs a
+    publishing process 0.2 s)."""
+    mask: Any = None
+    for lo, hi in ranges:
+        inside: Any = None
+        if lo is not None:
+            inside = pc.greater_equal(file_rows.column(key), pa.scalar(lo, key_type))
+        if hi is not None:
+            below = pc.less(file_rows.column(key), pa.scalar(hi, key_type))
+            inside = below if inside is None else pc.and_kleene(inside, below)
+        if inside is None:  # unbounded both ways: every row is inside
+            return file_rows, file_rows.select([FILE_COL, POS_COL]).slice(0, 0)
+        mask = inside if mask is None else pc.or_kleene(mask, inside)
+    if mask is None:
         return file_rows, file_rows.select([FILE_COL, POS_COL]).slice(0, 0)
-    mask = pc.fill_null(ds.dataset(file_rows).to_table(columns={"m": keep}).column("m").combine_chunks(), False)
-    return file_rows.filter(mask), file_rows.filter(pc.invert(mask)).select([FILE_COL, POS_COL])
+    keep = pc.fill_null(mask, False)
+    return file_rows.filter(keep), file_rows.filter(pc.invert(keep)).select([FILE_COL, POS_COL])

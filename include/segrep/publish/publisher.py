@@ -23,7 +23,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog as IcebergCatalog
 from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, NoSuchTableError
@@ -53,17 +52,17 @@ from segrep.catalog.schemas import schema_versions
 from segrep.catalog.site_identity import open_site
 from segrep.config.definitions import Definitions
 from segrep.config.iceberg_catalog import IcebergCatalogDef
-from segrep.core import faults
+from segrep.core import faults, keys
 from segrep.core import schema as sch
 from segrep.core.collector import collector_paused
 from segrep.core.errors import NotFoundError, SegrepError, SiteUnidentifiedError
 from segrep.core.schema_versions import SchemaVersion
-from segrep.data.reader import PlacementFiles, key_range, placement_files_in, read_in_threads
+from segrep.data.reader import PlacementFiles, placement_files_in, read_in_threads
 from segrep.publish import filled_copies as fill
 from segrep.publish import iceberg_files as files
 from segrep.publish import iceberg_types as types
 from segrep.publish import winners_index
-from segrep.publish.hidden_rows import FILE_COL, POS_COL, out_of_range, positions, resolve
+from segrep.publish.hidden_rows import FILE_COL, POS_COL, KeyRange, out_of_range, positions, resolve
 from segrep.publish.metadata_gc import collect_unreferenced
 from segrep.publish.outcome import (
     UNKNOWN_SAFE_TIME,
@@ -767,19 +766,17 @@ def _candidate_rows(
     (a split's unloading parent) counts once, inside either range."""
     info = state.info
     pk = list(info.primary_key)
-    ranges: dict[str, list[pc.Expression | None]] = {}
+    ranges: dict[str, list[KeyRange]] = {}
     for pf in state.placements:
-        expr = key_range(info.partition_key, info.key_type, pf.key_begin, pf.key_end)
+        bounds = (keys.decode(pf.key_begin, info.key_type), keys.decode(pf.key_end, info.key_type))
         for seg in pf.segments:
-            ranges.setdefault(seg.relpath, []).append(expr)
+            ranges.setdefault(seg.relpath, []).append(bounds)
     inside: list[pa.Table] = []
     outside: list[pa.Table] = []
     read = read_in_threads(lambda item: _key_rows(item[0], item[1], pk), chosen)
     for (_pf, seg), key_rows in zip(chosen, read, strict=True):
         rows = positions(seg.relpath, key_rows, pk)
-        exprs = ranges[seg.relpath]
-        keep = None if any(e is None for e in exprs) else _any(exprs)
-        kept, dropped = out_of_range(rows, keep)
+        kept, dropped = out_of_range(rows, info.partition_key, info.key_type, ranges[seg.relpath])
         inside.append(kept)
         if seg.relpath in fresh:
             outside.append(dropped)
@@ -788,15 +785,6 @@ def _candidate_rows(
     rows_in = pa.concat_tables(inside, promote_options="permissive") if inside else empty
     rows_out = pa.concat_tables(outside) if outside else empty.select(["_file", "_pos"])
     return rows_in, rows_out
-
-
-def _any(exprs: list[pc.Expression | None]) -> pc.Expression:
-    out: pc.Expression | None = None
-    for e in exprs:
-        assert e is not None
-        out = e if out is None else out | e
-    assert out is not None
-    return out
 
 
 def _key_rows(pf: PlacementFiles, seg: m.Segment, pk: list[str]) -> pa.Table:
