@@ -18,7 +18,7 @@ from types import TracebackType
 from pyiceberg.io import PY_IO_IMPL, FileIO, InputFile, InputStream, OutputFile, OutputStream
 from pyiceberg.typedef import Properties
 
-from segrep.storage.atomic import ensure_dirs_below, fsync_dir, remove_quietly, tmp_name
+from segrep.storage.atomic import WriteOnlyStream, ensure_dirs_below, fsync_dir, remove_quietly, tmp_name
 
 ROOT_PROPERTY = "segrep.site-root"  # the site's root directory, absolute
 
@@ -96,7 +96,7 @@ class _LocalOutput(OutputFile):
         return _AtomicFile(self._local, self._root, overwrite)
 
 
-class _AtomicFile(OutputStream):
+class _AtomicFile(WriteOnlyStream, OutputStream):
     """A new file under a temporary name; ``close`` makes it durable and gives it its final name (without
     ``overwrite``, only if that name is still free: FileExistsError otherwise). Leaving a ``with`` block on an
     error, or ``abort``, removes it: the final name never shows a partial file."""
@@ -110,15 +110,6 @@ class _AtomicFile(OutputStream):
     @property
     def closed(self) -> bool:
         return self._file.closed
-
-    def writable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return False
-
-    def seekable(self) -> bool:
-        return False
 
     def write(self, b: bytes) -> int:
         return self._file.write(b)

@@ -215,7 +215,20 @@ def _call(fn: Callable[..., Any], *args: Any) -> BaseException | None:
     return None
 
 
-class HashingFileWriter:
+class WriteOnlyStream:
+    """The answers pyarrow asks of a write-only Python stream it writes a file to (beside write, tell, close)."""
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+
+class HashingFileWriter(WriteOnlyStream):
     """A write-only binary stream onto an open file that hashes every byte exactly once, on its way out: by
     sha256 and CRC-64/NVME (a new file: the catalog records both), or by CRC-64/NVME alone (``sha256=False``:
     a copy of a file whose CRC the catalog knows; ``finish`` then gives an empty sha256).
@@ -249,15 +262,6 @@ class HashingFileWriter:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def writable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return False
-
-    def seekable(self) -> bool:
-        return False
 
     def tell(self) -> int:
         return self._queued
