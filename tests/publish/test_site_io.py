@@ -77,6 +77,23 @@ def test_a_taken_name_is_not_overwritten(root: Path) -> None:
     assert final.read_bytes() == b"replaced"
 
 
+def test_a_file_system_without_hard_links_gets_a_rename(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_links(src: str, dst: str) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    io = SiteFileIO(local_io_properties(str(root)))
+    with io.new_output(str(root / "m.avro")).create() as out:
+        out.write(b"bytes")
+    assert (root / "m.avro").read_bytes() == b"bytes"
+    assert _entries(root) == ["m.avro"]
+    with pytest.raises(FileExistsError), io.new_output(str(root / "n.avro")).create() as late:
+        late.write(b"late")
+        (root / "n.avro").write_bytes(b"taken meanwhile")
+    assert (root / "n.avro").read_bytes() == b"taken meanwhile"
+    assert _entries(root) == ["m.avro", "n.avro"]
+
+
 @pytest.mark.parametrize("location", ["file:///etc/passwd", "/tmp/elsewhere.json", "s3://bucket/key", "relative/x"])
 def test_a_location_outside_the_site_root_is_refused(root: Path, location: str) -> None:
     io = SiteFileIO(local_io_properties(str(root)))

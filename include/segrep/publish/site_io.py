@@ -130,12 +130,26 @@ class _AtomicFile(WriteOnlyStream, OutputStream):
             if self._overwrite:
                 os.replace(self._tmp, self._final)
             else:
-                os.link(self._tmp, self._final)  # fails if the name was taken meanwhile, unlike a rename
-                os.remove(self._tmp)
+                self._link()
             fsync_dir(os.path.dirname(self._final))
         except BaseException:
             self.abort()
             raise
+
+    def _link(self) -> None:
+        """Give the file its final name only if that is still free: a hard link fails if the name was taken
+        meanwhile, unlike a rename. A file system without hard links (some network and FUSE mounts) gets a
+        rename after a check, as pyiceberg's own FileIO does (the names are unique anyway)."""
+        try:
+            os.link(self._tmp, self._final)
+        except FileExistsError:
+            raise
+        except OSError:
+            if os.path.exists(self._final):
+                raise FileExistsError(f"Cannot create file, already exists: {self._final}") from None
+            os.rename(self._tmp, self._final)
+        else:
+            os.remove(self._tmp)
 
     def abort(self) -> None:
         self._file.close()
