@@ -174,8 +174,7 @@ class Catalog:
             raise SegrepError(f"catalog {self.safe_url} does not exist: run `segrep init` to create it")
         if not self.is_initialized():
             raise SegrepError(f"catalog {self.safe_url} is not initialized: run `segrep init`")
-        self.require_known_revision()
-        if current_revision(self) != head_revision():
+        if self._known(current_revision(self)) != head_revision():
             raise SegrepError(f"catalog {self.safe_url} is at an older schema: run `segrep init` to upgrade")
         self.require_every_table()
 
@@ -192,12 +191,17 @@ class Catalog:
     def require_known_revision(self) -> None:
         """Refuse a catalog whose schema revision no migration of this segrep produced (a newer segrep's, or
         a damaged version table): upgrading or using it would guess."""
-        revision = current_revision(self) if self.is_initialized() else None
+        if self.is_initialized():
+            self._known(current_revision(self))
+
+    def _known(self, revision: str | None) -> str | None:
+        """``revision`` if this segrep knows it (or there is none); SegrepError naming it otherwise."""
         if revision is not None and not known_revision(revision):
             raise SegrepError(
                 f"catalog {self.safe_url} is at schema revision {revision!r}, which this segrep does not know "
                 "(made by a newer segrep, or damaged): use the segrep that created it"
             )
+        return revision
 
     @property
     def safe_url(self) -> str:
