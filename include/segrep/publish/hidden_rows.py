@@ -79,20 +79,16 @@ def out_of_range(
 ) -> tuple[pa.Table, pa.Table]:
     """Split a file's key rows into those inside some key range of the placements that read it (a null key
     is inside none) and the (``_file``, ``_pos``) of the others, which the site never serves from this file.
-    Computed with compute kernels on the partition key column (no ``pyarrow.dataset``: its import costs a
-    publishing process 0.2 s)."""
-    mask: Any = None
-    for lo, hi in ranges:
-        inside: Any = None
-        if lo is not None:
-            inside = pc.greater_equal(file_rows.column(key), pa.scalar(lo, key_type))
-        if hi is not None:
-            below = pc.less(file_rows.column(key), pa.scalar(hi, key_type))
-            inside = below if inside is None else pc.and_kleene(inside, below)
-        if inside is None:  # unbounded both ways: every row is inside
-            return file_rows, file_rows.select([FILE_COL, POS_COL]).slice(0, 0)
-        mask = inside if mask is None else pc.or_kleene(mask, inside)
-    if mask is None:
+    Compute kernels on the partition key column, so a publication needs no ``pyarrow.dataset``."""
+    if not ranges or any(lo is None and hi is None for lo, hi in ranges):  # a range unbounded both ways
         return file_rows, file_rows.select([FILE_COL, POS_COL]).slice(0, 0)
-    keep = pc.fill_null(mask, False)
+    column = file_rows.column(key)
+    keep: Any = None
+    for lo, hi in ranges:
+        above = None if lo is None else pc.greater_equal(column, pa.scalar(lo, key_type))
+        below = None if hi is None else pc.less(column, pa.scalar(hi, key_type))
+        bounds = [c for c in (above, below) if c is not None]
+        inside = bounds[0] if len(bounds) == 1 else pc.and_kleene(*bounds)
+        keep = inside if keep is None else pc.or_kleene(keep, inside)
+    keep = pc.fill_null(keep, False)
     return file_rows.filter(keep), file_rows.filter(pc.invert(keep)).select([FILE_COL, POS_COL])

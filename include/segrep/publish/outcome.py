@@ -1,7 +1,7 @@
 """What a publication did at each site: the typed results rounds, reports and ``segrep status`` carry.
 
-Apart from ``publish.publisher`` so that reading a report or a status does not import pyiceberg and
-``pyarrow.dataset`` (0.6 s of every ``segrep`` process before, whatever its command).
+Apart from ``publish.publisher`` so that reading a report or a status does not import pyiceberg (with what the
+publisher imported then, 0.6-0.8 s of every ``segrep`` process, whatever its command).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Whether a table publishes its sites' copies as Iceberg tables (``policy: {publish: iceberg}``).
 
 Apart from ``publish.publisher`` so that a caller can ask before importing it: the publisher brings pyiceberg
-and ``pyarrow.dataset`` (about 0.8 s of a process), which a ``segrep write`` or ``segrep round`` of a table that
-does not publish has no use for.
+(0.35 s of a process), which a ``segrep write`` or ``segrep round`` of a table that does not publish has no use
+for.
 """
 
 from __future__ import annotations

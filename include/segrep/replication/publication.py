@@ -29,8 +29,8 @@ def publish(catalog: Catalog, defs: Definitions, table: str, sites: Sequence[str
     is answered here (an empty result, as ``publish_table`` gives it)."""
     if not enabled(defs, table):
         return Publication(table)
-    # Imported by the first publication of the process: the publisher brings pyiceberg and pyarrow.dataset
-    # (0.8 s), which a round or a write of a table that does not publish (most ``segrep`` commands) never uses.
+    # Imported by the first publication of the process: the publisher brings pyiceberg (0.35 s), which a round
+    # or a write of a table that does not publish never uses.
     from segrep.publish.publisher import publish_table
 
     return publish_table(catalog, defs, table, sites, leader_safe_time=leader_safe_time)
