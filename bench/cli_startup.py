@@ -36,8 +36,12 @@ def orders(n: int, start: int) -> pa.Table:
     return pa.table({"o_orderkey": keys, "o_comment": pa.array([f"order {k}" for k in keys.tolist()])})
 
 
+def base_args(work: Path) -> list[str]:
+    return ["--config", str(work / "segrep.yaml"), "--catalog", f"sqlite:///{work}/catalog.db"]
+
+
 def commands(work: Path) -> dict[str, list[str]]:
-    base = ["--config", str(work / "segrep.yaml"), "--catalog", f"sqlite:///{work}/catalog.db"]
+    base = base_args(work)
     return {
         "--help": ["--help"],
         "status": [*base, "status"],
@@ -94,7 +98,7 @@ def main() -> int:
         pq.write_table(orders(args.rows, 0), work / "first.parquet")
         cmds = commands(work)
         with background_load(args.background_load):
-            run([*cmds["status"][:4], "write", "orders", str(work / "first.parquet")], None, work)
+            run([*base_args(work), "write", "orders", str(work / "first.parquet")], None, work)
             run(cmds["round"], None, work)
             for i in range(args.repeats):
                 for name, argv in cmds.items():
