@@ -10,6 +10,12 @@ seconds of segrep >= 0.8). segrep's time includes everything its call does: the 
 the key columns, the writing pass (files hashed as written) and the commit. Each run's CPU seconds (this process
 and every process under it: the cluster, the Python workers) are reported too, and their ratio: on a machine
 other work keeps busy, wall time follows CPU time.
+
+``--writer-ceiling`` adds two writes of the same DataFrame to each round of the alternation, as baselines of what
+any writer taking the rows into Python on the executors pays: ``mapInArrow`` into a function that only counts
+them (Spark's conversion of rows to Arrow batches alone), and into one that writes each task's rows with
+``pq.write_table`` to a local directory (the least such a writer can do: no stamping, routing, hashing, fsync or
+commit). Their ratios to plain Parquet bound the writer's: segrep does all that the second does and more.
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ import shutil
 import statistics
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support (the standalone Spark cluster)
@@ -103,8 +111,9 @@ def part_writer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     splits = quantile_splits(pq.read_table(source, columns=["l_orderkey"]), "l_orderkey", args.partitions)
     mib = source.stat().st_size / 2**20
     log(f"lineitem scale {args.scale}: {rows:,} rows, {mib:.0f} MiB of Parquet, {args.partitions} partitions")
-    times: dict[str, list[float]] = {"plain": [], "segrep": []}
-    cpu: dict[str, list[float]] = {"plain": [], "segrep": []}
+    names = ["plain", "segrep", *(CEILINGS if args.writer_ceiling else ())]
+    times: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     details: list[dict[str, Any]] = []
     cluster_cm = contextlib.contextmanager(start_spark_cluster)(work / "cluster", cores=args.cores, memory=args.memory)
     with cluster_cm as cluster:
@@ -143,11 +152,13 @@ def part_writer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             return secs
 
         runs: dict[str, Callable[[], float]] = {"plain": plain, "segrep": segrep}
+        if args.writer_ceiling:
+            runs |= ceiling_runs(df, work)
         for name, run in runs.items():  # warm-up: the JVMs, the Python workers, the input in the page cache
             log(f"warm-up {name}: {run():.1f} s")
         details.clear()
         for i in range(args.writer_repeats):
-            order = ["plain", "segrep"] if i % 2 == 0 else ["segrep", "plain"]
+            order = names[i % len(names) :] + names[: i % len(names)]  # each first in turn
             for name in order:
                 before = _cpu_s()
                 secs = runs[name]()
@@ -160,6 +171,11 @@ def part_writer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     plain_cpu, segrep_cpu = statistics.median(cpu["plain"]), statistics.median(cpu["segrep"])
     cpu_ratio = plain_cpu / segrep_cpu
     log(f"CPU seconds, medians: plain {plain_cpu:.1f}, segrep {segrep_cpu:.1f}")
+    ceilings = {
+        name: {"s": times[name], "cpu_s": cpu[name], "ratio": plain_s / statistics.median(times[name])}
+        for name in names
+        if name in CEILINGS
+    }
     return {
         "rows": rows,
         "input_mib": mib,
@@ -171,6 +187,7 @@ def part_writer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "cpu_ratio": cpu_ratio,  # plain's CPU seconds / segrep's (medians): the wall-time ratio of a busy machine
         "ratio": ratio,
         "met": ratio >= WRITER_TARGET,
+        "ceilings": ceilings,
         "table": [
             (
                 f"writer: lineitem scale {args.scale} ({rows:,} rows), {args.cores} core(s), "
@@ -181,5 +198,62 @@ def part_writer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 f">= {WRITER_TARGET}",
                 verdict(ratio >= WRITER_TARGET),
             )
+        ]
+        + [
+            (
+                f"(writer, ceiling) {CEILINGS[name]} vs df.write.parquet, median of {args.writer_repeats}",
+                f"{statistics.median(c['s']):.1f} s",
+                f"{plain_s:.1f} s",
+                f"{c['ratio']:.2f} (CPU s: {plain_cpu / statistics.median(c['cpu_s']):.2f})",
+                "-",
+                "-",
+            )
+            for name, c in ceilings.items()
         ],
     }
+
+
+CEILINGS = {
+    "count": "Spark's rows to Arrow alone: mapInArrow into a function that only counts the rows",
+    "bare": "the least a writer on the executors does: mapInArrow, each task's rows written by pq.write_table",
+}
+
+
+def ceiling_runs(df: Any, work: Path) -> dict[str, Callable[[], float]]:
+    """The two baselines of ``--writer-ceiling``, each a timed job over ``df`` on the same cluster. Their
+    functions are defined here, not at the module's top: Spark ships them by value (an executor cannot import
+    this bench's modules)."""
+    counter = iter(range(10**6))
+
+    def counted(batches: Any) -> Any:
+        rows = sum(batch.num_rows for batch in batches)
+        yield pa.RecordBatch.from_pydict({"rows": [rows]})
+
+    def count() -> float:
+        started = time.perf_counter()
+        got = df.mapInArrow(counted, "rows long").toArrow()
+        secs = time.perf_counter() - started
+        assert sum(got.column("rows").to_pylist()) == df_rows, "the count differs from the input's"
+        return secs
+
+    def bare() -> float:
+        out = work / f"bare-{next(counter)}"
+        out.mkdir()
+        target = str(out)
+
+        def written(batches: Any) -> Any:
+            chunks = list(batches)
+            rows = sum(batch.num_rows for batch in chunks)
+            if rows:
+                pq.write_table(pa.Table.from_batches(chunks), f"{target}/{uuid.uuid4().hex}.parquet")
+            yield pa.RecordBatch.from_pydict({"rows": [rows]})
+
+        started = time.perf_counter()
+        got = df.mapInArrow(written, "rows long").toArrow()
+        secs = time.perf_counter() - started
+        assert sum(got.column("rows").to_pylist()) == df_rows, "the rows written differ from the input's"
+        shutil.rmtree(out)
+        return secs
+
+    df_rows = df.count()
+    return {"count": count, "bare": bare}

@@ -38,7 +38,7 @@ SCRIPTS = {
     "links": ["--mb", "4", "--cap", "4", "--s3-cap", "4", "--repeats", "1", "--window", "3", "--round-every", "0.5"],
     "open_tables": [
         *("--scale", "0.01", "--rounds", "2", "--update-rows", "200", "--history-segments", "64", "--repeats", "1"),
-        *("--writer-repeats", "1", "--cores", "1", "--memory", "1g", "--executor-memory", "768m"),
+        *("--writer-repeats", "1", "--writer-ceiling", "--cores", "1", "--memory", "1g", "--executor-memory", "768m"),
     ],
     "rounds": [
         *("--scale", "0.01", "--batches", "2", "--repeats", "1", "--noop-repeats", "1", "--skip-merge"),
@@ -53,6 +53,8 @@ MET_LINES = {
     # a link's cap is never exceeded, on either pair, at any size (over windows of a few seconds)
     "links": ("local: cap, round + bootstrap + scrub, max over", "s3: cap, round + bootstrap + scrub, max over"),
 }
+# lines the table must hold whatever their figures: the baselines that bound a target (how many of each)
+PRESENT_LINES = {"open_tables": {"(publish, floor)": 1, "(writer, ceiling)": 2}}
 # where a script writes by default (its TPC-H cache, its results), sent to the test's directory instead
 OPTIONS = {
     "object_store": ("--tpch-dir", "--work-dir"),
@@ -82,6 +84,8 @@ def test_the_benchmark_runs_to_the_end(script: str, pg_server: str, tmp_path: Pa
     for prefix in MET_LINES.get(script, ()):
         lines = [line for line in done.stdout.splitlines() if line.startswith(f"| {prefix}")]
         assert len(lines) == 1 and lines[0].endswith("| MET |"), done.stdout[-3000:]
+    for prefix, count in PRESENT_LINES.get(script, {}).items():
+        assert sum(line.startswith(f"| {prefix}") for line in done.stdout.splitlines()) == count, done.stdout[-3000:]
 
 
 def test_the_open_tables_publication_runs_with_dr_on_an_object_store(tmp_path: Path) -> None:
@@ -93,6 +97,7 @@ def test_the_open_tables_publication_runs_with_dr_on_an_object_store(tmp_path: P
     done = run_bench("open_tables", [*args, "--tpch-dir", str(tpch)], tmp_path)
     rows = [line for line in done.stdout.splitlines() if line.startswith("| (publish) round after a write")]
     assert len(rows) == 2, done.stdout[-3000:]
+    assert sum(line.startswith("| (publish, floor)") for line in done.stdout.splitlines()) == 1, done.stdout[-3000:]
 
 
 def run_bench(script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
