@@ -39,9 +39,10 @@ def test_a_command_imports_nothing_heavy_it_does_not_use(module: str) -> None:
 
 
 def test_a_local_publication_imports_neither_pyicebergs_pyarrow_io_nor_pyarrow_dataset(tmp_path: Path) -> None:
-    """A round of a table that publishes, between local sites: pyiceberg itself, but neither its pyarrow FileIO
-    (segrep's ``publish.site_io`` writes the files) nor ``pyarrow.dataset``. (pandas comes anyway: pyarrow
-    imports it on its first conversion of Python values.)"""
+    """A round of a table that publishes, between local sites, to the default SQL catalog: pyiceberg itself, but
+    neither its pyarrow FileIO (segrep's ``publish.site_io`` writes the files), ``pyarrow.dataset``, nor its REST
+    catalog client and requests. (pandas comes anyway: pyarrow imports it on its first conversion of Python
+    values.)"""
     config = tmp_path / "segrep.yaml"
     config.write_text(
         "data_dir: data\n"
@@ -59,4 +60,5 @@ def test_a_local_publication_imports_neither_pyicebergs_pyarrow_io_nor_pyarrow_d
         "assert {p.site: str(p.status) for p in report.published}['dr'] == 'published', report.published\n"
         "assert 'pyiceberg' in sys.modules\n"
     )
-    assert _imported(code, ("pyiceberg.io.pyarrow", "pyarrow.dataset")) == []
+    unused = ("pyiceberg.io.pyarrow", "pyarrow.dataset", "pyiceberg.catalog.rest", "requests")
+    assert _imported(code, unused) == []
