@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.manifest import ManifestContent
+from pyiceberg.table.delete_file_index import _referenced_data_file_path
 from pyiceberg.table.snapshots import Operation
 from sqlalchemy import text
 
@@ -30,7 +31,7 @@ from segrep.failover.promote import failover
 from segrep.maintenance.compaction import compact
 from segrep.maintenance.gc import collect
 from segrep.publish import filled_copies as fill
-from segrep.publish import publisher, winners_index
+from segrep.publish import iceberg_files, publisher, winners_index
 from segrep.publish.metadata_gc import ORPHAN_GRACE_S, collect_unreferenced
 from segrep.publish.outcome import PublishStatus, SnapshotKind
 from segrep.publish.publisher import publish_table
@@ -139,6 +140,36 @@ def test_duckdb_and_polars_query_a_replica(pub_env: Env, monkeypatch: pytest.Mon
         assert v2 == (10,)
         frame = tbl.to_polars().collect()
         assert sorted(frame["seq"].to_list()) == sorted(want.column("seq").to_pylist())
+
+
+def test_delete_files_of_one_data_file_and_shared_ones_hide_the_same_rows_through_consolidations(
+    pub_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data file with many rows hidden by one publication gets a delete file naming it alone (its path as both
+    bounds), the others share one; through incremental and consolidated snapshots every site's table holds
+    exactly what segrep serves, and the last snapshot lists both kinds."""
+    monkeypatch.setattr(iceberg_files, "OWN_DELETE_FILE_ROWS", 4)
+    monkeypatch.setattr(publisher, "MAX_CARRIED_MANIFESTS", 3)
+    cat, defs = pub_env.catalog, pub_env.defs
+    write_batch(cat, TABLE, batch(range(0, 40), "v1"))
+    write_batch(cat, TABLE, batch(range(40, 80), "v1"))
+    run_round(cat, defs, TABLE, submit=no_spark)
+    kinds = set()
+    for i in range(5):  # many rows of the first file, two of the second, a tombstone
+        write_batch(cat, TABLE, batch([*range(i, 40, 5), 40 + i, 60 + i], f"u{i}"))
+        write_batch(cat, TABLE, keys_only(range(70 + i, 71 + i)), delete=True)
+        kinds |= {x.kind for x in run_round(cat, defs, TABLE, submit=no_spark).published}
+        assert_published_equal(pub_env)
+    assert {SnapshotKind.INCREMENTAL, SnapshotKind.CONSOLIDATED} <= kinds, kinds
+    tbl, _ = loaded(pub_env.url, "dr", TABLE)
+    deletes = [
+        entry.data_file
+        for mf in tbl.current_snapshot().manifests(tbl.io)
+        if mf.content == ManifestContent.DELETES
+        for entry in mf.fetch_manifest_entry(tbl.io, discard_deleted=True)
+    ]
+    alone = [f for f in deletes if _referenced_data_file_path(f) is not None]
+    assert alone and len(alone) < len(deletes), [f.file_path for f in deletes]
 
 
 def test_compaction_starts_a_clean_snapshot(pub_env: Env) -> None:

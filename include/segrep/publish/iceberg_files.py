@@ -59,6 +59,13 @@ class _DeleteManifestWriter(ManifestWriterV2):
         return {**super()._meta, "content": "deletes"}
 
 
+# a data file with at least this many rows hidden by one publication gets a delete file of its own; the others share
+# one. A reader matches a delete file naming one data file to that file alone, while one naming many is read for
+# each of them (pyiceberg filters it once per data file it names; engines reading deletes per data file scan it
+# whole): after consolidations its cost grows with files times rows. Many small delete files would cost each
+# publication a write per data file touched (a round of scattered updates touches thousands).
+OWN_DELETE_FILE_ROWS = 1024
+
 # files under the table's Iceberg directory no retained snapshot lists are deleted once older than this
 # (metadata_gc): a file that young may belong to a publication still under way in another process
 ORPHAN_GRACE_S = 600
@@ -84,21 +91,37 @@ def write_bytes(io: FileIO, path: str, data: bytes) -> None:
 
 def position_deletes(
     io: FileIO, location: str, snapshot_id: int, hidden: pa.Table, uris: Mapping[str, str]
-) -> DataFile | None:
-    """One position delete file for the rows ``hidden`` (``_file`` relative paths, ``_pos``), sorted by file
-    path and position as the spec asks; None when nothing is hidden."""
+) -> list[DataFile]:
+    """The position delete files for the rows ``hidden`` (``_file`` relative paths, ``_pos``), each sorted by file
+    path and position as the spec asks: one of its own for each data file with at least
+    ``OWN_DELETE_FILE_ROWS`` of them, one shared by the others; none when nothing is hidden."""
     if hidden.num_rows == 0:
-        return None
+        return []
     # the paths through their dictionary (a few files, many rows), sorted by each path's rank, not as strings
     rels = hidden.column(FILE_COL).combine_chunks().dictionary_encode()
     names = pa.array([uris[rel] for rel in rels.dictionary.to_pylist()], pa.string())
     rank = pa.array(np.argsort(np.argsort(names.to_numpy(zero_copy_only=False))), pa.int32())
     pos = hidden.column(POS_COL).combine_chunks().cast(pa.int64())
-    order = pc.sort_indices(
-        pa.table({"r": pc.take(rank, rels.indices), "p": pos}), sort_keys=[("r", "ascending"), ("p", "ascending")]
-    )
+    ranks = pc.take(rank, rels.indices)
+    order = pc.sort_indices(pa.table({"r": ranks, "p": pos}), sort_keys=[("r", "ascending"), ("p", "ascending")])
     paths = pa.DictionaryArray.from_arrays(rels.indices, names).cast(pa.string())
     rows = pa.table([paths, pos], schema=_DELETE_SCHEMA).take(order)
+    # each data file's rows are one run of the sorted rows
+    sorted_ranks = pc.take(ranks, order).to_numpy()
+    starts = np.flatnonzero(np.concatenate([[True], sorted_ranks[1:] != sorted_ranks[:-1]]))
+    ends = np.append(starts[1:], len(sorted_ranks))
+    own = (ends - starts) >= OWN_DELETE_FILE_ROWS
+    runs = [(int(a), int(b), bool(mine)) for a, b, mine in zip(starts, ends, own, strict=True)]
+    out = [_delete_file(io, location, snapshot_id, rows.slice(a, b - a)) for a, b, mine in runs if mine]
+    shared = [rows.slice(a, b - a) for a, b, mine in runs if not mine]
+    if shared:
+        out.append(_delete_file(io, location, snapshot_id, pa.concat_tables(shared)))
+    return out
+
+
+def _delete_file(io: FileIO, location: str, snapshot_id: int, rows: pa.Table) -> DataFile:
+    """``rows`` (sorted by path and position) written as a new position delete file; its first and last path
+    are its bounds, the same path when it names one data file (readers then match it to that file alone)."""
     path = new_name(location, "deletes", str(snapshot_id), "parquet")
     size = write_parquet(io, path, rows)
     first, last = rows.column("file_path")[0].as_py(), rows.column("file_path")[-1].as_py()

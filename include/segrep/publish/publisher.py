@@ -543,12 +543,12 @@ def _commit(
         kept, merged = _consolidated(carried)
         old_data, old_hidden = _carried_entries(io, merged, {uri: rel for rel, uri in uris.items()})
         listed, hiding, carried = old_data + added, pa.concat_tables([old_hidden, hidden]), kept
-    delete_file = files.position_deletes(io, location, snapshot_id, hiding, uris)
+    delete_files = files.position_deletes(io, location, snapshot_id, hiding, uris)
     new_manifests = [
         x
         for x in (
             files.manifest(io, location, schema, snapshot_id, listed, deletes=False),
-            files.manifest(io, location, schema, snapshot_id, [delete_file] if delete_file else [], deletes=True),
+            files.manifest(io, location, schema, snapshot_id, delete_files, deletes=True),
         )
         if x is not None
     ]
