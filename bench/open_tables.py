@@ -19,6 +19,11 @@ throughput >= 0.8 of segrep's.
 
 (writer) The Spark writer against ``df.write.parquet`` on one standalone cluster: bench/open_tables_writer.py.
 
+(deletes) What reading position deletes costs pyiceberg as segrep lays them out: --delete-files data files with
+--delete-rows hidden positions each, written by the publisher's ``position_deletes`` once as one delete file
+shared by all of them and once as a delete file of its own per data file; each delete file read as pyiceberg's
+scan reads it (``_read_deletes``: once, then filtered once per data file it names). No goal: the layout's reason.
+
 ``--background-load N`` runs N CPU-bound processes for the whole run (figures under load).
 """
 
@@ -66,8 +71,9 @@ from segrep.config.definitions import Definitions
 from segrep.data import demo as demo_data
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
-from segrep.publish import publisher
+from segrep.publish import iceberg_files, publisher
 from segrep.publish.outcome import PublishStatus, SitePublication
+from segrep.publish.site_io import SiteFileIO, local_io_properties
 from segrep.replication.orchestrator import run_round
 from segrep.replication.publication import publish
 
@@ -251,6 +257,39 @@ def bench_scan(catalog: Catalog, url: str, args: argparse.Namespace) -> Results:
     }
 
 
+def bench_deletes(work: Path, args: argparse.Namespace) -> Results:
+    """pyiceberg's reading of the same hidden positions, one delete file shared by every data file vs one each."""
+    root = work / "deletes"
+    root.mkdir()
+    io = SiteFileIO(local_io_properties(str(root)))
+    n_files, n_rows = args.delete_files, args.delete_rows
+    uris = {
+        f"t/p{i:04d}/seg-{i:06d}.parquet": f"{root.as_uri()}/t/p{i:04d}/seg-{i:06d}.parquet" for i in range(n_files)
+    }
+    hidden = pa.table(
+        {
+            "_file": pa.array(np.repeat(list(uris), n_rows)),
+            "_pos": pa.array(np.tile(np.arange(n_rows, dtype=np.int64), n_files)),
+        }
+    )
+    out: Results = {"data_files": n_files, "rows_each": n_rows}
+    saved = iceberg_files.OWN_DELETE_FILE_ROWS
+    try:
+        for layout, threshold in (("shared", n_rows + 1), ("own", 1)):
+            iceberg_files.OWN_DELETE_FILE_ROWS = threshold
+            made = iceberg_files.position_deletes(io, root.as_uri(), len(out), hidden, uris)
+            started = time.perf_counter()
+            read = [pyiceberg_arrow._read_deletes(io, f) for f in made]
+            out[f"{layout}_s"] = time.perf_counter() - started
+            out[f"{layout}_files"] = len(made)
+            if sum(len(d) for d in read) != n_files or sum(len(c) for d in read for c in d.values()) != hidden.num_rows:
+                raise SystemExit(f"(deletes) the {layout} layout reads back other positions than written")
+    finally:
+        iceberg_files.OWN_DELETE_FILE_ROWS = saved
+    log(f"(deletes) {out}")
+    return out
+
+
 def _positions_with_numpy(deletes: list[pa.ChunkedArray], start: int, end: int) -> pa.Array:
     """pyiceberg's ``_combine_positional_deletes`` (the positions of a batch not deleted) with the range built by
     numpy: the same result."""
@@ -305,6 +344,19 @@ def table_rows(r: Results) -> list[tuple[str, ...]]:
         )
     if "writer" in r:
         out += [tuple(row) for row in r["writer"]["table"]]
+    if "deletes" in r:
+        d = r["deletes"]
+        out.append(
+            (
+                f"(deletes) pyiceberg reading the position deletes of {d['data_files']:,} data files, "
+                f"{d['rows_each']:,} rows each: a delete file per data file vs one shared, s",
+                f"{d['own_s']:.3f} ({d['own_files']} files)",
+                f"{d['shared_s']:.3f} ({d['shared_files']} file)",
+                f"{d['shared_s'] / d['own_s']:.2f}",
+                "-",
+                "-",
+            )
+        )
     if "scan" in r:
         s = r["scan"]
         out.append(
@@ -334,12 +386,16 @@ def table_rows(r: Results) -> list[tuple[str, ...]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", action="append", choices=["publish", "history", "scan", "writer"], help="default: all")
+    ap.add_argument(
+        "--part", action="append", choices=["publish", "history", "scan", "writer", "deletes"], help="default: all"
+    )
     ap.add_argument("--scale", type=float, default=1.0, help="TPC-H scale of orders (1 = 1.5M rows)")
     ap.add_argument("--batches", type=int, default=10, help="history writes before the measured rounds")
     ap.add_argument("--rounds", type=int, default=5, help="(publish) measured rounds")
     ap.add_argument("--update-rows", type=int, default=25_000, help="(publish) updated orders per round (as many new)")
     ap.add_argument("--history-segments", type=int, default=10_000)
+    ap.add_argument("--delete-files", type=int, default=400, help="(deletes) data files with hidden rows")
+    ap.add_argument("--delete-rows", type=int, default=1_000, help="(deletes) hidden rows of each")
     ap.add_argument("--repeats", type=int, default=5, help="(scan) reads of each kind")
     ap.add_argument("--catalog", choices=["sqlite", "postgresql"], default="sqlite")
     ap.add_argument(
@@ -361,7 +417,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args()
     args.tpch_dir = args.tpch_dir.resolve()  # the writer part names it in definitions read from another directory
-    parts = args.part or ["publish", "history", "scan", "writer"]
+    parts = args.part or ["publish", "history", "scan", "writer", "deletes"]
     results: Results = {"date": dt.date.today().isoformat(), "args": args_doc(args), "loadavg_start": os.getloadavg()}
     started = time.perf_counter()
     with (
@@ -387,6 +443,8 @@ def main() -> int:
         if "history" in parts:
             with catalog_url(args.catalog, work / "h") as url:
                 results["history"] = bench_history(work / "h", url, args)
+        if "deletes" in parts:
+            results["deletes"] = bench_deletes(work, args)
         if "writer" in parts:
             (work / "w").mkdir()
             results["writer"] = part_writer(args, work / "w")

@@ -38,6 +38,7 @@ SCRIPTS = {
     "links": ["--mb", "4", "--cap", "4", "--s3-cap", "4", "--repeats", "1", "--window", "3", "--round-every", "0.5"],
     "open_tables": [
         *("--scale", "0.01", "--rounds", "2", "--update-rows", "200", "--history-segments", "64", "--repeats", "1"),
+        *("--delete-files", "20", "--delete-rows", "50"),
         *("--writer-repeats", "1", "--writer-ceiling", "--cores", "1", "--memory", "1g", "--executor-memory", "768m"),
     ],
     "rounds": [
@@ -54,7 +55,7 @@ MET_LINES = {
     "links": ("local: cap, round + bootstrap + scrub, max over", "s3: cap, round + bootstrap + scrub, max over"),
 }
 # lines the table must hold whatever their figures: the baselines that bound a target (how many of each)
-PRESENT_LINES = {"open_tables": {"(publish, floor)": 1, "(writer, ceiling)": 2}}
+PRESENT_LINES = {"open_tables": {"(publish, floor)": 1, "(writer, ceiling)": 2, "(deletes)": 1}}
 # where a script writes by default (its TPC-H cache, its results), sent to the test's directory instead
 OPTIONS = {
     "object_store": ("--tpch-dir", "--work-dir"),
