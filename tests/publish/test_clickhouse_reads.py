@@ -24,6 +24,7 @@ import pytest
 
 from segrep.data.reader import read_table
 from segrep.data.writer import write_batch
+from segrep.publish import iceberg_files
 from segrep.replication.orchestrator import run_round
 from tests.support.cli import cli
 from tests.support.env import Env
@@ -101,9 +102,16 @@ def apply(env: Env, columns: str) -> None:
     assert code == 0, err
 
 
+@pytest.mark.parametrize("own_rows", [iceberg_files.OWN_DELETE_FILE_ROWS, 1], ids=["shared-deletes", "own-deletes"])
 def test_clickhouse_reads_every_site_as_segrep_serves_it(
-    s3_env: Env, clickhouse: Any, s3_endpoints: tuple[S3Endpoint, S3Endpoint]
+    s3_env: Env,
+    clickhouse: Any,
+    s3_endpoints: tuple[S3Endpoint, S3Endpoint],
+    own_rows: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """With the position deletes in one file shared by the data files, and in a file of its own for each."""
+    monkeypatch.setattr(iceberg_files, "OWN_DELETE_FILE_ROWS", own_rows)
     env = s3_env
     write_and_round(env)
     assert_clickhouse_reads(env, clickhouse, s3_endpoints)
