@@ -110,10 +110,14 @@ def position_deletes(
     sorted_ranks = pc.take(ranks, order).to_numpy()
     starts = np.flatnonzero(np.concatenate([[True], sorted_ranks[1:] != sorted_ranks[:-1]]))
     ends = np.append(starts[1:], len(sorted_ranks))
-    own = (ends - starts) >= OWN_DELETE_FILE_ROWS
-    runs = [(int(a), int(b), bool(mine)) for a, b, mine in zip(starts, ends, own, strict=True)]
-    out = [_delete_file(io, location, snapshot_id, rows.slice(a, b - a)) for a, b, mine in runs if mine]
-    shared = [rows.slice(a, b - a) for a, b, mine in runs if not mine]
+    out: list[DataFile] = []
+    shared: list[pa.Table] = []
+    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+        run = rows.slice(start, end - start)
+        if run.num_rows >= OWN_DELETE_FILE_ROWS:
+            out.append(_delete_file(io, location, snapshot_id, run))
+        else:
+            shared.append(run)
     if shared:
         out.append(_delete_file(io, location, snapshot_id, pa.concat_tables(shared)))
     return out
