@@ -275,9 +275,9 @@ def bench_deletes(work: Path, args: argparse.Namespace) -> Results:
     out: Results = {"data_files": n_files, "rows_each": n_rows}
     saved = iceberg_files.OWN_DELETE_FILE_ROWS
     try:
-        for layout, threshold in (("shared", n_rows + 1), ("own", 1)):
+        for snapshot_id, (layout, threshold) in enumerate((("shared", n_rows + 1), ("own", 1)), start=1):
             iceberg_files.OWN_DELETE_FILE_ROWS = threshold
-            made = iceberg_files.position_deletes(io, root.as_uri(), len(out), hidden, uris)
+            made = iceberg_files.position_deletes(io, root.as_uri(), snapshot_id, hidden, uris)
             started = time.perf_counter()
             read = [pyiceberg_arrow._read_deletes(io, f) for f in made]
             out[f"{layout}_s"] = time.perf_counter() - started

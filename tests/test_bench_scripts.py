@@ -83,10 +83,10 @@ def test_the_benchmark_runs_to_the_end(script: str, pg_server: str, tmp_path: Pa
         args += [option, str(where)]
     done = run_bench(script, args, tmp_path)
     for prefix in MET_LINES.get(script, ()):
-        lines = [line for line in done.stdout.splitlines() if line.startswith(f"| {prefix}")]
+        lines = table_lines(done, prefix)
         assert len(lines) == 1 and lines[0].endswith("| MET |"), done.stdout[-3000:]
     for prefix, count in PRESENT_LINES.get(script, {}).items():
-        assert sum(line.startswith(f"| {prefix}") for line in done.stdout.splitlines()) == count, done.stdout[-3000:]
+        assert len(table_lines(done, prefix)) == count, done.stdout[-3000:]
 
 
 def test_the_open_tables_publication_runs_with_dr_on_an_object_store(tmp_path: Path) -> None:
@@ -96,9 +96,13 @@ def test_the_open_tables_publication_runs_with_dr_on_an_object_store(tmp_path: P
     tpch.mkdir()
     args = ["--part", "publish", "--dr-store", "s3", "--scale", "0.01", "--rounds", "1", "--update-rows", "200"]
     done = run_bench("open_tables", [*args, "--tpch-dir", str(tpch)], tmp_path)
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| (publish) round after a write")]
-    assert len(rows) == 2, done.stdout[-3000:]
-    assert sum(line.startswith("| (publish, floor)") for line in done.stdout.splitlines()) == 1, done.stdout[-3000:]
+    assert len(table_lines(done, "(publish) round after a write")) == 2, done.stdout[-3000:]
+    assert len(table_lines(done, "(publish, floor)")) == 1, done.stdout[-3000:]
+
+
+def table_lines(done: subprocess.CompletedProcess[str], prefix: str) -> list[str]:
+    """The lines of the bench's table whose first cell starts with ``prefix``."""
+    return [line for line in done.stdout.splitlines() if line.startswith(f"| {prefix}")]
 
 
 def run_bench(script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
