@@ -178,21 +178,22 @@ def test_the_merge_task_keeps_the_rounds_leases_alive_while_spark_runs(
     from segrep_airflow.common import LeasedSparkSubmitOperator
 
     env = segrep_env(POLICY)
-    monkeypatch.setenv(LEASE_TTL_ENV, "0.6")
+    ttl_s = 1.2  # long enough that a busy machine's late beat (a renewal every 0.4 s) never lets the lease lapse
+    monkeypatch.setenv(LEASE_TTL_ENV, str(ttl_s))
     holder = "events-1795000000000000"
     with env.catalog.write() as s:
         placement = s.scalars(select(m.Placement.placement_id).limit(1)).one()
-        assert ls.acquire(s, placement, "0" * 32, holder, hlc.now_us() + 600_000)
+        assert ls.acquire(s, placement, "0" * 32, holder, hlc.now_us() + int(ttl_s * 1_000_000))
     alive_during: list[int] = []
 
     def spark_runs(self: Any, context: Any) -> None:
-        time.sleep(1.8)
+        time.sleep(3 * ttl_s)
         with env.catalog.read() as s:
             alive_during.append(len(ls.held(s, [placement], hlc.now_us())))
 
     monkeypatch.setattr(SparkSubmitOperator, "execute", spark_runs)
     LeasedSparkSubmitOperator(task_id="merge", application="merge.py", lease_holder=holder).execute({})
     assert alive_during == [1]
-    time.sleep(0.8)  # no worker left: the lease lapses
+    time.sleep(ttl_s + 0.2)  # no worker left: the lease lapses
     with env.catalog.read() as s:
         assert ls.held(s, [placement], hlc.now_us()) == []

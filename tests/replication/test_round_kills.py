@@ -36,6 +36,7 @@ from tests.support.rounds import no_spark
 from tests.support.tables import REPLICAS, TABLE
 
 TTL_S = 2.0
+SHORT_TTL_S = 1.2  # the heartbeat test's lease lifetime: the copy takes three of them
 KILL_POINTS = ("before_copy", "after_copy_before_commit", "after_commit_before_ack", "before_checkpoint")
 
 
@@ -113,7 +114,8 @@ def test_a_live_round_keeps_its_leases_through_a_copy_longer_than_their_lifetime
 ) -> None:
     """While one round copies for three lease lifetimes, a round of a later interval is declined INFLIGHT
     (without the heartbeat the leases would lapse and both would copy the same segments)."""
-    monkeypatch.setenv(LEASE_TTL_ENV, "0.6")
+    # a lifetime long enough that a busy machine's late beat (a renewal every 0.4 s) never lets a lease lapse
+    monkeypatch.setenv(LEASE_TTL_ENV, str(SHORT_TTL_S))
     model = Model()
     model.upsert(env, range(30), "a")
     copying, release = threading.Event(), threading.Event()
@@ -131,7 +133,7 @@ def test_a_live_round_keeps_its_leases_through_a_copy_longer_than_their_lifetime
     worker.start()
     try:
         assert copying.wait(30)
-        time.sleep(1.8)  # three lifetimes
+        time.sleep(3 * SHORT_TTL_S)
         later = fast_forward_target(env.catalog, env.defs, TABLE, "dr", hlc.now_us(), copier=local_copier)
         assert later.segments_copied == 0 and later.outcomes.get("INFLIGHT", 0) >= 1, later
         assert later.status == TargetStatus.WAITING and not later.backs_off
