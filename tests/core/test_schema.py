@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -431,6 +432,9 @@ UTC_TS = pa.timestamp("us", tz="UTC")
         ("2.5", pa.float64(), 2.5),
         (3, pa.float32(), 3.0),
         ("m", pa.string(), "m"),
+        ("m", pa.large_string(), "m"),
+        (np.int16(-3), pa.int8(), -3),
+        (7, pa.uint16(), 7),
         ("true", pa.bool_(), True),
         (False, pa.bool_(), False),
         ("ff00", pa.binary(), b"\xff\x00"),
@@ -469,6 +473,8 @@ def test_from_user_converts_without_loss(value: object, dtype: pa.DataType, expe
         (2**53 + 1, pa.float64(), "not exactly representable"),
         (True, pa.float64(), "true/false"),
         (5, pa.string(), "expected a string"),
+        ("a\udcff", pa.string(), "surrogates not allowed"),
+        (-1, pa.uint16(), "out of range"),
         (1, pa.bool_(), "expected true or false"),
         ("zz", pa.binary(), "hex digits"),
         ("2026-02-30", pa.date32(), "expected a date"),
