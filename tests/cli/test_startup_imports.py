@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 HEAVY = ("pyiceberg", "pyarrow.dataset", "pandas", "boto3", "alembic", "pyspark")
@@ -90,3 +92,64 @@ def test_commands_on_a_table_with_split_points_import_no_pandas(tmp_path: Path) 
             "except SystemExit as exit:\n    assert exit.code in (0, None), exit.code\n"
         )
         assert _imported(code, ("pandas",)) == [], args
+
+
+def _script_imports_pandas(args: list[str], cwd: Path) -> bool:
+    """Whether the console script's entry point (``segrep.cli.main.run``) running ``args`` imported pandas."""
+    code = (
+        f"import os, sys\nos.chdir({str(cwd)!r}); sys.argv = ['segrep', *{args!r}]\n"
+        "from segrep.cli.main import run\n"
+        "try:\n    run()\nexcept SystemExit as exit:\n    assert exit.code in (0, None), exit.code\n"
+    )
+    return _imported(code, ("pandas",)) == ["pandas"]
+
+
+def test_the_console_script_writes_reads_and_publishes_without_pandas(tmp_path: Path) -> None:
+    """pyarrow imports pandas on its first type inference or numpy conversion, only to recognise pandas objects;
+    the console script hides pandas, so a write, a round that publishes and a read of a table that publishes
+    never import it (0.2-0.3 s of each), and their results are those of the Python API."""
+    config = tmp_path / "segrep.yaml"
+    config.write_text(
+        "data_dir: data\n"
+        "sites:\n  primary: {id: 1, uri: sites/primary}\n  dr: {id: 2, uri: sites/dr}\n"
+        "tables:\n  t:\n    columns: {k: int64, v: string, at: timestamp, x: float64}\n    primary_key: [k]\n"
+        "    partition_key: k\n    split_points: [100]\n    leader: primary\n    replicas: [dr]\n"
+        "    policy: {publish: iceberg}\n"
+    )
+    url = f"sqlite:///{tmp_path}/catalog.db"
+    base = ["--config", str(config), "--catalog", url]
+    subprocess.run([str(Path(sys.executable).with_name("segrep")), *base, "init"], check=True, capture_output=True)
+    subprocess.run([str(Path(sys.executable).with_name("segrep")), *base, "apply"], check=True, capture_output=True)
+    batch = pa.table(
+        {
+            "k": pa.array([1, 150, 7], pa.int64()),
+            "v": pa.array(["a", None, "c"]),
+            "at": pa.array([0, 10**15, None], pa.timestamp("us", tz="UTC")),
+            "x": pa.array([1.5, None, float("nan")]),
+        }
+    )
+    pq.write_table(batch, tmp_path / "batch.parquet")
+    out = tmp_path / "out.parquet"
+    for args in (["write", "t", "batch.parquet"], ["round", "t"], ["read", "t", "--site", "dr", "--output", str(out)]):
+        assert not _script_imports_pandas([*base, *args], tmp_path), args
+    got = pq.read_table(out).sort_by("k").select(batch.column_names)
+    assert repr(got.to_pylist()) == repr(batch.sort_by("k").to_pylist())  # repr: NaN equals NaN
+
+
+def test_hidden_pandas_fails_to_import_and_pyarrow_still_converts() -> None:
+    """In a process that hid pandas, ``import pandas`` fails and pyarrow still infers, converts and compares
+    (missing values, NaN, timestamps, numpy); the Python API never hides it."""
+    code = (
+        "import datetime as dt, math, numpy as np, pyarrow as pa, pyarrow.compute as pc\n"
+        "from segrep.cli.no_pandas import hide_pandas\n"
+        "hide_pandas(); hide_pandas()\n"
+        "try:\n    import pandas\nexcept ModuleNotFoundError:\n    pass\nelse:\n    raise SystemExit('imported')\n"
+        "a = pa.array([1, None, 3]); assert a.type == pa.int64() and a.null_count == 1\n"
+        "assert pa.array([dt.datetime(2026, 1, 1, tzinfo=dt.UTC)]).type == pa.timestamp('us', tz='UTC')\n"
+        "assert math.isnan(pa.array([float('nan')]).to_pylist()[0])\n"
+        "assert pa.array(np.arange(3)).to_numpy().tolist() == [0, 1, 2]\n"
+        "assert pc.sum(pa.chunked_array([[1, 2], [3]])).as_py() == 6\n"
+        "assert pa.scalar('x').as_py() == 'x'\n"
+    )
+    assert _imported(code) == []
+    assert _imported("import segrep.cli.main\nimport pandas", ("pandas",)) == ["pandas"]

@@ -29,6 +29,7 @@ from segrep.catalog import queries as q
 from segrep.catalog.models import MAX_PARTITION_ID
 from segrep.catalog.request_slots import shared_site_requests
 from segrep.cli.format import format_rows
+from segrep.cli.no_pandas import hide_pandas
 from segrep.config.definitions import Definitions, config_path, load_definitions
 from segrep.config.locations import redact_uri
 from segrep.core import hlc
@@ -993,6 +994,7 @@ def run() -> None:
     SIGTERM (a supervisor stopping us, Airflow killing a task) unwinds like Ctrl-C, so what the command
     started (a spark-submit and its JVM) is stopped on the way out rather than left running."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    hide_pandas()
     try:
         main(standalone_mode=True)
     except SystemExit:
