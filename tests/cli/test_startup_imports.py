@@ -79,27 +79,30 @@ def test_commands_on_a_table_with_split_points_import_no_pandas(tmp_path: Path) 
         "  s:\n    columns: {name: string}\n    primary_key: [name]\n    partition_key: name\n"
         "    split_points: [m]\n    leader: primary\n    replicas: [dr]\n"
     )
-    url = f"sqlite:///{tmp_path}/catalog.db"
+    base = _applied(config, tmp_path)
+    for args in (["status", "t"], ["status", "s", "--json"], ["segments", "t"], ["round", "s"]):
+        # the click group, not the console script (which hides pandas): what Airflow's tasks and the API parse
+        assert not _command_imports_pandas("main", [*base, *args], tmp_path), args
+
+
+def _applied(config: Path, root: Path) -> list[str]:
+    """A SQLite catalog under ``root`` holding ``config``'s definitions; the options that name both."""
+    url = f"sqlite:///{root}/catalog.db"
     setup = (
         "from segrep import Catalog, apply_definitions, load_definitions, upgrade\n"
         f"catalog = Catalog({url!r}); upgrade(catalog); apply_definitions(catalog, load_definitions({str(config)!r}))\n"
     )
     subprocess.run([sys.executable, "-c", setup], check=True)
-    for args in (["status", "t"], ["status", "s", "--json"], ["segments", "t"], ["round", "s"]):
-        code = (
-            "from segrep.cli.main import main\n"
-            f"try:\n    main([{'--config'!r}, {str(config)!r}, {'--catalog'!r}, {url!r}, *{args!r}])\n"
-            "except SystemExit as exit:\n    assert exit.code in (0, None), exit.code\n"
-        )
-        assert _imported(code, ("pandas",)) == [], args
+    return ["--config", str(config), "--catalog", url]
 
 
-def _script_imports_pandas(args: list[str], cwd: Path) -> bool:
-    """Whether the console script's entry point (``segrep.cli.main.run``) running ``args`` imported pandas."""
+def _command_imports_pandas(entry: str, args: list[str], cwd: Path) -> bool:
+    """Whether ``segrep.cli.main.<entry>`` (``main``, the click group; ``run``, the console script's entry point)
+    running the command ``args`` in ``cwd`` imported pandas; the command must succeed."""
     code = (
         f"import os, sys\nos.chdir({str(cwd)!r}); sys.argv = ['segrep', *{args!r}]\n"
-        "from segrep.cli.main import run\n"
-        "try:\n    run()\nexcept SystemExit as exit:\n    assert exit.code in (0, None), exit.code\n"
+        f"from segrep.cli.main import {entry}\n"
+        f"try:\n    {entry}()\nexcept SystemExit as exit:\n    assert exit.code in (0, None), exit.code\n"
     )
     return _imported(code, ("pandas",)) == ["pandas"]
 
@@ -116,10 +119,7 @@ def test_the_console_script_writes_reads_and_publishes_without_pandas(tmp_path: 
         "    partition_key: k\n    split_points: [100]\n    leader: primary\n    replicas: [dr]\n"
         "    policy: {publish: iceberg}\n"
     )
-    url = f"sqlite:///{tmp_path}/catalog.db"
-    base = ["--config", str(config), "--catalog", url]
-    subprocess.run([str(Path(sys.executable).with_name("segrep")), *base, "init"], check=True, capture_output=True)
-    subprocess.run([str(Path(sys.executable).with_name("segrep")), *base, "apply"], check=True, capture_output=True)
+    base = _applied(config, tmp_path)
     batch = pa.table(
         {
             "k": pa.array([1, 150, 7], pa.int64()),
@@ -131,7 +131,7 @@ def test_the_console_script_writes_reads_and_publishes_without_pandas(tmp_path: 
     pq.write_table(batch, tmp_path / "batch.parquet")
     out = tmp_path / "out.parquet"
     for args in (["write", "t", "batch.parquet"], ["round", "t"], ["read", "t", "--site", "dr", "--output", str(out)]):
-        assert not _script_imports_pandas([*base, *args], tmp_path), args
+        assert not _command_imports_pandas("run", [*base, *args], tmp_path), args
     got = pq.read_table(out).sort_by("k").select(batch.column_names)
     assert repr(got.to_pylist()) == repr(batch.sort_by("k").to_pylist())  # repr: NaN equals NaN
 

@@ -69,8 +69,8 @@ def from_user(value: Any, dtype: pa.DataType, what: str) -> Any:
 def _as_arrow_returns(converted: Any, dtype: pa.DataType) -> Any:
     """The Python value Arrow gives back for ``converted`` stored as ``dtype``. An integer (``_to_int`` checked its
     range) and a string (once it encodes as UTF-8) come back as they are, without Arrow's conversion of a Python
-    value: pyarrow imports pandas on its first one (0.2 s), and every command parses the definitions' split
-    points."""
+    value: pyarrow imports pandas on its first one (0.2 s), and every process that reads the definitions (Airflow's
+    DAG parsing and tasks, the operator page, the Python API) checks their split points."""
     if isinstance(converted, int) and pa.types.is_integer(dtype):
         return converted
     if isinstance(converted, str) and _is_string(dtype):
